@@ -1,0 +1,22 @@
+"""atbcore: the framework-agnostic core of atb (ops, backends, graphs, memory).
+
+Importing it imports no deep-learning framework.
+"""
+
+from ._version import __version__
+from .dtypes import Dtype
+from .errors import (AtbError, CapabilityError, DeviceError, DtypeError, GraphError, InputError,
+                     MemoryError_, ParamsError, PluginError, PoolExhaustedError, ShapeError)
+from .numerics import assert_close, compare
+from .operation import Builder, Operation, destroy_operations
+from .ops import get_op, list_operations
+from .runtime import check_compatibility, get_config, init
+from .tensor import TensorDesc
+
+__all__ = [
+    "__version__", "Dtype", "TensorDesc", "Builder", "Operation", "destroy_operations",
+    "list_operations", "get_op", "init", "get_config", "check_compatibility", "compare",
+    "assert_close", "AtbError", "ShapeError", "DtypeError", "DeviceError", "ParamsError",
+    "InputError", "CapabilityError", "GraphError", "PoolExhaustedError", "MemoryError_",
+    "PluginError",
+]

@@ -1,0 +1,63 @@
+"""The backend registry and the dispatcher.
+
+Dispatch walks backends by priority, takes the first with no reasons against the
+call, and logs each backend it passed over with its reasons at INFO, e.g.
+``FlashAttention: torch skipped (head_dim 72 ...) -> numpy``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from ..errors import CapabilityError
+from ..log import logger
+from ..ops.base import OpDef, Params
+from ..tensor import TensorDesc
+from .base import Backend, Kernel
+from .numpy_backend import NumpyBackend
+from .torch import TorchBackend
+
+__all__ = ["Backend", "Kernel", "register_backend", "get_backend", "backends", "select_backend"]
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(backend: Backend) -> None:
+    """Add (or replace) a backend; plugins call this through ``atb_register_backends``."""
+    _BACKENDS[backend.name] = backend
+
+
+def backends() -> list[Backend]:
+    """All registered backends, highest priority (lowest number) first."""
+    return sorted(_BACKENDS.values(), key=lambda b: b.priority)
+
+
+def get_backend(name: str) -> Backend:
+    if name not in _BACKENDS:
+        raise CapabilityError("backend", "unknown backend", sorted(_BACKENDS), repr(name))
+    return _BACKENDS[name]
+
+
+def select_backend(opdef: OpDef, p: Params, ins: Mapping[str, TensorDesc | None],
+                   prefer: str | None = None) -> tuple[Backend, list[tuple[str, list[str]]]]:
+    """The backend to run this call, and the (backend, reasons) passed over."""
+    prefer = prefer or os.environ.get("ATB_BACKEND") or None
+    order = backends()
+    if prefer:
+        order = [get_backend(prefer)]
+    skipped: list[tuple[str, list[str]]] = []
+    for b in order:
+        reasons = b.not_supported_reasons(opdef, p, ins)
+        if not reasons:
+            for name, why in skipped:
+                logger.info("%s: %s skipped (%s) -> %s", opdef.name, name, "; ".join(why), b.name)
+            return b, skipped
+        skipped.append((b.name, reasons))
+    detail = "; ".join(f"{n}: {', '.join(r)}" for n, r in skipped)
+    raise CapabilityError(opdef.name, "no backend can run this call", "a backend with a kernel",
+                          detail)
+
+
+register_backend(TorchBackend())
+register_backend(NumpyBackend())

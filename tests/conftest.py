@@ -1,0 +1,15 @@
+"""Shared test set-up.
+
+MindSpore must be imported before Paddle in one process (Paddle's oneDNN, loaded
+first, lacks a symbol MindSpore's CPU kernels need), so it is imported here first
+when installed.
+"""
+
+import importlib.util
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+if importlib.util.find_spec("mindspore") is not None:
+    import mindspore  # noqa: F401
