@@ -1,0 +1,135 @@
+"""The plugin contract: every hook a plugin may implement, grouped by phase.
+
+Specs are docstring-only. atb calls every hook with keyword arguments; an
+implementation may accept any subset of a spec's arguments (pluggy passes only
+the ones it names). Hooks marked ``firstresult`` stop at the first plugin that
+returns something other than ``None``; order is pluggy's: ``tryfirst`` first,
+``trylast`` last, otherwise the most recently registered plugin first.
+
+A plugin is a module or object with functions marked ``@hookimpl``, found
+through the entry-point group ``atb``::
+
+    # pyproject.toml of a plugin package
+    [project.entry-points.atb]
+    my_plugin = "my_package.atb_plugin"
+
+A hook that raises is re-raised as :class:`~atbcore.errors.PluginError` naming the
+plugin and the hook; a value of the wrong kind (a tensor with another shape or
+dtype, something that is not a Graph) is rejected with the plugin named.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .markers import hookspec
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..graph.ir import Graph
+    from .manager import AtbPluginManager
+    from .types import ActivationSpec, RopeFrequencies
+
+__all__ = [
+    "atb_configure",
+    "atb_register_ops",
+    "atb_register_backends",
+    "atb_register_fusion_rules",
+    "atb_register_adapters",
+    "atb_graph_after_build",
+    "atb_graph_before_plan",
+    "atb_preprocess",
+    "atb_postprocess",
+    "atb_model_architecture",
+    "atb_rope_frequencies",
+    "atb_activation",
+]
+
+
+# --------------------------------------------------------------------------- set-up
+# Called once per plugin, right after it is registered (entry-point loading or
+# ``get_plugin_manager().register(plugin)``).
+
+
+@hookspec
+def atb_configure(manager: "AtbPluginManager") -> None:
+    """The plugin was registered with ``manager``; keep a reference or install
+    hook-call monitoring (the built-in tracing plugin does)."""
+
+
+@hookspec
+def atb_register_ops() -> None:
+    """Register new ops (``@register_op`` OpDefs) or activations
+    (``atbcore.ops.activation.register_activation``)."""
+
+
+@hookspec
+def atb_register_backends() -> None:
+    """Register kernels (``@kernel`` in a torch-backend module) or whole backends."""
+
+
+@hookspec
+def atb_register_fusion_rules() -> "Sequence[Any] | None":
+    """Return fusion rules (``atbcore.passes.rules.FusionRule``) to add to the
+    pass pipeline; they are collected in ``manager.fusion_rules``."""
+
+
+@hookspec
+def atb_register_adapters() -> None:
+    """Register framework adapters / tensor bridges
+    (``atbcore.tensor.register_bridge``)."""
+
+
+# --------------------------------------------------------------------------- graph lifecycle
+
+
+@hookspec
+def atb_graph_after_build(graph: "Graph") -> "Graph | None":
+    """A graph was built (before the fusion passes). Return a rewritten Graph,
+    or ``None`` to keep it. Plugins run one after another, each seeing the
+    previous rewrite; every rewrite is verified before it is accepted."""
+
+
+@hookspec
+def atb_graph_before_plan(graph: "Graph") -> "Graph | None":
+    """The passes ran; the graph is about to be scheduled and memory-planned.
+    Return a rewritten Graph or ``None``; rewrites are verified."""
+
+
+# --------------------------------------------------------------------------- execution
+
+
+@hookspec
+def atb_preprocess(point: str, tensors: list, node: str) -> "list | None":
+    """Tensors about to enter ``point`` (``pre_attention``, ``pre_mlp``,
+    ``pre_block`` or ``model_input``) of graph node ``node``; the tensors are the
+    front-end's own (torch, MindSpore, Paddle or NumPy). Return replacements of
+    the same shapes and dtypes, or ``None`` to leave them."""
+
+
+@hookspec
+def atb_postprocess(point: str, tensors: list, node: str) -> "list | None":
+    """Tensors leaving ``point`` (``post_attention``, ``post_mlp``,
+    ``post_block`` or ``model_output``); same contract as ``atb_preprocess``."""
+
+
+# --------------------------------------------------------------------------- model compile
+
+
+@hookspec(firstresult=True)
+def atb_model_architecture(config: Any) -> Any:
+    """Support a Hugging Face architecture atb does not know: given the model's
+    config, return a description/builder for it (or ``None`` to pass)."""
+
+
+@hookspec(firstresult=True)
+def atb_rope_frequencies(config: Any, rope_type: str, seq_len: "int | None") -> "RopeFrequencies | None":
+    """Inverse RoPE frequencies for ``rope_type`` (``"linear"``, ``"yarn"`` ...)
+    under ``config`` (a Hugging Face config or a plain dict with the same keys);
+    ``seq_len`` is the current length for schedules that depend on it. Return
+    :class:`~atbcore.plugin.types.RopeFrequencies` or ``None`` to pass."""
+
+
+@hookspec(firstresult=True)
+def atb_activation(name: str) -> "ActivationSpec | None":
+    """An activation by name (``"gelu_tanh"``, ``"relu2"``, ``"geglu"`` ...):
+    return an :class:`~atbcore.plugin.types.ActivationSpec` or ``None`` to pass."""

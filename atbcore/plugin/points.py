@@ -1,0 +1,143 @@
+"""Execution points and the seed's ``Plugin`` class.
+
+A GraphOp runs plugins at named points around its attention, MLP and block
+sub-graphs and at the model's input and output::
+
+    class MyCustomPlugin(atb.Plugin):
+        def preprocess(self, inputs):      # at pre_* points and model_input
+            return [x * 2 for x in inputs]
+        def postprocess(self, outputs):    # at post_* points and model_output
+            return outputs
+
+    block.register_plugin("pre_attention", MyCustomPlugin())
+
+:func:`apply_point` is what the GraphOp calls: its own plugins for the point
+first, then every globally registered ``atb_preprocess``/``atb_postprocess``
+hook, each seeing the previous one's tensors, each validated (same count,
+shapes, dtypes and framework) with the plugin named on failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from ..errors import ParamsError
+from .isolation import check_tensors, hook_failure
+
+__all__ = ["POINTS", "PRE_POINTS", "POST_POINTS", "Plugin", "apply_point", "is_pre_point",
+           "plugin_name", "check_point"]
+
+POINTS = ("pre_attention", "post_attention", "pre_mlp", "post_mlp", "pre_block", "post_block",
+          "model_input", "model_output")
+PRE_POINTS = frozenset(p for p in POINTS if p.startswith("pre_")) | {"model_input"}
+POST_POINTS = frozenset(POINTS) - PRE_POINTS
+
+
+class Plugin:
+    """Base class of a GraphOp's own plugins (``GraphOp.register_plugin(point, p)``).
+
+    ``preprocess`` runs at ``pre_*`` points and ``model_input``, ``postprocess``
+    at ``post_*`` points and ``model_output``. Both receive a list of the
+    front-end's tensors and return a list (or tuple) of tensors with the same
+    shapes and dtypes; returning ``None`` keeps the inputs (useful when the
+    plugin wrote into them in place). The defaults pass tensors through.
+    ``name`` is how errors refer to the plugin (the class name by default).
+    """
+
+    name: str | None = None
+
+    def preprocess(self, inputs: list) -> Any:
+        """Transform tensors entering a point; the default returns them unchanged."""
+        return inputs
+
+    def postprocess(self, outputs: list) -> Any:
+        """Transform tensors leaving a point; the default returns them unchanged."""
+        return outputs
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} plugin>"
+
+
+def is_pre_point(point: str) -> bool:
+    """True at points where ``preprocess``/``atb_preprocess`` run."""
+    return point in PRE_POINTS
+
+
+def check_point(point: str, node: str = "") -> str:
+    """Validate a point name (ParamsError naming ``node`` otherwise)."""
+    if point not in POINTS:
+        raise ParamsError(node or "plugin point", "unknown plugin point", list(POINTS), repr(point))
+    return point
+
+
+def plugin_name(plugin: Any) -> str:
+    """A readable name for a local plugin (its ``name``, else its class or function name)."""
+    name = getattr(plugin, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    if callable(plugin) and not isinstance(plugin, Plugin) and hasattr(plugin, "__name__"):
+        return plugin.__name__
+    return type(plugin).__name__
+
+
+def _run_local(plugin: Any, pre: bool, tensors: list) -> Any:
+    # A Plugin (or any object with preprocess/postprocess) or a bare callable.
+    method = getattr(plugin, "preprocess" if pre else "postprocess", None)
+    if method is None:
+        if not callable(plugin):
+            raise TypeError(f"{type(plugin).__name__} has no "
+                            f"{'preprocess' if pre else 'postprocess'} method")
+        method = plugin
+    return method(tensors)
+
+
+def _global_callers(hook: str) -> list[tuple[str, Any]]:
+    """(plugin name, caller for that plugin alone) in pluggy's call order."""
+    from .manager import get_plugin_manager
+
+    pm = get_plugin_manager()
+    caller = getattr(pm.hook, hook)
+    impls = caller.get_hookimpls()
+    if not impls:
+        return []
+    out: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    plugins = pm.get_plugins()
+    for impl in reversed(impls):  # pluggy calls the last-added / tryfirst first
+        if id(impl.plugin) in seen:
+            continue
+        seen.add(id(impl.plugin))
+        others = [p for p in plugins if p is not impl.plugin]
+        out.append((impl.plugin_name, pm.subset_hook_caller(hook, others)))
+    return out
+
+
+def apply_point(point: str, tensors: Sequence[Any], local_plugins: Iterable[Any] = (), *,
+                node: str = "") -> list:
+    """Run the plugins of ``point`` over ``tensors`` and return the new list.
+
+    ``local_plugins`` are the GraphOp's own plugins registered at ``point`` (in
+    registration order); after them the global ``atb_preprocess`` (pre points) or
+    ``atb_postprocess`` (post points) hook implementations run, one plugin at a
+    time. ``node`` names the graph node/GraphOp for error messages.
+
+    Raises PluginError naming the plugin when one raises or returns tensors of
+    another count, shape, dtype or framework."""
+    check_point(point, node)
+    pre = is_pre_point(point)
+    where_at = f"at {point}" + (f" of {node}" if node else "")
+    current = list(tensors)
+    for plugin in local_plugins:
+        name = plugin_name(plugin)
+        method = "preprocess" if pre else "postprocess"
+        try:
+            result = _run_local(plugin, pre, list(current))
+        except Exception as e:
+            raise hook_failure(name, method, e) from e
+        current = check_tensors(name, f"{method} {where_at}", current, result)
+    hook = "atb_preprocess" if pre else "atb_postprocess"
+    for name, caller in _global_callers(hook):
+        results = caller(point=point, tensors=list(current), node=node)
+        for result in results:
+            current = check_tensors(name, f"{hook} {where_at}", current, result)
+    return current
