@@ -1,0 +1,124 @@
+"""Torch kernel of FlashAttention: ``torch.nn.functional.scaled_dot_product_attention``
+(its fused flash kernel on CPU and CUDA; GQA through ``enable_gqa``), computed in
+fp32 for half types so results round once.
+
+Memory stays O(N): when no mask is needed (no mask, or causal with Sq == Skv) SDPA
+runs on the whole sequence; otherwise queries are processed ``CHUNK`` rows at a time,
+each chunk seeing only the key range it can reach, so neither scores nor a mask of
+``[Sq, Skv]`` is ever materialised whole.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...ops.attention import AttnDims, attention_dims, split_packed
+from ...tensor import TensorDesc
+from . import kernel
+
+__all__ = ["sdpa_attention", "to_bnsd", "from_bnsd", "CHUNK"]
+
+# Query rows per SDPA call when a mask must be built: a [B, 1, CHUNK, Skv] bool mask
+# (4 MiB at Skv 8192) bounds the extra memory.
+CHUNK = 512
+
+
+def to_bnsd(x: torch.Tensor, layout: str, heads: int) -> torch.Tensor:
+    """A ``[B, N, S, D]`` view of ``x`` in ``layout``."""
+    if layout == "BNSD":
+        return x
+    if layout == "BSH":
+        b, s, hid = x.shape
+        x = x.view(b, s, heads, hid // heads) if x.is_contiguous() else \
+            x.reshape(b, s, heads, hid // heads)
+    return x.transpose(1, 2)  # [B, S, N, D] -> [B, N, S, D]
+
+
+def from_bnsd(o: torch.Tensor, layout: str) -> torch.Tensor:
+    """``o`` [B, N, S, D] back into ``layout``."""
+    if layout == "BNSD":
+        return o
+    o = o.transpose(1, 2)  # [B, N, S, D] -> [B, S, N, D]
+    return o.reshape(o.shape[0], o.shape[1], -1) if layout == "BSH" else o
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                   causal: bool, window: int | None = None, mask: torch.Tensor | None = None,
+                   kv_lens: torch.Tensor | None = None, chunk: int = CHUNK) -> torch.Tensor:
+    """Attention of q ``[B, H, Sq, D]`` over k/v ``[B, Hkv, Skv, D]`` with the
+    semantics of :mod:`atbcore.ops.attention` (bottom-right aligned positions,
+    per-batch ``kv_lens``, sliding ``window`` implying causal, rows that see no key
+    give zeros). Returns ``[B, H, Sq, D]`` in q's dtype."""
+    b_, h, sq, d = q.shape
+    skv = k.shape[2]
+    gqa = k.shape[1] != h
+    causal = causal or window is not None
+    if mask is None and kv_lens is None and window is None:
+        if not causal or sq == 1 or sq == skv:
+            # causal with one query row at the end sees every key: no mask at all.
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal and sq == skv > 1,
+                                                  scale=scale, enable_gqa=gqa)
+    dev = q.device
+    lens = [skv] * b_ if kv_lens is None else [int(x) for x in kv_lens.tolist()]
+    lens_t = torch.tensor(lens, device=dev)
+    offs_t = lens_t - sq  # row i of entry b sits at position lens[b] - sq + i
+    m4 = None
+    if mask is not None:
+        m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        if m4.dtype != torch.bool:
+            m4 = m4.to(q.dtype)
+    out = q.new_empty(b_, h, sq, d)
+    for r0 in range(0, sq, chunk):
+        r1 = min(sq, r0 + chunk)
+        # the key range [lo, hi) any row of this chunk can reach, over the batch
+        hi = max(min(n, n - sq + r1) if causal else n for n in lens)
+        lo = max(0, min(n - sq + r0 - window + 1 for n in lens)) if window else 0
+        if hi <= lo:
+            out[:, :, r0:r1] = 0
+            continue
+        keys = torch.arange(lo, hi, device=dev)
+        pos = offs_t[:, None] + torch.arange(r0, r1, device=dev)[None]  # [B, c]
+        allow = (keys < lens_t[:, None, None])  # [B, 1, K]
+        if causal:
+            allow = allow & (keys <= pos[:, :, None])  # [B, c, K]
+        if window is not None:
+            allow = allow & (keys > pos[:, :, None] - window)
+        am = allow[:, None]  # [B, 1, c|1, K]
+        if m4 is not None:
+            mc = m4[:, :, r0:r1] if m4.shape[2] != 1 else m4
+            mc = mc[..., lo:hi] if mc.shape[3] != 1 else mc
+            am = am & mc if mc.dtype == torch.bool else \
+                torch.where(am, mc, torch.tensor(float("-inf"), dtype=q.dtype, device=dev))
+        seen = am.any(-1, keepdim=True) if am.dtype == torch.bool else \
+            (am > float("-inf")).any(-1, keepdim=True)
+        o = F.scaled_dot_product_attention(q[:, :, r0:r1], k[:, :, lo:hi], v[:, :, lo:hi],
+                                           attn_mask=am, scale=scale, enable_gqa=gqa)
+        # some SDPA backends give NaN for a row with no visible key; we define zeros.
+        out[:, :, r0:r1] = o.masked_fill(~seen, 0.0)
+    return out
+
+
+def _descs(ins) -> dict[str, TensorDesc | None]:
+    return {n: None if x is None else TensorDesc.of(x) for n, x in ins.items()}
+
+
+def _run(p, ins, dims: AttnDims) -> torch.Tensor:
+    q, k, v = ins["q"], ins["k"], ins["v"]
+    if dims.packed:
+        q, k, v = split_packed(q, dims)
+    lens = ins.get("seq_lens")
+    o = sdpa_attention(to_bnsd(q, dims.layout, dims.heads).float(),
+                       to_bnsd(k, dims.layout, dims.kv_heads).float(),
+                       to_bnsd(v, dims.layout, dims.kv_heads).float(),
+                       scale=p.scale if p.scale is not None else dims.scale_default,
+                       causal=p.causal, window=p.window, mask=ins.get("mask"),
+                       kv_lens=lens)
+    return from_bnsd(o, dims.layout).to(ins["q"].dtype)
+
+
+@kernel("FlashAttention", impl="torch scaled_dot_product_attention (fp32 compute, "
+        "query-chunked when a mask is built)")
+def flash_attention(p, ins):
+    dims = attention_dims("FlashAttention", p, _descs(ins))
+    return [_run(p, ins, dims).contiguous()]
