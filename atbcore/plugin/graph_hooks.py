@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import AtbError, ParamsError
 from .isolation import plugin_error
-from .points import _global_callers
+from .manager import get_plugin_manager
 
 __all__ = ["GRAPH_HOOKS", "call_graph_hook"]
 
@@ -43,8 +43,9 @@ def call_graph_hook(name: str, graph: Any) -> Any:
     if hook not in GRAPH_HOOKS:
         raise ParamsError("call_graph_hook", "unknown graph hook", list(GRAPH_HOOKS), name)
     current = graph
-    for plugin, caller in _global_callers(hook):
-        for result in caller(graph=current):
+    pm = get_plugin_manager()
+    for plugin, obj in pm.plugins_in_call_order(hook):
+        for result in pm.call_plugin(hook, obj, graph=current):
             if result is None:
                 continue
             if not isinstance(result, Graph):

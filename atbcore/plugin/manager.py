@@ -67,6 +67,7 @@ class AtbPluginManager(pluggy.PluginManager):
         self.records: dict[str, PluginRecord] = {}
         self.fusion_rules: list[tuple[str, Any]] = []
         self._undo: list[Any] = []  # undo callables (e.g. hook-call monitoring)
+        self.trace_records: Any = None  # set by the tracing plugin when tracing is on
 
     # ------------------------------------------------------------------ registration
     def register(self, plugin: Any, name: str | None = None, *, source: str = "runtime",
@@ -74,7 +75,14 @@ class AtbPluginManager(pluggy.PluginManager):
         """Register ``plugin`` and run its set-up hooks. Returns its name, or
         ``None`` when the name is blocked. A failing set-up hook unregisters the
         plugin again and raises PluginError naming it."""
-        registered = super().register(plugin, name)
+        try:
+            registered = super().register(plugin, name)
+        except pluggy.PluginValidationError as e:
+            # pluggy may have added some of the plugin's hooks before failing
+            if self.is_registered(plugin):
+                super().unregister(plugin)
+            raise plugin_error(name or self.get_canonical_name(plugin),
+                               f"invalid hook implementation: {e}") from e
         if registered is None:
             return None
         rec = record or PluginRecord(registered, "loaded", source)
@@ -86,20 +94,39 @@ class AtbPluginManager(pluggy.PluginManager):
             self.unregister(plugin)
             rec.status, rec.error = "failed", str(e)
             self.records[registered] = rec
-            if isinstance(e, pluggy.PluginValidationError):
-                raise plugin_error(registered, f"invalid hook implementation: {e}") from e
             raise
         return registered
 
     def _setup(self, plugin: Any, name: str) -> None:
-        others = [p for p in self.get_plugins() if p is not plugin]
         for hook in SETUP_HOOKS:
-            caller = self.subset_hook_caller(hook, others)
             kwargs = {"manager": self} if hook == "atb_configure" else {}
-            results = caller(**kwargs)
+            results = self.call_plugin(hook, plugin, **kwargs)
             if hook == "atb_register_fusion_rules":
                 for rules in results:
                     self.fusion_rules.extend((name, r) for r in rules or ())
+
+    # ------------------------------------------------------------------ per-plugin calls
+    def plugins_in_call_order(self, hook: str) -> list[tuple[str, Any]]:
+        """(name, plugin) of every plugin implementing ``hook``, in the order
+        pluggy calls them (tryfirst, then newest first, then trylast)."""
+        out: list[tuple[str, Any]] = []
+        seen: set[int] = set()
+        for impl in reversed(getattr(self.hook, hook).get_hookimpls()):
+            if id(impl.plugin) not in seen:
+                seen.add(id(impl.plugin))
+                out.append((impl.plugin_name, impl.plugin))
+        return out
+
+    def call_plugin(self, hook: str, plugin: Any, **kwargs: Any) -> list:
+        """Call ``hook`` on one plugin only (through the guard and any hook-call
+        monitoring); returns its non-None results. Used where each plugin's
+        answer is validated or chained before the next plugin runs."""
+        impls = [i for i in getattr(self.hook, hook).get_hookimpls() if i.plugin is plugin]
+        if not impls:
+            return []
+        # pluggy's own dispatch (what HookCaller.__call__ uses), restricted to one plugin;
+        # subset_hook_caller cannot do this for impls registered under a ``specname``.
+        return self._hookexec(hook, impls, kwargs, False)
 
     def unregister(self, plugin: Any = None, name: str | None = None) -> Any:
         """Unregister a plugin (by object or name) and drop its fusion rules."""

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 
 from ..errors import ParamsError
 from .isolation import check_tensors, hook_failure
+from .manager import get_plugin_manager
 
 __all__ = ["POINTS", "PRE_POINTS", "POST_POINTS", "Plugin", "apply_point", "is_pre_point",
            "plugin_name", "check_point"]
@@ -91,27 +92,6 @@ def _run_local(plugin: Any, pre: bool, tensors: list) -> Any:
     return method(tensors)
 
 
-def _global_callers(hook: str) -> list[tuple[str, Any]]:
-    """(plugin name, caller for that plugin alone) in pluggy's call order."""
-    from .manager import get_plugin_manager
-
-    pm = get_plugin_manager()
-    caller = getattr(pm.hook, hook)
-    impls = caller.get_hookimpls()
-    if not impls:
-        return []
-    out: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-    plugins = pm.get_plugins()
-    for impl in reversed(impls):  # pluggy calls the last-added / tryfirst first
-        if id(impl.plugin) in seen:
-            continue
-        seen.add(id(impl.plugin))
-        others = [p for p in plugins if p is not impl.plugin]
-        out.append((impl.plugin_name, pm.subset_hook_caller(hook, others)))
-    return out
-
-
 def apply_point(point: str, tensors: Sequence[Any], local_plugins: Iterable[Any] = (), *,
                 node: str = "") -> list:
     """Run the plugins of ``point`` over ``tensors`` and return the new list.
@@ -136,8 +116,9 @@ def apply_point(point: str, tensors: Sequence[Any], local_plugins: Iterable[Any]
             raise hook_failure(name, method, e) from e
         current = check_tensors(name, f"{method} {where_at}", current, result)
     hook = "atb_preprocess" if pre else "atb_postprocess"
-    for name, caller in _global_callers(hook):
-        results = caller(point=point, tensors=list(current), node=node)
+    pm = get_plugin_manager()
+    for name, plugin in pm.plugins_in_call_order(hook):
+        results = pm.call_plugin(hook, plugin, point=point, tensors=list(current), node=node)
         for result in results:
             current = check_tensors(name, f"{hook} {where_at}", current, result)
     return current
