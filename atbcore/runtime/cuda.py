@@ -1,0 +1,147 @@
+"""CUDA-only execution: independent branches on separate streams, and plans
+captured as CUDA graphs (one replay = one launch). torch is imported lazily; none
+of this runs on a CPU-only machine (callers check the plan's device first).
+
+Stream ordering: every side stream first waits for the work already queued on the
+caller's stream (the inputs); a node waits for the event recorded after each of
+its producers that ran on another stream; at the end the caller's stream waits for
+every side stream. A tensor read on a stream other than the one that made it is
+``record_stream``-ed there so the caching allocator does not hand its memory out
+while that stream may still read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from ..errors import CapabilityError
+from ..tensor import TensorDesc
+
+__all__ = ["StreamRunner", "CapturedPlan", "cuda_graph_unavailable_reason"]
+
+
+def _slots(v: Any) -> tuple[str, ...]:
+    return v if isinstance(v, tuple) else (v,)
+
+
+class StreamRunner:
+    """Runs one plan's calls over ``plan.num_streams`` streams (see module doc)."""
+
+    def __init__(self, plan: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.main = torch.cuda.current_stream()
+        cached = getattr(plan, "_side_streams", None)
+        if cached is None or len(cached) != plan.num_streams - 1:
+            cached = [torch.cuda.Stream() for _ in range(plan.num_streams - 1)]
+            plan._side_streams = cached
+        self.streams = [self.main, *cached]
+        start = torch.cuda.Event()
+        start.record(self.main)
+        for s in self.streams[1:]:
+            s.wait_event(start)
+        self.ready: dict[str, tuple[int, Any]] = {}
+
+    def run(self, c: Any, env: dict, fn: Callable[[], list]) -> list:
+        s = self.streams[c.stream]
+        waited: set[int] = set()
+        for _, v, _ in c.ins:
+            for t in _slots(v):
+                info = self.ready.get(t)
+                if info is None or info[0] == c.stream:
+                    continue
+                if id(info[1]) not in waited:
+                    s.wait_event(info[1])
+                    waited.add(id(info[1]))
+                env[t].record_stream(s)
+        with self.torch.cuda.stream(s):
+            results = fn()
+        ev = self.torch.cuda.Event()
+        ev.record(s)
+        for o in c.outs:
+            self.ready[o] = (c.stream, ev)
+        return results
+
+    def join(self) -> None:
+        for s in self.streams[1:]:
+            ev = self.torch.cuda.Event()
+            ev.record(s)
+            self.main.wait_event(ev)
+
+    def adopt(self, outputs: list) -> None:
+        """Outputs made on side streams are handed to the caller's stream."""
+        for t in outputs:
+            if hasattr(t, "record_stream"):
+                t.record_stream(self.main)
+
+
+def cuda_graph_unavailable_reason(plan: Any) -> str | None:
+    """Why ``plan`` cannot be captured as a CUDA graph (None = it can)."""
+    if not plan.device.startswith("cuda"):
+        return f"CUDA graphs need a CUDA device; this plan runs on {plan.device}"
+    if any(c.native != "torch" for c in plan.calls):
+        bad = next(c.node for c in plan.calls if c.native != "torch")
+        return f"node {bad} runs on a non-torch backend"
+    return None
+
+
+class CapturedPlan:
+    """A plan captured for one exact input signature.
+
+    Inputs are copied into static buffers before each replay and outputs are cloned
+    after it so callers own them: ``staging`` counts those copies, ``launches`` (1)
+    the graph replay itself. Data-dependent checks (ids in range) of ops reading
+    graph inputs run on the host before each replay; a check on an intermediate
+    would need a host sync inside the graph, so such a plan is refused.
+    """
+
+    launches = 1
+
+    def __init__(self, plan: Any, inputs: Mapping[str, Any], descs: Mapping[str, TensorDesc],
+                 warmup: int = 2) -> None:
+        why = cuda_graph_unavailable_reason(plan)
+        if why:
+            raise CapabilityError(plan.graph.name, "CUDA graph capture", "a CUDA torch plan", why)
+        import torch
+
+        self.plan = plan
+        self.host_checks = []
+        for c in plan.calls:
+            if not c.check:
+                continue
+            if any(s not in inputs and s not in plan.weights_env
+                   for _, v, _ in c.ins for s in _slots(v)):
+                raise CapabilityError(plan.graph.name, "CUDA graph capture",
+                                      "data checks on graph inputs only",
+                                      f"node {c.node} checks values of an intermediate")
+            self.host_checks.append(c)
+        self.static_in = {k: v.clone() for k, v in inputs.items()}
+        self.descs = dict(descs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up allocates workspaces outside the capture
+            for _ in range(warmup):
+                plan.run(self.static_in, descs=descs)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        plan.skip_checks = True
+        try:
+            with torch.no_grad(), torch.cuda.graph(self.graph):
+                self.static_out = plan._run(self.static_in, descs, None, None)
+        finally:
+            plan.skip_checks = False
+        self.staging = len(self.static_in) + len(self.static_out)
+
+    def replay(self, inputs: Mapping[str, Any]) -> list:
+        """Copy ``inputs`` in, replay, return fresh copies of the outputs."""
+        env = {**self.plan.weights_env, **inputs}
+        for c in self.host_checks:
+            ins = dict.fromkeys(c.names)
+            for name, v, _ in c.ins:
+                ins[name] = env[v] if isinstance(v, str) else [env[s] for s in v]
+            c.opdef.check_values(c.params, ins)
+        for k, v in inputs.items():
+            self.static_in[k].copy_(v)
+        self.graph.replay()
+        return [o.clone() for o in self.static_out]

@@ -1,0 +1,403 @@
+"""The executor: a graph compiled once into a list of bound kernel calls, then run.
+
+``build_plan(graph, input_descs)`` infers every tensor's descriptor along the schedule,
+plans memory, and dispatches each node once (``select_backend``), recording the
+kernel that runs, how many device launches it makes and why other backends were
+passed over. ``ExecPlan.run(inputs)`` then only looks tensors up and calls kernels.
+
+What is real about buffers (today's kernels return new tensors):
+
+* each intermediate is dropped at its last use (the plan's liveness), so the
+  framework's caching allocator reuses its memory for later tensors;
+* a kernel that declares ``writes_out`` (``fn(params, ins, out=[...])``) gets arena
+  views at the planned offsets and writes into them; no built-in kernel declares it
+  yet, so on the built-in backends the arena is the planner's accounting of what a
+  run needs, and is only reserved from the pool when a kernel will write into it
+  (``arena="auto"``) or when asked (``arena="always"``);
+* graph outputs are never in the arena: they are the kernels' fresh tensors, so
+  callers own them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from ..backends import select_backend
+from ..errors import AtbError, GraphError
+from ..graph.ir import Graph, Node
+from ..ops.base import OpDef
+from ..ops.registry import get_op
+from ..tensor import TensorDesc, convert, describe
+from .planner import MemoryPlan, plan_memory
+from .profiler import NodeEvent, Profiler
+from .scheduler import assign_streams, flatten, schedule
+
+__all__ = ["BoundCall", "ExecPlan", "build_plan", "infer_descs", "bind_node", "PointHook"]
+
+# (point name, node name, tensors) -> tensors; installed by GraphOp for plugins.
+PointHook = Callable[[str, str, list], list]
+Slot = "str | tuple[str, ...] | None"
+
+
+def _node_error(graph: Graph, node: Node, e: AtbError) -> AtbError:
+    """The same error class, naming the graph node as well as the op."""
+    err = type(e)(f"{graph.name}/{node.name} ({e.op})", e.what, e.expected, e.given)
+    err.__cause__ = e
+    return err
+
+
+def bind_node(opdef: OpDef, node: Node, descs: Mapping[str, TensorDesc]) -> dict[str, Any]:
+    """Input name -> tensor id (or a tuple of ids for a variadic input, or None).
+
+    With an explicit absent input (``""``) the ids are read positionally in the
+    op's input order; otherwise the op's own ``bind`` decides (it resolves
+    ambiguous optional inputs by looking at descriptors).
+    """
+    if "" in node.inputs:
+        names = opdef.input_names
+        if len(node.inputs) > len(names):
+            raise GraphError(node.name, f"{node.op} takes at most {len(names)} inputs",
+                             len(names), len(node.inputs))
+        return {n: (t or None) for n, t in zip(names, node.inputs)} | {
+            n: None for n in names[len(node.inputs):]}
+    # Fresh descriptor objects per position, so bind's result maps back by identity.
+    items = [descs[t].replace() for t in node.inputs]
+    back = {id(d): t for d, t in zip(items, node.inputs)}
+    bound = opdef.bind(node.params, items)
+    out: dict[str, Any] = {}
+    for name, v in bound.items():
+        if v is None:
+            out[name] = None
+        elif isinstance(v, (list, tuple)):
+            out[name] = tuple(back[id(x)] for x in v)
+        else:
+            out[name] = back[id(v)]
+    return out
+
+
+def _descs_of(slot: Any, descs: Mapping[str, TensorDesc]) -> Any:
+    if slot is None:
+        return None
+    if isinstance(slot, tuple):
+        return [descs[s] for s in slot]
+    return descs[slot]
+
+
+def infer_descs(graph: Graph, levels: Sequence[Sequence[Node]],
+                input_descs: Mapping[str, TensorDesc]) -> tuple[dict[str, TensorDesc],
+                                                                dict[str, dict[str, Any]]]:
+    """Descriptors of every tensor id, and each node's input binding, by running
+    each op's ``infer_shape`` along the schedule. Errors name the node."""
+    descs: dict[str, TensorDesc] = {}
+    for w, arr in graph.weights:
+        descs[w] = describe(arr)
+    for i in graph.inputs:
+        if i not in input_descs:
+            raise GraphError(graph.name, f"graph input {i!r} not given", "a descriptor", "none")
+        descs[i] = input_descs[i]
+    bindings: dict[str, dict[str, Any]] = {}
+    for n in flatten(levels):
+        try:
+            opdef = get_op(n.op)
+            b = bind_node(opdef, n, descs)
+            for req in opdef.required_inputs:
+                if b.get(req) is None:
+                    raise GraphError(n.op, f"required input {req!r} missing", "a tensor id", "none")
+            outs = opdef.infer_shape(n.params, {k: _descs_of(v, descs) for k, v in b.items()})
+        except AtbError as e:
+            raise _node_error(graph, n, e) from None
+        if len(outs) != len(n.outputs):
+            raise GraphError(f"{graph.name}/{n.name}", f"{n.op} output count", len(outs),
+                             len(n.outputs))
+        descs.update(zip(n.outputs, outs))
+        bindings[n.name] = b
+    return descs, bindings
+
+
+@dataclass
+class BoundCall:
+    """One node, dispatched: the kernel to call and where its tensors live."""
+
+    node: str
+    op: str
+    opdef: OpDef
+    params: Any
+    fn: Callable
+    backend: str
+    native: str
+    impl: str
+    launches: int
+    fallbacks: list[tuple[str, list[str]]]
+    ins: tuple[tuple[str, Any, bool], ...]   # (input name, slot(s), needs convert)
+    names: tuple[str, ...]
+    outs: tuple[str, ...]
+    frees: tuple[str, ...] = ()
+    check: bool = False
+    writes_out: bool = False
+    out_offsets: tuple[int | None, ...] = ()
+    stream: int = 0
+    pre: str | None = None
+    post: str | None = None
+
+
+@dataclass
+class ExecPlan:
+    """A graph compiled for one input signature (or shape bucket); see the module doc."""
+
+    graph: Graph
+    levels: list[list[Node]]
+    descs: dict[str, TensorDesc]
+    memory: MemoryPlan
+    calls: list[BoundCall]
+    entry_native: str
+    device: str
+    weights_env: dict[str, Any]
+    num_streams: int = 1
+    arena_block: Any = None
+    arena_note: str = ""
+    exact: dict[Any, dict[str, TensorDesc]] = field(default_factory=dict)
+    runs: int = 0
+    skip_checks: bool = False  # set while capturing a CUDA graph (no host syncs)
+
+    @property
+    def launches(self) -> int:
+        """Device launches per run: the sum of the chosen kernels' ``launches``."""
+        return sum(c.launches for c in self.calls)
+
+    @property
+    def uses_torch(self) -> bool:
+        return any(c.native == "torch" for c in self.calls)
+
+    def nodes_table(self) -> list[dict[str, Any]]:
+        """Per call: node, op, backend, kernel impl, launches, fallback reasons."""
+        return [{"node": c.node, "op": c.op, "backend": c.backend, "kernel": c.impl,
+                 "launches": c.launches, "stream": c.stream,
+                 "fallbacks": ["%s: %s" % (b, "; ".join(r)) for b, r in c.fallbacks]}
+                for c in self.calls]
+
+    # ------------------------------------------------------------------ running
+    def run(self, inputs: Mapping[str, Any], *, descs: Mapping[str, TensorDesc] | None = None,
+            profiler: Profiler | None = None, hook: PointHook | None = None) -> list:
+        """Run on backend-native inputs (id -> tensor); returns the graph outputs.
+        ``descs`` (exact descriptors of this call) sizes arena views."""
+        if self.uses_torch:
+            import torch
+
+            with torch.no_grad():
+                return self._run(inputs, descs, profiler, hook)
+        return self._run(inputs, descs, profiler, hook)
+
+    def _run(self, inputs: Mapping[str, Any], descs: Mapping[str, TensorDesc] | None,
+             profiler: Profiler | None, hook: PointHook | None) -> list:
+        env = dict(self.weights_env)
+        env.update(inputs)
+        streams = self._streams() if self.num_streams > 1 else None
+        sync = _synchronizer(self.device) if profiler is not None else None
+        run_id = profiler.begin_run() if profiler is not None else 0
+        self.runs += 1
+        for c in self.calls:
+            if profiler is not None:
+                sync()
+                t0 = profiler.now()
+            if streams is not None:
+                results = streams.run(c, env, lambda: self._call(c, env, descs, hook))
+            else:
+                results = self._call(c, env, descs, hook)
+            for s, r in zip(c.outs, results):
+                env[s] = r
+            for s in c.frees:
+                env.pop(s, None)
+            if profiler is not None:
+                sync()
+                profiler.record(NodeEvent(c.node, c.op, t0, profiler.now() - t0, run_id,
+                                          c.backend, c.impl, c.launches, c.stream))
+        outs = [env[o] for o in self.graph.outputs]
+        if streams is not None:
+            streams.join()
+            streams.adopt(outs)
+        return outs
+
+    def _call(self, c: BoundCall, env: dict, descs: Mapping[str, TensorDesc] | None,
+              hook: PointHook | None) -> list:
+        ins: dict[str, Any] = dict.fromkeys(c.names)
+        for name, slot, conv in c.ins:
+            x = env[slot] if isinstance(slot, str) else [env[s] for s in slot]
+            if conv:
+                x = convert(x, c.native) if isinstance(slot, str) else [convert(t, c.native)
+                                                                         for t in x]
+            ins[name] = x
+        if hook is not None and c.pre:
+            self._apply_pre(c, ins, hook)
+        if c.check and not self.skip_checks:
+            c.opdef.check_values(c.params, ins)
+        if c.writes_out and self.arena_block is not None:
+            results = list(c.fn(c.params, ins, out=self._out_views(c, descs)))
+        else:
+            results = list(c.fn(c.params, ins))
+        if len(results) != len(c.outs):
+            raise AtbError(c.node, f"{c.backend} kernel {c.impl} returned {len(results)} outputs",
+                           len(c.outs), len(results))
+        if hook is not None and c.post:
+            results = list(hook(c.post, c.node, results))
+        return results
+
+    def _apply_pre(self, c: BoundCall, ins: dict, hook: PointHook) -> None:
+        # Plugins see the activations a node reads, not its weights.
+        names = [n for n, slot, _ in c.ins
+                 if isinstance(slot, str) and slot not in self.weights_env]
+        new = hook(c.pre, c.node, [ins[n] for n in names])
+        for n, t in zip(names, new):
+            ins[n] = t
+
+    def _out_views(self, c: BoundCall, descs: Mapping[str, TensorDesc] | None) -> list:
+        d = descs or self.descs
+        views = []
+        for s, off in zip(c.outs, c.out_offsets):
+            if off is None:
+                views.append(None)
+                continue
+            v = self.arena_block.view(off, d[s].shape, d[s].dtype)
+            views.append(convert(v, c.native))
+        return views
+
+    def _streams(self) -> Any:
+        from .cuda import StreamRunner
+
+        return StreamRunner(self)
+
+    # ------------------------------------------------------------------ lifetime
+    def release(self) -> None:
+        """Give the arena block back to its pool (idempotent)."""
+        if self.arena_block is not None and not self.arena_block.freed:
+            self.arena_block.free()
+        self.arena_block = None
+
+
+def _synchronizer(device: str) -> Callable[[], None]:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
+               backend: str | None = None, levels: list[list[Node]] | None = None,
+               weights: Callable[[str, str, str], Any] | None = None,
+               points: Mapping[str, tuple[str | None, str | None]] | None = None,
+               num_streams: int = 1, arena: str = "auto") -> ExecPlan:
+    """Compile ``graph`` for ``input_descs`` (graph input id -> descriptor).
+
+    ``backend`` forces one backend (else the dispatcher's priority order);
+    ``weights(tensor_id, native, device)`` returns a weight as a native tensor
+    (GraphOp caches them so plans share one copy); ``points`` maps node name to its
+    plugin points ``(pre, post)``; ``num_streams > 1`` runs independent branches on
+    separate CUDA streams (CUDA only; ignored elsewhere); ``arena`` is
+    ``"auto" | "always" | "never"`` (see the module docstring).
+    """
+    levels = levels if levels is not None else schedule(graph)
+    descs, bindings = infer_descs(graph, levels, input_descs)
+    memory = plan_memory(graph, levels, descs)
+    order = flatten(levels)
+    device = next((input_descs[i].device for i in graph.inputs), "cpu")
+    cuda = device.startswith("cuda")
+    streams = assign_streams(levels, num_streams) if cuda and num_streams > 1 else {}
+    weight_ids = {w for w, _ in graph.weights}
+    # Each id's own last reader; dropping a root while a view of it lives is safe
+    # (the view holds the storage), so aliases and roots are freed independently.
+    last_use: dict[str, int] = {}
+    for step, n in enumerate(order):
+        for t in n.inputs:
+            if t:
+                last_use[t] = step
+    keep = set(graph.outputs) | weight_ids
+
+    calls: list[BoundCall] = []
+    native_of: dict[str, str] = {}
+    for step, n in enumerate(order):
+        opdef = get_op(n.op)
+        b = bindings[n.name]
+        bdescs = {k: _descs_of(v, descs) for k, v in b.items()}
+        try:
+            be, skipped = select_backend(opdef, n.params, bdescs, backend)
+        except AtbError as e:
+            raise _node_error(graph, n, e) from None
+        k = be.kernel(opdef.name)
+        assert k is not None
+        for v in b.values():
+            for s in (v if isinstance(v, tuple) else (v,)):
+                if s is not None and s not in native_of:
+                    native_of[s] = be.native  # weights and inputs: first reader's native
+        ins = tuple((name, v, any(native_of[s] != be.native for s in
+                                  (v if isinstance(v, tuple) else (v,))))
+                    for name, v in b.items() if v is not None)
+        for o in n.outputs:
+            native_of[o] = be.native
+        # Inputs read for the last time here, and outputs nobody reads.
+        frees = tuple(sorted({s for s in n.inputs if s and s not in keep and last_use[s] == step}
+                             | {o for o in n.outputs if o not in keep and o not in last_use}))
+        p, post = (points or {}).get(n.name, (None, None))
+        calls.append(BoundCall(
+            node=n.name, op=n.op, opdef=opdef, params=n.params, fn=k.fn, backend=be.name,
+            native=be.native, impl=k.impl, launches=k.launches, fallbacks=skipped, ins=ins,
+            names=opdef.input_names, outs=n.outputs, frees=frees,
+            check=type(opdef).check_values is not OpDef.check_values,
+            writes_out=bool(getattr(k, "writes_out", False)),
+            out_offsets=tuple(memory.offsets.get(o) for o in n.outputs),
+            stream=streams.get(n.name, 0), pre=p, post=post))
+
+    entry = "torch" if any(c.native == "torch" for c in calls) else "numpy"
+    for i in graph.inputs:
+        native_of.setdefault(i, entry)
+    # Inputs arrive in the entry native; re-flag readers that need another one.
+    for c in calls:
+        c.ins = tuple((nm, v, any((entry if s in input_descs else native_of[s]) != c.native
+                                  for s in (v if isinstance(v, tuple) else (v,))))
+                      for nm, v, _ in c.ins)
+    fetch = weights or _default_weight(graph)
+    wenv = {w: fetch(w, native_of.get(w, entry), device) for w in weight_ids if w in native_of}
+    plan = ExecPlan(graph=graph, levels=levels, descs=descs, memory=memory, calls=calls,
+                    entry_native=entry, device=device, weights_env=wenv,
+                    num_streams=max(1, num_streams) if cuda else 1)
+    _reserve_arena(plan, arena)
+    return plan
+
+
+def _default_weight(graph: Graph) -> Callable[[str, str, str], Any]:
+    wm = graph.weight_map
+
+    def fetch(tid: str, native: str, device: str) -> Any:
+        return native_weight(wm[tid], native, device)
+
+    return fetch
+
+
+def native_weight(arr: Any, native: str, device: str) -> Any:
+    """A weight as ``native``'s tensor on ``device`` (done once per plan/GraphOp)."""
+    t = convert(arr, native)
+    if native == "torch" and str(t.device) != device and device != "cpu":
+        t = t.to(device)
+    return t
+
+
+def _reserve_arena(plan: ExecPlan, arena: str) -> None:
+    wants = any(c.writes_out for c in plan.calls)
+    if arena == "never" or (arena == "auto" and not wants) or plan.memory.arena_bytes == 0:
+        plan.arena_note = ("not reserved: no kernel writes into planned buffers"
+                           if arena == "auto" else "not reserved")
+        return
+    try:
+        from ..memory import get_memory_pool
+
+        pool = get_memory_pool()
+    except ImportError as e:  # the memory package not present
+        plan.arena_note = f"not reserved: no memory pool ({e})"
+        return
+    if str(pool.device).split(":")[0] != plan.device.split(":")[0]:
+        plan.arena_note = f"not reserved: pool on {pool.device}, plan on {plan.device}"
+        for c in plan.calls:
+            c.writes_out = False
+        return
+    plan.arena_block = pool.alloc(plan.memory.arena_bytes)
+    plan.arena_note = f"reserved {plan.memory.arena_bytes} B from the pool"
