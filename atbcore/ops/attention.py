@@ -317,8 +317,8 @@ class FlashAttention(OpDef):
     outputs = ("out",)
 
     def bind(self, p, items):
-        """q, k, v positionally; then mask (float/bool) and seq_lens (integer) in any
-        order, told apart by dtype. One input alone is packed QKV."""
+        """q, k, v positionally; then mask and seq_lens (a 1-D integer tensor) in any
+        order, told apart by dtype and rank. One input alone is packed QKV."""
         items = list(items)
         if not 1 <= len(items) <= 5:
             raise InputError(self.name, "number of inputs", "1 (packed qkv) or 3 to 5 "
@@ -333,7 +333,8 @@ class FlashAttention(OpDef):
         for x in items[3:]:
             if x is None:
                 continue
-            slot = "seq_lens" if TensorDesc.of(x).dtype.is_integer else "mask"
+            d = TensorDesc.of(x)
+            slot = "seq_lens" if d.dtype.is_integer and d.rank == 1 else "mask"
             if bound[slot] is not None:
                 raise InputError(self.name, f"input {slot!r} given twice", "at most one",
                                  "two")
@@ -349,7 +350,7 @@ class FlashAttention(OpDef):
 
     def check_values(self, p, ins):
         lens = ins.get("seq_lens")
-        if lens is None or ins.get("k") is None:
+        if lens is None:
             return
         dims = attention_dims(self.name, p, {n: None if x is None else TensorDesc.of(x)
                                              for n, x in ins.items()})

@@ -30,8 +30,7 @@ def to_bnsd(x: torch.Tensor, layout: str, heads: int) -> torch.Tensor:
         return x
     if layout == "BSH":
         b, s, hid = x.shape
-        x = x.view(b, s, heads, hid // heads) if x.is_contiguous() else \
-            x.reshape(b, s, heads, hid // heads)
+        x = x.reshape(b, s, heads, hid // heads)  # a view, also for packed-QKV slices
     return x.transpose(1, 2)  # [B, S, N, D] -> [B, N, S, D]
 
 
@@ -66,8 +65,6 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
     m4 = None
     if mask is not None:
         m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-        if m4.dtype != torch.bool:
-            m4 = m4.to(q.dtype)
     out = q.new_empty(b_, h, sq, d)
     for r0 in range(0, sq, chunk):
         r1 = min(sq, r0 + chunk)
@@ -88,6 +85,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
         if m4 is not None:
             mc = m4[:, :, r0:r1] if m4.shape[2] != 1 else m4
             mc = mc[..., lo:hi] if mc.shape[3] != 1 else mc
+            mc = mc if mc.dtype == torch.bool else mc.to(q.dtype)  # per chunk: no full copy
             am = am & mc if mc.dtype == torch.bool else \
                 torch.where(am, mc, torch.tensor(float("-inf"), dtype=q.dtype, device=dev))
         seen = am.any(-1, keepdim=True) if am.dtype == torch.bool else \

@@ -202,6 +202,10 @@ def test_packed_qkv_single_input():
     got, _ = run(params, [packed])
     want, _ = run(params, [q, k, v])
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+    lens = np.array([5, 2], np.int32)
+    got, _ = run(params, [packed, None, None, lens])
+    want, _ = run(params, [q, k, v, lens])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_seed_mhav3_call():

@@ -2,7 +2,7 @@
 
 A child process runs the kernel at S = 2048, 4096 and 8192 (causal, causal with
 seq_lens and a sliding window, so both the fused path and the query-chunked masked
-path run) and reports its peak RSS after each size. A kernel that materialised the
+path run) and reports its peak RSS (VmHWM, else ru_maxrss) after each size. A kernel that materialised the
 [S, S] scores would need S*S*4 bytes per head: 256 MiB per head at 8192. The same
 child then runs a naive softmax(QK^T)V at 4096 as a control, proving the measurement
 sees a quadratic buffer when there is one.
@@ -25,6 +25,15 @@ CHILD = textwrap.dedent("""
     H, D = 2, 64
 
     def peak():
+        # VmHWM is the peak RSS of this address space; ru_maxrss would also carry the
+        # parent's peak across fork + exec (a big pytest process hides everything).
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
     ops = [atb.Builder(backend="torch").build_operation("FlashAttention", p) for p in (
