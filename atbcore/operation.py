@@ -79,10 +79,10 @@ class Operation:
         out_descs = self.opdef.infer_shape(self.params, descs)
         if outputs is not None:
             self._check_outputs(outputs, out_descs)
-        backend, skipped = select_backend(self.opdef, self.params, descs, self.backend)
+        framework = next(framework_of(x) for x in inputs if x is not None)
+        backend, skipped = select_backend(self.opdef, self.params, descs, self.backend, framework)
         self.last_backend, self.last_fallbacks = backend.name, skipped
 
-        framework = next(framework_of(x) for x in inputs if x is not None)
         names = self.opdef.input_names
         native = {n: None for n in names}
         bound = self.opdef.bind(self.params, inputs)
