@@ -44,10 +44,11 @@ def select_backend(opdef: OpDef, p: Params, ins: Mapping[str, TensorDesc | None]
                    ) -> tuple[Backend, list[tuple[str, list[str]]]]:
     """The backend to run this call, and the (backend, reasons) passed over.
 
-    Backends whose native tensors are the caller's ``framework`` are asked first
+    Backends marked ``native_first`` whose native tensors are the caller's
+    ``framework`` are asked first
     (a MindSpore user's tensors stay in MindSpore kernels), then by priority."""
     prefer = prefer or os.environ.get("ATB_BACKEND") or None
-    order = sorted(backends(), key=lambda b: (b.native != framework, b.priority)) if framework \
+    order = sorted(backends(), key=lambda b: (not (b.native_first and b.native == framework), b.priority)) if framework \
         else backends()
     if prefer:
         order = [get_backend(prefer)]

@@ -39,6 +39,10 @@ class Backend:
     name: str = ""
     priority: int = 100
     native: str = "numpy"  # the framework whose tensors the kernels take
+    # True: asked first when the caller's tensors are of ``native`` (framework
+    # backends); the reference backend leaves this False so numpy input still
+    # runs on the faster torch kernels.
+    native_first: bool = False
     kernels: dict[str, Kernel] = field(default_factory=dict)
 
     def available(self) -> bool:
