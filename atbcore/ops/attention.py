@@ -13,7 +13,9 @@ Semantics shared by every backend (the NumPy reference below is the oracle):
 * GQA/MQA: ``num_kv_heads`` divides ``num_heads``; q head h reads kv head
   ``h // (H / Hkv)``.
 * Positions are bottom-right aligned: query row i of a batch entry whose kv length
-  is L (``seq_lens[b]``, else Skv) sits at position ``L - Sq + i``. Key j is visible
+  is L (``seq_lens[b]``, else Skv) sits at position ``max(L - Sq, 0) + i`` -- decode
+  and chunked prefill (Sq < L) see the end of the keys, while a right-padded prefill
+  (Sq = padded length >= L) keeps row i at position i. Key j is visible
   when ``j < L``, and with ``causal`` when ``j <= pos``, and with ``window`` when
   ``pos - window < j`` (a window implies causal, as in Mistral).
 * ``mask``: additive float, or bool with True = attend (as torch SDPA), broadcastable
@@ -263,7 +265,7 @@ def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, 
             r1 = min(sq, r0 + chunk)
             # [Hkv, G, c, D] @ [Hkv, 1, D, Skv] -> [Hkv, G, c, Skv]
             s = (qb[:, :, r0:r1] @ k[b].swapaxes(-1, -2)[:, None]) * scale
-            allow = visible_keys(kv_len - sq + np.arange(r0, r1), keys, kv_len, causal, window)
+            allow = visible_keys(max(kv_len - sq, 0) + np.arange(r0, r1), keys, kv_len, causal, window)
             allow = np.broadcast_to(allow, s.shape)
             if m4 is not None:
                 mc = m4[min(b, m4.shape[0] - 1)]

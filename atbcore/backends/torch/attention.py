@@ -61,7 +61,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
     dev = q.device
     lens = [skv] * b_ if kv_lens is None else [int(x) for x in kv_lens.tolist()]
     lens_t = torch.tensor(lens, device=dev)
-    offs_t = lens_t - sq  # row i of entry b sits at position lens[b] - sq + i
+    offs_t = (lens_t - sq).clamp(min=0)  # row i of entry b sits at max(lens[b] - sq, 0) + i
     m4 = None
     if mask is not None:
         m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
@@ -69,8 +69,8 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
     for r0 in range(0, sq, chunk):
         r1 = min(sq, r0 + chunk)
         # the key range [lo, hi) any row of this chunk can reach, over the batch
-        hi = max(min(n, n - sq + r1) if causal else n for n in lens)
-        lo = max(0, min(n - sq + r0 - window + 1 for n in lens)) if window else 0
+        hi = max(min(n, max(n - sq, 0) + r1) if causal else n for n in lens)
+        lo = max(0, min(max(n - sq, 0) + r0 - window + 1 for n in lens)) if window else 0
         if hi <= lo:
             out[:, :, r0:r1] = 0
             continue

@@ -37,10 +37,11 @@ def sdpa_oracle(q, k, v, *, causal=False, window=None, mask=None, lens=None, sca
         n = skv if lens is None else int(lens[i])
         m = torch.ones(sq, skv, dtype=torch.bool)
         m[:, n:] = False
-        if causal or window:  # bottom-right aligned: query row r sits at n - sq + r
-            m &= torch.ones(sq, skv, dtype=torch.bool).tril(diagonal=n - sq)
+        off = max(n - sq, 0)  # query row r sits at max(n - sq, 0) + r
+        if causal or window:
+            m &= torch.ones(sq, skv, dtype=torch.bool).tril(diagonal=off)
         if window:
-            m &= torch.ones(sq, skv, dtype=torch.bool).triu(diagonal=n - sq - window + 1)
+            m &= torch.ones(sq, skv, dtype=torch.bool).triu(diagonal=off - window + 1)
         full[i, 0] = m
     attn = full
     if mask is not None:

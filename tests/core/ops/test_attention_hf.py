@@ -105,7 +105,7 @@ def test_decode_and_chunked_prefill_with_seq_lens_vs_hf(sq, dtype):
     masks = []
     for i, n in enumerate(lens.tolist()):
         pad = (torch.arange(skv) < n)[None]  # HF 2-D padding mask (True = real token)
-        masks.append(eager_mask(1, sq, skv, q_offset=n - sq, mask_function=causal_mask_function,
+        masks.append(eager_mask(1, sq, skv, q_offset=max(n - sq, 0), mask_function=causal_mask_function,
                                 attention_mask=pad))
     gold = _hf_eager(q.float(), k.float(), v.float(), masks).transpose(1, 2)  # [B, H, Sq, D]
     op = atb.Builder().build_operation("FlashAttention", {"causal": True, "num_kv_heads": 2})
