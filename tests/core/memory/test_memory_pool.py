@@ -4,6 +4,7 @@ typed views, statistics, exhaustion and every misuse error, threads."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -344,6 +345,7 @@ def test_threads_keep_the_invariants(device):
     def defragmenter() -> None:
         while not stop.is_set():
             pool.defragment()
+            time.sleep(0.0005)  # let workers take the lock between compactions
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
     d = threading.Thread(target=defragmenter)

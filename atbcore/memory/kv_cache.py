@@ -1,0 +1,254 @@
+"""``KVCache``: a contiguous, preallocated key/value cache with per-sequence lengths.
+
+One pinned pool block holds ``[num_layers, 2, max_batch, max_seq_len, Hkv, D]``; new
+keys and values are written in place at each sequence's current length (no
+concatenation per step), and attention reads views of the filled part.
+
+    cache = KVCache(num_layers=2, max_batch=4, max_seq_len=2048, num_kv_heads=8,
+                    head_dim=128, dtype="fp16")
+    cache.append(layer, k, v)                 # k, v: [B, T, Hkv, D] (or [B, T, Hkv*D])
+    k_all, v_all, lens = cache.get(layer)     # [B, max(lens), Hkv, D] views + lens [B]
+    out, = FlashAttention(layout="BSND", causal=True).execute([q, k_all, v_all, lens])
+    cache.reset(seq_id); cache.free()
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..dtypes import Dtype
+from ..errors import DeviceError, DtypeError, InputError, MemoryError_, ParamsError, ShapeError
+from ..tensor import convert, describe
+from .backing import make_backing
+from .config import MemoryPoolConfig
+from .global_pool import get_memory_pool
+from .pool import Block, MemoryPool
+
+__all__ = ["KVCache", "pool_for", "check_positive_ints", "to_backing", "native_ints"]
+
+_OP = "KVCache"
+
+
+def check_positive_ints(op: str, **values: Any) -> None:
+    """ParamsError unless every value is an int >= 1."""
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ParamsError(op, name, "an int >= 1", repr(v))
+
+
+def pool_for(op: str, device: str, nbytes: int, pool: MemoryPool | None) -> MemoryPool:
+    """The pool a cache on ``device`` draws from: ``pool`` if given (its device must
+    match), the process-wide pool when it lives on ``device``, else a private pool of
+    exactly ``nbytes`` on ``device``."""
+    if pool is not None:
+        want = make_backing(device)
+        if (want.name, want.device) != (pool.backing.name, pool.device):
+            raise DeviceError(op, "pool device", f"{want.device} ({want.name})",
+                              f"{pool.device} ({pool.backing.name})")
+        return pool
+    shared = get_memory_pool()
+    want = make_backing(device)
+    if (want.name, want.device) == (shared.backing.name, shared.device):
+        return shared
+    align = shared.config.alignment
+    private = MemoryPool(MemoryPoolConfig(max_size=max(-(-nbytes // align) * align, align),
+                                          device=device))
+    private.private = True  # its owner releases the arena when it frees its block
+    return private
+
+
+def to_backing(x: Any, backing_name: str, like: Any) -> Any:
+    """``x`` as a tensor of the backing's framework on ``like``'s device (no dtype cast)."""
+    t = convert(x, backing_name)
+    if backing_name == "torch" and t.device != like.device:
+        t = t.to(like.device)
+    return t
+
+
+def native_ints(values: Sequence[int] | np.ndarray, backing_name: str, like: Any,
+                dtype: Any = np.int32) -> Any:
+    """An int32 host array as the backing's tensor type, on ``like``'s device."""
+    arr = np.ascontiguousarray(np.asarray(values, dtype=dtype))
+    if backing_name == "torch":
+        import torch
+
+        return torch.from_numpy(arr).to(like.device)
+    return arr
+
+
+class KVCache:
+    """Contiguous KV cache; see the module docstring. Memory comes from ``pool`` or the
+    process-wide pool (:func:`get_memory_pool`) when it is on ``device``."""
+
+    def __init__(self, num_layers: int, max_batch: int, max_seq_len: int, num_kv_heads: int,
+                 head_dim: int, dtype: Any = Dtype.FP16, device: str = "cpu",
+                 pool: MemoryPool | None = None) -> None:
+        check_positive_ints(_OP, num_layers=num_layers, max_batch=max_batch,
+                            max_seq_len=max_seq_len, num_kv_heads=num_kv_heads, head_dim=head_dim)
+        try:
+            self.dtype = Dtype.of(dtype)
+        except ValueError as e:
+            raise ParamsError(_OP, "dtype", "a Dtype or dtype name", repr(dtype)) from e
+        self.num_layers, self.max_batch, self.max_seq_len = num_layers, max_batch, max_seq_len
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.shape = (num_layers, 2, max_batch, max_seq_len, num_kv_heads, head_dim)
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        self.pool = pool_for(_OP, device, self.nbytes, pool)
+        # Pinned: views handed out stay valid even if the pool defragments.
+        self._block: Block | None = self.pool.alloc(self.nbytes, pinned=True)
+        self._kv = self._block.tensor(self.shape, self.dtype)
+        # Zeroed once: slots past a sequence's length are masked by attention, but
+        # uninitialised bytes can hold NaN/Inf, and 0 * NaN would leak through.
+        self._kv[...] = 0
+        self.device = self.pool.device
+        self._lens = np.zeros((num_layers, max_batch), dtype=np.int64)
+
+    # ------------------------------------------------------------------ checks
+    def _alive(self) -> Any:
+        if self._block is None:
+            raise MemoryError_(_OP, "use of a freed cache", "a live KVCache", "freed")
+        return self._kv
+
+    def _seq_ids(self, seq_ids: Sequence[int] | None, n: int | None) -> list[int]:
+        ids = list(range(n if n is not None else self.max_batch)) if seq_ids is None else \
+            [int(s) for s in np.asarray(seq_ids).reshape(-1)]
+        bad = [s for s in ids if not 0 <= s < self.max_batch]
+        if bad or len(set(ids)) != len(ids):
+            raise InputError(_OP, "seq_ids", f"distinct ids in 0..{self.max_batch - 1}", ids)
+        return ids
+
+    def _layer(self, layer: int) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or \
+                not 0 <= layer < self.num_layers:
+            raise InputError(_OP, "layer", f"an int in 0..{self.num_layers - 1}", repr(layer))
+        return int(layer)
+
+    # ------------------------------------------------------------------ writing
+    def append(self, layer: int, key: Any, value: Any, seq_ids: Sequence[int] | None = None,
+               lengths: Sequence[int] | None = None) -> None:
+        """Write ``key``/``value`` ``[B, T, Hkv, D]`` (or ``[B, T, Hkv*D]``) after each
+        sequence's current length in ``layer``; ``lengths[b] <= T`` are the valid
+        tokens of row b (right padding ignored). Checks everything before writing."""
+        kv = self._alive()
+        layer = self._layer(layer)
+        kd, vd = describe(key), describe(value)
+        for name, d in (("key", kd), ("value", vd)):
+            if d.dtype != self.dtype:
+                raise DtypeError(_OP, f"input {name!r} dtype", self.dtype.name, d.dtype.name)
+            hd = self.num_kv_heads * self.head_dim
+            ok = d.shape[2:] in ((self.num_kv_heads, self.head_dim), (hd,)) and d.rank in (3, 4)
+            if not ok or d.shape[:2] != kd.shape[:2]:
+                want = f"[B, T, {self.num_kv_heads}, {self.head_dim}] or [B, T, {hd}]"
+                raise ShapeError(_OP, f"input {name!r} shape", want, list(d.shape))
+        b, t = kd.shape[:2]
+        ids = self._seq_ids(seq_ids, b)
+        if len(ids) != b:
+            raise InputError(_OP, "seq_ids (one per batch row)", b, len(ids))
+        n = np.full(b, t, dtype=np.int64) if lengths is None else \
+            np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if n.shape != (b,) or (n < 0).any() or (n > t).any():
+            raise InputError(_OP, "lengths", f"{b} values in 0..{t}", np.asarray(lengths).tolist())
+        start = self._lens[layer, ids]
+        over = start + n > self.max_seq_len
+        if over.any():
+            i = int(np.argmax(over))
+            raise ShapeError(_OP, f"sequence {ids[i]} of layer {layer} overflows max_seq_len",
+                             f"<= {self.max_seq_len} tokens", int(start[i] + n[i]))
+        k = to_backing(key, self.pool.backing.name, kv).reshape(b, t, self.num_kv_heads,
+                                                                 self.head_dim)
+        v = to_backing(value, self.pool.backing.name, kv).reshape(b, t, self.num_kv_heads,
+                                                                   self.head_dim)
+        if (n == t).all() and (start == start[0]).all():
+            # One strided write for the common case (same length, same offset).
+            s0 = int(start[0])
+            kv[layer, 0, ids, s0:s0 + t] = k
+            kv[layer, 1, ids, s0:s0 + t] = v
+        else:
+            for row, (sid, s0, cnt) in enumerate(zip(ids, start.tolist(), n.tolist())):
+                kv[layer, 0, sid, s0:s0 + cnt] = k[row, :cnt]
+                kv[layer, 1, sid, s0:s0 + cnt] = v[row, :cnt]
+        self._lens[layer, ids] = start + n
+
+    update = append
+
+    # ------------------------------------------------------------------ reading
+    def get(self, layer: int, seq_ids: Sequence[int] | None = None) -> tuple[Any, Any, Any]:
+        """``(k, v, lens)`` of ``layer``: k, v ``[n, max(lens), Hkv, D]`` and int32 lens
+        ``[n]`` (seq_lens of FlashAttention with ``layout="BSND"``). Views of the cache
+        when ``seq_ids`` is a contiguous range (the default: all sequences), copies
+        otherwise."""
+        kv = self._alive()
+        layer = self._layer(layer)
+        ids = self._seq_ids(seq_ids, None)
+        lens = self._lens[layer, ids]
+        s = max(int(lens.max(initial=0)), 1)
+        if not ids or ids == list(range(ids[0], ids[0] + len(ids))):
+            a = ids[0] if ids else 0
+            k, v = kv[layer, 0, a:a + len(ids), :s], kv[layer, 1, a:a + len(ids), :s]
+        else:
+            k, v = kv[layer, 0, ids, :s], kv[layer, 1, ids, :s]
+        return k, v, native_ints(lens, self.pool.backing.name, kv)
+
+    def keys(self, layer: int) -> Any:
+        """The whole key buffer of ``layer``: ``[max_batch, max_seq_len, Hkv, D]``."""
+        return self._alive()[self._layer(layer), 0]
+
+    def values(self, layer: int) -> Any:
+        """The whole value buffer of ``layer``: ``[max_batch, max_seq_len, Hkv, D]``."""
+        return self._alive()[self._layer(layer), 1]
+
+    def seq_lens(self, seq_ids: Sequence[int] | None = None, layer: int | None = None) -> np.ndarray:
+        """Host int64 lengths (of the last layer unless ``layer`` is given)."""
+        self._alive()
+        lay = self.num_layers - 1 if layer is None else self._layer(layer)
+        return self._lens[lay, self._seq_ids(seq_ids, None)].copy()
+
+    # ------------------------------------------------------------------ lifetime
+    def truncate(self, seq_id: int, length: int) -> None:
+        """Forget tokens past ``length`` in every layer (e.g. rejected speculative tokens)."""
+        self._alive()
+        sid = self._seq_ids([seq_id], None)[0]
+        if not 0 <= length <= self.max_seq_len:
+            raise InputError(_OP, "length", f"0..{self.max_seq_len}", length)
+        self._lens[:, sid] = np.minimum(self._lens[:, sid], length)
+
+    def reset(self, seq_ids: Sequence[int] | int | None = None) -> None:
+        """Empty sequences (all by default) so their slots can serve new requests."""
+        self._alive()
+        ids = self._seq_ids([seq_ids] if isinstance(seq_ids, (int, np.integer)) else seq_ids, None)
+        self._lens[:, ids] = 0
+
+    free_sequence = reset
+
+    def bytes_used(self) -> int:
+        """Bytes holding cached tokens (all layers, keys and values)."""
+        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        return int(self._lens.sum()) * per_token
+
+    def free(self) -> None:
+        """Return the memory to the pool; the cache cannot be used afterwards."""
+        if self._block is not None:
+            blk, self._block, self._kv = self._block, None, None
+            blk.free()
+            if getattr(self.pool, "private", False):
+                self.pool.release()
+
+    destroy = release = free
+
+    @property
+    def freed(self) -> bool:
+        return self._block is None
+
+    def __enter__(self) -> "KVCache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        return (f"KVCache(layers={self.num_layers}, batch={self.max_batch}, "
+                f"max_seq_len={self.max_seq_len}, kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, {self.dtype.name}, {self.device})")
