@@ -159,6 +159,7 @@ class ExecPlan:
     exact: dict[Any, dict[str, TensorDesc]] = field(default_factory=dict)
     runs: int = 0
     skip_checks: bool = False  # set while capturing a CUDA graph (no host syncs)
+    framework: str | None = None  # the caller's framework the plan was dispatched for
 
     @property
     def launches(self) -> int:
@@ -286,7 +287,8 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
                backend: str | None = None, levels: list[list[Node]] | None = None,
                weights: Callable[[str, str, str], Any] | None = None,
                points: Mapping[str, tuple[str | None, str | None]] | None = None,
-               num_streams: int = 1, arena: str = "auto") -> ExecPlan:
+               num_streams: int = 1, arena: str = "auto",
+               framework: str | None = None) -> ExecPlan:
     """Compile ``graph`` for ``input_descs`` (graph input id -> descriptor).
 
     ``backend`` forces one backend (else the dispatcher's priority order);
@@ -294,7 +296,8 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
     (GraphOp caches them so plans share one copy); ``points`` maps node name to its
     plugin points ``(pre, post)``; ``num_streams > 1`` runs independent branches on
     separate CUDA streams (CUDA only; ignored elsewhere); ``arena`` is
-    ``"auto" | "always" | "never"`` (see the module docstring).
+    ``"auto" | "always" | "never"`` (see the module docstring); ``framework`` is the
+    caller's (framework backends of that framework are asked first).
     """
     levels = levels if levels is not None else schedule(graph)
     descs, bindings = infer_descs(graph, levels, input_descs)
@@ -320,7 +323,7 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
         b = bindings[n.name]
         bdescs = {k: _descs_of(v, descs) for k, v in b.items()}
         try:
-            be, skipped = select_backend(opdef, n.params, bdescs, backend)
+            be, skipped = select_backend(opdef, n.params, bdescs, backend, framework)
         except AtbError as e:
             raise _node_error(graph, n, e) from None
         k = be.kernel(opdef.name)
@@ -359,7 +362,7 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
     wenv = {w: fetch(w, native_of.get(w, entry), device) for w in weight_ids if w in native_of}
     plan = ExecPlan(graph=graph, levels=levels, descs=descs, memory=memory, calls=calls,
                     entry_native=entry, device=device, weights_env=wenv,
-                    num_streams=max(1, num_streams) if cuda else 1)
+                    num_streams=max(1, num_streams) if cuda else 1, framework=framework)
     _reserve_arena(plan, arena)
     return plan
 

@@ -58,11 +58,12 @@ def _convention(d: TensorDesc) -> tuple[str | None, ...]:
 class PlanCache:
     """Plans of one graph keyed by (bucketed) input signature.
 
-    ``build(input_descs) -> ExecPlan`` compiles a plan; ``get(input_descs)`` returns
-    ``(plan, exact_descs)``. ``stats()`` reports hits, misses and plans held.
+    ``build(input_descs, framework) -> ExecPlan`` compiles a plan;
+    ``get(input_descs, framework=None)`` returns ``(plan, exact_descs)``; the
+    caller's framework is part of the key (it can change which backend runs). ``stats()`` reports hits, misses and plans held.
     """
 
-    def __init__(self, build: Callable[[Mapping[str, TensorDesc]], ExecPlan], *,
+    def __init__(self, build: Callable[[Mapping[str, TensorDesc], str | None], ExecPlan], *,
                  name: str = "graph", inputs: Sequence[str] = (),
                  dim_names: Mapping[str, Sequence[str | None]] | None = None,
                  dynamic_shape: Mapping[str, Any] | None = None, max_plans: int = 32,
@@ -147,9 +148,11 @@ class PlanCache:
         return tuple(sorted(descs.items()))
 
     # ------------------------------------------------------------------ lookup
-    def get(self, descs: Mapping[str, TensorDesc]) -> tuple[ExecPlan, dict[str, TensorDesc]]:
-        """The plan for these input descriptors and the exact descriptors of every tensor."""
-        exact_sig = self._sig(descs)
+    def get(self, descs: Mapping[str, TensorDesc], framework: str | None = None
+            ) -> tuple[ExecPlan, dict[str, TensorDesc]]:
+        """The plan for these input descriptors (of ``framework``'s tensors) and the
+        exact descriptors of every tensor."""
+        exact_sig = (framework, self._sig(descs))
         hit = self._exact.get(exact_sig)
         if hit is not None and hit[0] in self._plans:
             self.hits += 1
@@ -157,9 +160,9 @@ class PlanCache:
             return self._plans[hit[0]], hit[1]
         self.check(descs)
         rep = self.bucketed(descs)
-        key = ("bucket", self._sig(rep))
+        key = ("bucket", framework, self._sig(rep))
         if key in self._unbucketable:
-            key = ("exact", exact_sig)
+            key = ("exact", *exact_sig)
         plan = self._plans.get(key)
         if plan is not None:
             all_descs = self._validate(plan, descs)
@@ -168,23 +171,23 @@ class PlanCache:
                 self._plans.move_to_end(key)
                 self._exact[exact_sig] = (key, all_descs)
                 return plan, all_descs
-            key = ("exact", exact_sig)  # a kernel refuses the exact shape: own plan
+            key = ("exact", *exact_sig)  # a kernel refuses the exact shape: own plan
         self.misses += 1
         try:
-            plan = self.build(rep if key[0] == "bucket" else descs)
+            plan = self.build(rep if key[0] == "bucket" else descs, framework)
         except AtbError:
             if key[0] != "bucket":
                 raise
             # The bucket bound is not a valid shape for this graph: plan exactly.
             self._unbucketable.add(key)
-            key = ("exact", exact_sig)
-            plan = self.build(descs)
+            key = ("exact", *exact_sig)
+            plan = self.build(descs, framework)
         all_descs = self._validate(plan, descs) if key[0] == "bucket" else plan.descs
         if all_descs is None:  # built for the bound, but a kernel refuses the exact shape
             plan.release()
             self._unbucketable.add(key)
-            key = ("exact", exact_sig)
-            plan = self.build(descs)
+            key = ("exact", *exact_sig)
+            plan = self.build(descs, framework)
             all_descs = plan.descs
         self._store(key, plan)
         self._exact[exact_sig] = (key, all_descs)
@@ -199,7 +202,7 @@ class PlanCache:
             b = bindings[c.node]
             bd = {k: _descs_of(v, all_descs) for k, v in b.items()}
             try:
-                be, _ = select_backend(c.opdef, c.params, bd, self.backend)
+                be, _ = select_backend(c.opdef, c.params, bd, self.backend, plan.framework)
             except AtbError:
                 return None
             if be.name != c.backend:

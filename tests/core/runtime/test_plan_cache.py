@@ -29,7 +29,8 @@ def rms_graph(h=12) -> Graph:
 
 
 def cache_for(g, **kw):
-    return PlanCache(lambda d: build_plan(g, d), name=g.name, inputs=g.inputs, **kw)
+    return PlanCache(lambda d, fw: build_plan(g, d, framework=fw), name=g.name, inputs=g.inputs,
+                     **kw)
 
 
 def x_desc(b, s, h=12):
