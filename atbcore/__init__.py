@@ -11,6 +11,9 @@ from .numerics import assert_close, compare
 from .operation import Builder, Operation, destroy_operations
 from .ops import get_op, list_operations
 from .runtime import check_compatibility, get_config, init
+from .memory import (KVCache, MemoryPoolConfig, PagedKVCache, get_memory_pool, init_memory_pool,
+                     memory_stats)
+from .plugin import Plugin
 from .tensor import TensorDesc
 
 __all__ = [
@@ -18,5 +21,6 @@ __all__ = [
     "list_operations", "get_op", "init", "get_config", "check_compatibility", "compare",
     "assert_close", "AtbError", "ShapeError", "DtypeError", "DeviceError", "ParamsError",
     "InputError", "CapabilityError", "GraphError", "PoolExhaustedError", "MemoryError_",
-    "PluginError",
+    "PluginError", "MemoryPoolConfig", "init_memory_pool", "get_memory_pool", "memory_stats",
+    "KVCache", "PagedKVCache", "Plugin",
 ]
