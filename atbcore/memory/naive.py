@@ -9,7 +9,8 @@ every block lives in its own device allocation.
 from __future__ import annotations
 
 from ..errors import PoolExhaustedError
-from .pool import MemoryPool, _Arena
+from .block import _Arena
+from .pool import MemoryPool
 
 __all__ = ["NaiveAllocator"]
 

@@ -29,7 +29,7 @@ import numpy as np
 from ..dtypes import Dtype
 from ..errors import InputError, MemoryError_, ParamsError
 from .block_manager import BlockManager, NoFreeBlocksError
-from .kv_cache import check_positive_ints, native_ints, pool_for
+from .kv_cache import check_positive_ints, native_ints, pool_for, to_backing
 from .pool import Block, MemoryPool
 
 __all__ = ["PagedKVCache", "PagedBatch", "NoFreeBlocksError"]
@@ -117,13 +117,16 @@ class PagedKVCache:
 
     def write(self, layer: int, key: Any, value: Any, slot_mapping: Any) -> None:
         """Store ``key``/``value`` ``[T, Hkv, D]`` at ``slot_mapping`` in ``layer`` through
-        the ReshapeAndCache op (in place)."""
+        the ReshapeAndCache op (in place). Inputs of another framework or device are
+        brought to the cache's first (no dtype cast)."""
         if self._rac is None:
             from ..operation import Builder
 
             self._rac = Builder().build_operation("ReshapeAndCache", {})
-        self._rac.execute([key, value, self.key_cache(layer), self.value_cache(layer),
-                           slot_mapping])
+        kc, vc = self.key_cache(layer), self.value_cache(layer)
+        name = self.pool.backing.name
+        self._rac.execute([to_backing(key, name, kc), to_backing(value, name, kc), kc, vc,
+                           to_backing(slot_mapping, name, kc)])
 
     def gather(self, layer: int, seq_id: Hashable) -> tuple[Any, Any]:
         """Contiguous copies of a sequence's keys and values ``[n, Hkv, D]`` (debugging)."""

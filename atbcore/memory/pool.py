@@ -17,15 +17,14 @@ was. All methods are thread-safe.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import threading
 from typing import Any, Sequence
 
-from ..dtypes import Dtype
 from ..errors import MemoryError_, ParamsError, PoolExhaustedError
 from .backing import Backing, make_backing
+from .block import Block, _Arena
 from .config import MemoryPoolConfig
 
 __all__ = ["Block", "MemoryPool"]
@@ -35,137 +34,6 @@ _OP = "MemoryPool"
 
 def _align_up(n: int, a: int) -> int:
     return -(-n // a) * a
-
-
-class _Arena:
-    """One backing buffer. ``free_offs`` is sorted; ``free_size`` maps offset -> size."""
-
-    __slots__ = ("id", "buf", "base", "size", "free_offs", "free_size", "live")
-
-    def __init__(self, ident: int, buf: Any, base: int, size: int) -> None:
-        self.id, self.buf, self.base, self.size = ident, buf, base, size
-        self.free_offs: list[int] = [0]
-        self.free_size: dict[int, int] = {0: size}
-        self.live: dict[int, Block] = {}
-
-    def take(self, off: int, need: int) -> None:
-        """Carve ``need`` bytes from the start of free segment ``off`` (split the rest)."""
-        size = self.free_size.pop(off)
-        del self.free_offs[bisect.bisect_left(self.free_offs, off)]
-        if size > need:
-            bisect.insort(self.free_offs, off + need)
-            self.free_size[off + need] = size - need
-
-    def give(self, off: int, size: int) -> None:
-        """Return ``[off, off + size)`` to the free list, merging with its neighbours."""
-        i = bisect.bisect_left(self.free_offs, off)
-        if i < len(self.free_offs) and self.free_offs[i] == off + size:  # merge right
-            size += self.free_size.pop(off + size)
-            del self.free_offs[i]
-        if i > 0:
-            left = self.free_offs[i - 1]
-            if left + self.free_size[left] == off:  # merge left
-                self.free_size[left] += size
-                return
-        self.free_offs.insert(i, off)
-        self.free_size[off] = size
-
-    def segments(self) -> list[tuple[int, int]]:
-        return [(o, self.free_size[o]) for o in self.free_offs]
-
-
-class Block:
-    """Handle of one allocation: ``nbytes`` requested, ``size`` bytes reserved (aligned).
-
-    ``view(offset, shape, dtype)`` / ``tensor(shape, dtype)`` return native tensors
-    (torch or NumPy, per the pool's backing) over the block's bytes. Use ``free()`` or
-    ``with pool.alloc(n) as blk:``. Created only by a pool.
-    """
-
-    __slots__ = ("_pool", "_arena", "_offset", "size", "nbytes", "id", "_freed", "pinned",
-                 "version", "__weakref__")
-
-    def __init__(self, pool: "MemoryPool", arena: _Arena, offset: int, size: int, nbytes: int,
-                 ident: int, pinned: bool) -> None:
-        self._pool, self._arena, self._offset = pool, arena, offset
-        self.size, self.nbytes, self.id = size, nbytes, ident
-        self._freed = False
-        self.pinned = pinned
-        self.version = 0  # bumped whenever defragmentation moves the block
-
-    # ------------------------------------------------------------------ location
-    @property
-    def freed(self) -> bool:
-        return self._freed
-
-    @property
-    def pool(self) -> "MemoryPool":
-        return self._pool
-
-    @property
-    def location(self) -> tuple[int, int]:
-        """(arena id, byte offset in the arena) right now."""
-        with self._pool._lock:
-            self._check_live("location")
-            return self._arena.id, self._offset
-
-    def _check_live(self, what: str) -> None:
-        if self._freed:
-            raise MemoryError_(_OP, f"use of a freed block ({what})", "a live block",
-                               f"block #{self.id} ({self.nbytes} B), already freed")
-
-    # ------------------------------------------------------------------ views
-    def view(self, offset: int, shape: Sequence[int], dtype: Any) -> Any:
-        """A typed tensor of ``shape`` starting ``offset`` bytes into the block."""
-        dt = Dtype.of(dtype)
-        shape = tuple(int(s) for s in shape)
-        n = math.prod(shape) * dt.itemsize
-        with self._pool._lock:
-            self._check_live("view")
-            if offset < 0 or offset % dt.itemsize or offset + n > self.nbytes or min(shape,
-                                                                                    default=0) < 0:
-                raise MemoryError_(_OP, "view outside the block",
-                                   f"offset % {dt.itemsize} == 0 and offset + {n} <= {self.nbytes}",
-                                   f"offset {offset}, shape {list(shape)}, {dt.name}")
-            start = self._arena.base + self._offset + offset
-            return self._pool.backing.view(self._arena.buf, start, shape, dt)
-
-    def tensor(self, shape: Sequence[int], dtype: Any) -> Any:
-        """``view(0, shape, dtype)``."""
-        return self.view(0, shape, dtype)
-
-    def raw(self) -> Any:
-        """The block's ``nbytes`` as a flat uint8 tensor."""
-        return self.view(0, (self.nbytes,), Dtype.UINT8)
-
-    # ------------------------------------------------------------------ lifetime
-    def pin(self) -> "Block":
-        """Never move this block in a defragmentation (views stay valid)."""
-        with self._pool._lock:
-            self._check_live("pin")
-            self.pinned = True
-        return self
-
-    def unpin(self) -> "Block":
-        with self._pool._lock:
-            self._check_live("unpin")
-            self.pinned = False
-        return self
-
-    def free(self) -> None:
-        """Return the block to its pool. A second call raises :class:`MemoryError_`."""
-        self._pool.free(self)
-
-    def __enter__(self) -> "Block":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if not self._freed:
-            self.free()
-
-    def __repr__(self) -> str:
-        state = "freed" if self._freed else f"arena {self._arena.id}+{self._offset}"
-        return f"Block(#{self.id}, {self.nbytes} B, {state})"
 
 
 class MemoryPool:

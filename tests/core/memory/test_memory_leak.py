@@ -13,7 +13,7 @@ import torch
 
 import atbcore as atb
 from atbcore.graph.ir import Graph, Node
-from atbcore.memory import MemoryPool, MemoryPoolConfig, memory_stats, set_memory_pool
+from atbcore.memory import MemoryPoolConfig, memory_stats, set_memory_pool
 from atbcore.memory.kv_cache import KVCache
 from atbcore.memory.paged import PagedKVCache
 from atbcore.ops import get_op

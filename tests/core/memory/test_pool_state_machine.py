@@ -15,7 +15,6 @@ from atbcore.errors import MemoryError_, PoolExhaustedError
 from atbcore.memory.config import MemoryPoolConfig
 from atbcore.memory.naive import NaiveAllocator
 from atbcore.memory.pool import MemoryPool
-from atbcore.tensor import to_numpy
 
 MAX = 48 * 1024
 ALIGN = 64
@@ -27,6 +26,20 @@ def _align(n: int) -> int:
 
 def _address(t) -> int:
     return int(t.data_ptr()) if hasattr(t, "data_ptr") else int(t.ctypes.data)
+
+
+def _read(t) -> np.ndarray:
+    """Host copy of a block's bytes (torch tensors may live on an accelerator)."""
+    return t.cpu().numpy() if hasattr(t, "cpu") else np.array(t)
+
+
+def _write(t, payload: np.ndarray) -> None:
+    if hasattr(t, "copy_"):
+        import torch
+
+        t.copy_(torch.from_numpy(payload))
+    else:
+        t[:] = payload
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -61,7 +74,7 @@ class PoolMachine(RuleBasedStateMachine):
             return
         assert blk.nbytes == n and blk.size == _align(n)
         payload = self.rng.integers(0, 256, size=n, dtype=np.uint8)
-        to_numpy(blk.raw())[:] = payload
+        _write(blk.raw(), payload)
         self.expected[blk] = payload
 
     @precondition(lambda self: self.expected)
@@ -160,7 +173,7 @@ class PoolMachine(RuleBasedStateMachine):
     def contents_survive(self) -> None:
         for blk, payload in self.expected.items():
             raw = blk.raw()
-            np.testing.assert_array_equal(to_numpy(raw), payload)
+            np.testing.assert_array_equal(_read(raw), payload)
             if blk.nbytes:
                 assert _address(raw) % ALIGN == 0
 
