@@ -17,16 +17,6 @@ __all__ = ["GRAPH_HOOKS", "call_graph_hook"]
 GRAPH_HOOKS = ("atb_graph_after_build", "atb_graph_before_plan")
 
 
-def _verify(graph: Any) -> None:
-    try:
-        from ..graph.verify import verify
-    except ModuleNotFoundError as e:  # the verifier is optional while the graph layer grows
-        if e.name != "atbcore.graph.verify":
-            raise
-        return
-    verify(graph)
-
-
 def call_graph_hook(name: str, graph: Any) -> Any:
     """Run graph hook ``name`` (``atb_graph_after_build`` or
     ``atb_graph_before_plan``; the ``atb_`` / ``graph_`` prefix may be left out)
@@ -37,6 +27,7 @@ def call_graph_hook(name: str, graph: Any) -> Any:
     non-Graph value or a rewrite that fails verification raises PluginError
     naming the plugin."""
     from ..graph.ir import Graph
+    from ..graph.verify import verify
 
     hook = name if name.startswith("atb_") else (
         f"atb_{name}" if name.startswith("graph_") else f"atb_graph_{name}")
@@ -52,7 +43,7 @@ def call_graph_hook(name: str, graph: Any) -> Any:
                 raise plugin_error(plugin, f"{hook} returned a {type(result).__name__}",
                                    "a Graph or None", type(result).__name__, hook=hook)
             try:
-                _verify(result)
+                verify(result)
             except AtbError as e:
                 raise plugin_error(plugin, f"{hook} returned a graph that fails verification: {e}",
                                    hook=hook) from e

@@ -161,26 +161,28 @@ def atb_activation(name: str) -> ActivationSpec | None:
     return lookup(name)
 
 
-def _core_registry() -> Callable[..., Any] | None:
+def _core_registry() -> Any | None:
     import importlib
 
     try:
-        activation = importlib.import_module("atbcore.ops.activation")
+        return importlib.import_module("atbcore.ops.activation")
     except ModuleNotFoundError as e:  # the core registry is optional for this plugin
         if e.name != "atbcore.ops.activation":
             raise
         return None
-    return getattr(activation, "register_activation", None)
 
 
 @hookimpl
 def atb_register_ops() -> None:
-    """Add the activations (and aliases) to the core's activation registry."""
-    register = _core_registry()
-    if register is None:
+    """Add the activations (and aliases) the core's registry lacks; names the core
+    already has (its own gelu, geglu ...) are left alone, so this plugin extends
+    the core rather than replacing its kernels."""
+    registry = _core_registry()
+    if registry is None:
         return
-    for name, spec in ACTIVATIONS.items():
-        register(name, spec.numpy_fn, spec.torch_fn, gated=spec.gated)
-    for alias, target in ALIASES.items():
-        spec = ACTIVATIONS[target]
-        register(alias, spec.numpy_fn, spec.torch_fn, gated=spec.gated)
+    have = set(registry.list_activations())
+    entries = [(n, s) for n, s in ACTIVATIONS.items()]
+    entries += [(alias, ACTIVATIONS[target]) for alias, target in ALIASES.items()]
+    for name, spec in entries:
+        if name not in have:
+            registry.register_activation(name, spec.numpy_fn, spec.torch_fn, gated=spec.gated)

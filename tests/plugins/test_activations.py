@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
@@ -78,12 +76,29 @@ def test_selectable_by_name_through_the_entry_point_hook(builtins):
     assert pm.hook.atb_activation(name="swishy-unknown") is None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("atbcore.ops.activation") is None,
-                    reason="atbcore.ops.activation (the core registry) not in this tree yet")
-def test_registered_in_the_core_activation_registry(builtins):
+@pytest.mark.parametrize("name,hf", [("relu2", "relu2"), ("gelu_10", "gelu_10"),
+                                     ("gelu_new", "gelu_new"), ("reglu", None)])
+def test_core_activation_op_selects_plugin_activations_by_name(builtins, name, hf):
+    import atbcore as atb
     from atbcore.ops import activation as registry
 
-    get_plugin_manager()  # loading runs atb_register_ops
-    names = set(registry.list_activations()) if hasattr(registry, "list_activations") else None
-    if names is not None:
-        assert {"gelu_tanh", "relu2", "geglu", "reglu", "gelu_new"} <= names
+    added = {"relu2", "squared_relu", "relu_squared", "gelu_10", "reglu", "gelu_new"}
+    for n in added:  # the registry is process-wide: start from the core's own entries
+        registry.unregister_activation(n)
+    assert not added & set(registry.list_activations())
+    get_plugin_manager()  # loading the entry points runs atb_register_ops
+    assert {"relu2", "squared_relu", "gelu_10", "reglu", "gelu_new"} <= set(
+        registry.list_activations())
+    # the core's own entries are extended, not replaced
+    assert registry.get_activation("geglu").numpy_pair is not None
+    x = rand((3, 16), "fp32", seed=5, scale=6.0)
+    if hf is None:
+        a, b = torch.from_numpy(x).double().chunk(2, dim=-1)
+        oracle = (F.relu(a) * b).numpy()
+    else:
+        oracle = ACT2FN[hf](torch.from_numpy(x).double()).numpy()
+    for backend, data in (("numpy", x), ("torch", torch.from_numpy(x.copy()))):
+        op = atb.Builder(backend=backend).build_operation("Activation",
+                                                          {"activation_type": name})
+        (y,) = op.execute([data])
+        assert_close(y, oracle.astype(np.float32), "fp32", what=f"Activation({name}) {backend}")

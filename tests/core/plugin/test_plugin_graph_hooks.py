@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
@@ -91,8 +89,6 @@ def test_raising_graph_hook_is_named(plugin_env):
         call_graph_hook("before_plan", _graph())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("atbcore.graph.verify") is None,
-                    reason="atbcore.graph.verify not in this tree yet")
 def test_rewrite_failing_verification_is_rejected_with_plugin_named(plugin_env):
     class Dangler:
         @hookimpl
