@@ -124,3 +124,74 @@ def test_pre_attention_rope_variant_at_the_point(example, framework, make):
     np.testing.assert_allclose(to_numpy(out[0])[:, 0], q[:, 0], rtol=1e-6)
     same = apply_point("post_attention", [make(q)])
     np.testing.assert_array_equal(to_numpy(same[0]), q)
+
+
+# --------------------------------------------------------------------------- in a GraphOp
+FRONT_ENDS = {"torch": "atb_torch", "mindspore": "atb_mindspore", "paddle": "atb_paddle"}
+
+
+def _graph_op_class(front_end):
+    """The front-end's GraphOp; while a front-end does not export it yet, the core
+    class it is to re-export (the tensors passed are still the front-end's)."""
+    from atbcore.graph.graph_op import GraphOp as CoreGraphOp
+
+    return getattr(front_end, "GraphOp", None) or CoreGraphOp
+
+
+def _attention_block():
+    """q, k, v [1, 5, 8] (2 heads of 4) -> FlashAttention -> squareplus."""
+    from atbcore.graph.builder import GraphBuilder
+    from atbcore.tensor import TensorDesc
+
+    b = GraphBuilder("attn_block")
+    q, k, v = (b.add_input(n, TensorDesc([1, 5, 8], "fp32")) for n in "qkv")
+    (o,) = b.add_node("FlashAttention", [q, k, v], {"num_heads": 2, "head_dim": 4}, name="attn")
+    (y,) = b.add_node("Activation", [o], {"activation_type": "squareplus"}, name="act")
+    b.mark_output(y)
+    return b.build()
+
+
+def hand_block(q, k, v, rope: bool, post_scale: float = 1.0) -> np.ndarray:
+    """The block by hand: (RoPE on q, k), per-head softmax(q k^T / 2) v, x post_scale,
+    then squareplus."""
+    if rope:
+        q, k = hand_rope(q, 100.0, 4), hand_rope(k, 100.0, 4)
+    heads = lambda t: t.astype(np.float64).reshape(1, 5, 2, 4).transpose(0, 2, 1, 3)  # noqa: E731
+    qh, kh, vh = heads(q), heads(k), heads(v)  # [1, 2, 5, 4]
+    s = qh @ kh.transpose(0, 1, 3, 2) / 2.0  # 1/sqrt(head_dim 4)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = (p @ vh).transpose(0, 2, 1, 3).reshape(1, 5, 8) * post_scale
+    return (o + np.sqrt(o * o + 4.0)) / 2.0
+
+
+@pytest.mark.parametrize("framework,make", _frameworks(), ids=lambda v: v if isinstance(v, str)
+                         else "")
+def test_effect_on_a_graph_op_output(example, framework, make):
+    from atbcore.numerics import assert_close
+    from atbcore.ops import activation as registry
+
+    front_end = importlib.import_module(FRONT_ENDS[framework])
+    registry.unregister_activation("squareplus")  # found again only through the plugin
+    graph = _attention_block()  # building "Activation(squareplus)" starts the plugin manager
+    assert get_plugin_manager().records["atb_example"].status == "loaded"
+    sys.modules["atb_example_plugin"].configure(theta=100.0, head_dim=4)
+
+    class Doubler(front_end.Plugin):
+        def postprocess(self, outputs):
+            return [o * 2 for o in outputs]
+
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((1, 5, 8)).astype(np.float32) for _ in range(3))
+    op = _graph_op_class(front_end)(graph)
+    y = op(make(q), make(k), make(v))
+    assert framework_of(y) == framework
+    want = hand_block(q, k, v, rope=True)
+    assert_close(to_numpy(y), want.astype(np.float32), "fp32", what=f"{framework} GraphOp")
+    # the plugin changed the result: without RoPE the block computes something else
+    assert not np.allclose(to_numpy(y), hand_block(q, k, v, rope=False), atol=1e-3)
+
+    op.register_plugin("post_attention", Doubler())  # the seed's local plugin path
+    y2 = op(make(q), make(k), make(v))
+    want2 = hand_block(q, k, v, rope=True, post_scale=2.0)
+    assert_close(to_numpy(y2), want2.astype(np.float32), "fp32", what=f"{framework} + local")
