@@ -13,7 +13,7 @@ from .ops import get_op, list_operations
 from .runtime import check_compatibility, get_config, init
 from .memory import (KVCache, MemoryPoolConfig, PagedKVCache, get_memory_pool, init_memory_pool,
                      memory_stats)
-from .plugin import Plugin
+from .plugin import Plugin, get_plugin_manager, hookimpl
 from .tensor import TensorDesc
 
 __all__ = [
@@ -22,5 +22,5 @@ __all__ = [
     "assert_close", "AtbError", "ShapeError", "DtypeError", "DeviceError", "ParamsError",
     "InputError", "CapabilityError", "GraphError", "PoolExhaustedError", "MemoryError_",
     "PluginError", "MemoryPoolConfig", "init_memory_pool", "get_memory_pool", "memory_stats",
-    "KVCache", "PagedKVCache", "Plugin",
+    "KVCache", "PagedKVCache", "Plugin", "hookimpl", "get_plugin_manager",
 ]
