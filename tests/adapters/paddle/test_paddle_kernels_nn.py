@@ -150,3 +150,51 @@ def test_flash_attention_paths():
     assert PATHS[("FlashAttention", "sdpa")] == 1                 # Paddle's own SDPA
     check_paddle("FlashAttention", {"num_heads": 2, "causal": True}, [q[:, :3], q, q])
     assert PATHS[("FlashAttention", "chunked")] == 1              # bottom-right causal mask
+
+
+@pytest.mark.parametrize("dtype", FLOATS + ["int8"])
+def test_reshape_and_cache_in_place(dtype):
+    from paddle_cases import to_paddle
+
+    import atbcore as atb
+
+    t, nb, bs, hkv, d = 7, 5, 4, 2, 8
+    k, v = rand((t, hkv, d), "fp32", 1, scale=30), rand((t, hkv, d), "fp32", 2, scale=30)
+    kc, vc = rand((nb, bs, hkv, d), "fp32", 3, scale=30), rand((nb, bs, hkv, d), "fp32", 4, scale=30)
+    k, v, kc, vc = (a.astype(atb.Dtype.of(dtype).numpy) for a in (k, v, kc, vc))
+    slots = np.random.default_rng(5).permutation(nb * bs)[:t].astype(np.int64)
+    slots[::3] = -1                                           # padding tokens are not stored
+    check_paddle("ReshapeAndCache", {}, [k, v, kc, vc, slots])
+    kc_p, vc_p = to_paddle(kc), to_paddle(vc)
+    outs = atb.Builder(backend="paddle").build_operation("ReshapeAndCache").execute(
+        [to_paddle(k), to_paddle(v), kc_p, vc_p, to_paddle(slots)])
+    assert outs[0] is kc_p and outs[1] is vc_p               # the caller's caches, written
+    got = atb.tensor.to_numpy(kc_p)
+    for i, s in enumerate(slots):
+        want = k[i] if s >= 0 else None
+        if want is not None:
+            np.testing.assert_array_equal(got[s // bs, s % bs], want)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_paged_attention_decode_and_prefill(dtype):
+    rng = np.random.default_rng(0)
+    nb, bs, h, hkv, d = 9, 4, 4, 2, 16
+    kc, vc = rand((nb, bs, hkv, d), dtype, 1), rand((nb, bs, hkv, d), dtype, 2)
+    tables = np.stack([rng.permutation(nb)[:4] for _ in range(2)]).astype(np.int32)
+    ctx = np.array([13, 6], np.int32)
+    check_paddle("PagedAttention", {}, [rand((2, h, d), dtype, 3), kc, vc, tables, ctx])
+    qsl = np.array([3, 2], np.int32)
+    check_paddle("PagedAttention", {"num_kv_heads": hkv}, [rand((5, h, d), dtype, 4), kc, vc,
+                                                          tables, ctx, qsl])
+
+
+def test_flash_attention_long_sequence_is_chunked():
+    """seq 2049, head_dim 72: Paddle's own SDPA would hold [B, H, S, S] scores on the
+    CPU, so queries go in chunks (here with a sliding window and with causal GQA)."""
+    reset_paths()
+    q = rand((1, 2049, 2 * 72), "fp32", 1)
+    kv = rand((1, 2049, 72), "fp32", 2)
+    check_paddle("FlashAttention", {"num_heads": 2, "head_dim": 72, "window": 300}, [q, kv, kv])
+    check_paddle("FlashAttention", {"num_heads": 2, "head_dim": 72, "causal": True}, [q, kv, kv])
+    assert PATHS[("FlashAttention", "chunked")] == 2 and PATHS[("FlashAttention", "sdpa")] == 0
