@@ -1,0 +1,41 @@
+"""Torch kernels for the fused ops of :mod:`atbcore.ops.fused`, composed from the
+torch kernels of their parts (so they share those kernels' numerics); launches
+count the parts' launches honestly."""
+
+from __future__ import annotations
+
+from ...ops.activation import get_activation
+from ...ops.attention import split_packed
+from ...ops.fused import attention_part, rope_part
+from ...ops.registry import get_op
+from ...tensor import TensorDesc
+from . import TORCH_KERNELS, kernel
+
+__all__: list[str] = []
+
+
+def _part(op: str):
+    return TORCH_KERNELS[op].fn
+
+
+@kernel("RopeFlashAttention", impl="torch rotary (q, k) + torch scaled_dot_product_attention",
+        launches=3)
+def rope_flash_attention(p, ins):
+    descs = {n: None if x is None else TensorDesc.of(x) for n, x in ins.items()}
+    dims, _ = get_op("RopeFlashAttention")._split(p, descs)
+    q, k, v = ins["q"], ins.get("k"), ins.get("v")
+    if dims.packed:
+        q, k, v = split_packed(q, dims)
+    rp = rope_part(p, dims.heads, dims.kv_heads, dims.head_dim, dims.layout)
+    qr, kr = _part("RoPE")(rp, {"q": q, "k": k, "position_ids": ins.get("position_ids"),
+                                "cos": ins.get("cos"), "sin": ins.get("sin")})
+    fa = attention_part(p).replace(num_heads=dims.heads, num_kv_heads=dims.kv_heads)
+    return _part("FlashAttention")(fa, {"q": qr, "k": kr, "v": v.contiguous(),
+                                        "mask": ins.get("mask"), "seq_lens": ins.get("seq_lens")})
+
+
+@kernel("LinearActivation", impl="F.linear + activation (fp32 compute)", launches=2)
+def linear_activation(p, ins):
+    y, = _part("Linear")(p.linear(), ins)
+    act = get_activation(p.activation_type, "LinearActivation")
+    return [act.torch(y.float()).to(y.dtype)]

@@ -1,0 +1,202 @@
+"""Attention-block layers: ``FlashAttention``, ``RoPE``, ``FusedFeedForward``.
+
+``FlashAttention(num_heads=..., num_kv_heads=None, head_dim=None, causal=False,
+scale=None, window=None, kv_cache=False, packed=None, qkv_bias=False)``:
+
+* **packed QKV** when a projection precedes it (the previous layer is a
+  ``Linear``; force with ``packed=True``): the input is ``[B, S, (H + 2*Hkv)*D]``;
+* otherwise it is **given hidden states** ``[B, S, hidden]`` and owns its q/k/v
+  projections (weights ``q_proj.weight [H*D, hidden]``, ``k_proj.weight``,
+  ``v_proj.weight [Hkv*D, hidden]``; ``D = hidden // H`` unless ``head_dim``), lowered
+  as three Linears (the ``qkv`` fusion merges them);
+* a ``RoPE`` layer right before it rotates its q and k (after the projections);
+* ``kv_cache=True``: the graph gets inputs ``<name>.past_key`` / ``<name>.past_value``
+  ``[B, P, Hkv*D]`` (P = 0 on the first call) and outputs ``<name>.present_key`` /
+  ``<name>.present_value`` = past concatenated with the new keys/values along the
+  sequence (a contiguous cache; ``Concat`` in the IR); causal masks are bottom-right
+  aligned, so new queries see the whole past. With a RoPE layer, the graph also
+  takes ``<name>.position_ids`` (int64 ``[S]``: P + arange(S)). See
+  :func:`atbcore.graph.sequential.kv_cache_slots`.
+
+The output ``[B, S, H*D]`` has no output projection (a following ``Linear`` is).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ParamsError, ShapeError
+from ..tensor import TensorDesc
+from .layers import Layer, Linear, _positive, uniform
+
+if TYPE_CHECKING:
+    from .sequential import LoweringContext
+
+__all__ = ["FlashAttention", "RoPE", "FusedFeedForward"]
+
+
+class RoPE(Layer):
+    """Rotary embedding. Right before a ``FlashAttention`` it rotates that
+    attention's q and k; elsewhere it rotates its input ``[B, S, H*D]`` as q."""
+
+    kind = "rope"
+
+    def __init__(self, name: str | None = None, *, num_heads: int | None = None,
+                 head_dim: int | None = None, rotary_dim: int | None = None,
+                 base: float = 10000.0, rotary_type: str = "half") -> None:
+        super().__init__(name)
+        self.params = {"num_heads": num_heads, "head_dim": head_dim, "rotary_dim": rotary_dim,
+                       "base": base, "rotary_type": rotary_type}
+        from ..ops.registry import get_op
+
+        get_op("RoPE").make_params({k: v for k, v in self.params.items() if v is not None})
+
+    def lower(self, ctx: "LoweringContext", x: str) -> str:
+        if isinstance(ctx.next_layer, FlashAttention):
+            ctx.pending_rope = self
+            return x
+        p = {k: v for k, v in self.params.items() if v is not None}
+        return ctx.builder.add_node("RoPE", [x], p, name=ctx.name_of(self))[0]
+
+
+class FlashAttention(Layer):
+    """Self-attention over packed QKV or hidden states; see the module docstring."""
+
+    kind = "attention"
+
+    def __init__(self, name: str | None = None, *, num_heads: int, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, causal: bool = False, scale: float | None = None,
+                 window: int | None = None, kv_cache: bool = False, packed: bool | None = None,
+                 qkv_bias: bool = False, seed: int | None = None) -> None:
+        super().__init__(name, seed=seed)
+        _positive("FlashAttention", "num_heads", num_heads)
+        _positive("FlashAttention", "num_kv_heads", num_kv_heads, optional=True)
+        _positive("FlashAttention", "head_dim", head_dim, optional=True)
+        if num_kv_heads is not None and num_heads % num_kv_heads:
+            raise ParamsError("FlashAttention", "num_kv_heads must divide num_heads",
+                              f"a divisor of {num_heads}", num_kv_heads)
+        self.num_heads, self.num_kv_heads = int(num_heads), int(num_kv_heads or num_heads)
+        self.head_dim, self.causal, self.scale, self.window = head_dim, bool(causal), scale, window
+        self.kv_cache, self.packed, self.qkv_bias = bool(kv_cache), packed, bool(qkv_bias)
+
+    def _weight_names(self) -> set[str]:
+        names = {f"{p}_proj.weight" for p in "qkv"}
+        return names | ({f"{p}_proj.bias" for p in "qkv"} if self.qkv_bias else set())
+
+    def _params(self) -> dict[str, Any]:
+        p = {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "causal": self.causal}
+        if self.scale is not None:
+            p["scale"] = self.scale
+        if self.window is not None:
+            p["window"] = self.window
+        return p
+
+    def _split_packed(self, ctx: "LoweringContext", name: str, x: str, split: bool
+                      ) -> tuple[str, str, str, int]:
+        d = ctx.builder.desc(x)
+        h, hkv = self.num_heads, self.num_kv_heads
+        if d.rank != 3 or d.shape[-1] % (h + 2 * hkv):
+            raise ShapeError(name, "packed QKV input [B, S, (num_heads + 2*num_kv_heads) * head_dim]",
+                             f"a last dim divisible by {h + 2 * hkv}", f"shape {list(d.shape)}")
+        hd = d.shape[-1] // (h + 2 * hkv)
+        if self.head_dim is not None and hd != self.head_dim:
+            raise ShapeError(name, "packed QKV head_dim", self.head_dim, hd)
+        if not split:  # the attention reads the packed tensor itself
+            return x, "", "", hd
+        q, k, v = ctx.builder.add_node("Split", [x], {"dim": -1, "sizes": (h * hd, hkv * hd, hkv * hd)},
+                                       name=f"{name}.split")
+        return q, k, v, hd
+
+    def _project(self, ctx: "LoweringContext", name: str, x: str, split: bool = True
+                 ) -> tuple[str, str, str, int]:
+        d = ctx.builder.desc(x)
+        hidden = d.shape[-1]
+        if self.head_dim is None and hidden % self.num_heads:
+            raise ShapeError(name, "hidden size divisible by num_heads", f"a multiple of "
+                             f"{self.num_heads}", f"shape {list(d.shape)}")
+        hd = self.head_dim or hidden // self.num_heads
+        outs = {"q": self.num_heads * hd, "k": self.num_kv_heads * hd, "v": self.num_kv_heads * hd}
+        shapes = {f"{p}_proj.weight": (o, hidden) for p, o in outs.items()}
+        if self.qkv_bias:
+            shapes.update({f"{p}_proj.bias": (o,) for p, o in outs.items()})
+        bound = 1.0 / np.sqrt(hidden)
+        self._ensure(name, shapes, {k: uniform(bound) for k in shapes})
+        res = []
+        for p in "qkv":
+            ins = [x, self._add_weight(ctx, name, f"{p}_proj.weight", d)]
+            if self.qkv_bias:
+                ins.append(self._add_weight(ctx, name, f"{p}_proj.bias", d))
+            res.append(ctx.builder.add_node("Linear", ins, name=f"{name}.{p}_proj")[0])
+        return res[0], res[1], res[2], hd
+
+    def lower(self, ctx: "LoweringContext", x: str) -> str:
+        name = ctx.name_of(self)
+        rope, ctx.pending_rope = ctx.pending_rope, None
+        packed = self.packed if self.packed is not None else isinstance(ctx.prev_layer, Linear)
+        split = rope is not None or self.kv_cache
+        q, k, v, hd = (self._split_packed if packed else self._project)(ctx, name, x, split)
+        if not k:  # packed QKV straight into the attention
+            return ctx.builder.add_node("FlashAttention", [q], self._params(), name=name)[0]
+        dq = ctx.builder.desc(q)
+        pos = None
+        if self.kv_cache:
+            past = TensorDesc((dq.shape[0], 0, self.num_kv_heads * hd), dq.dtype)
+            slot = ctx.add_kv_slot(name, past, positions=rope is not None, seq=dq.shape[1])
+            pos = slot.position_ids
+        if rope is not None:
+            p = {k_: v_ for k_, v_ in rope.params.items() if v_ is not None}
+            p.update(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=hd)
+            q, k = ctx.builder.add_node("RoPE", [q, k] + ([pos] if pos else []), p,
+                                        name=ctx.name_of(rope))
+        if self.kv_cache:
+            k, = ctx.builder.add_node("Concat", [slot.past_key, k], {"dim": 1},
+                                      name=slot.present_key)
+            v, = ctx.builder.add_node("Concat", [slot.past_value, v], {"dim": 1},
+                                      name=slot.present_value)
+        return ctx.builder.add_node("FlashAttention", [q, k, v], self._params(), name=name)[0]
+
+
+class FusedFeedForward(Layer):
+    """``down(act(gate(x)) * up(x))`` (gated activations) or ``down(act(up(x)))``,
+    with its own weights ``gate_proj.weight [I, H]``, ``up_proj.weight [I, H]``,
+    ``down_proj.weight [H, I]`` (+ ``.bias`` with ``bias=True``)."""
+
+    kind = "ffn"
+
+    def __init__(self, name: str | None = None, *, intermediate_size: int,
+                 activation_type: str = "swiglu", bias: bool = False, seed: int | None = None) -> None:
+        super().__init__(name, seed=seed)
+        _positive("FusedFeedForward", "intermediate_size", intermediate_size)
+        from ..ops.activation import get_activation
+
+        act = get_activation(activation_type, "FusedFeedForward")
+        self.intermediate_size, self.activation_type = int(intermediate_size), act.name
+        self.gated, self.bias = act.gated, bool(bias)
+
+    def _projs(self) -> tuple[str, ...]:
+        return ("gate_proj", "up_proj", "down_proj") if self.gated else ("up_proj", "down_proj")
+
+    def _weight_names(self) -> set[str]:
+        names = {f"{p}.weight" for p in self._projs()}
+        return names | ({f"{p}.bias" for p in self._projs()} if self.bias else set())
+
+    def lower(self, ctx: "LoweringContext", x: str) -> str:
+        name = ctx.name_of(self)
+        d = ctx.builder.desc(x)
+        hid, inter = d.shape[-1], self.intermediate_size
+        shapes = {f"{p}.weight": ((hid, inter) if p == "down_proj" else (inter, hid))
+                  for p in self._projs()}
+        if self.bias:
+            shapes.update({f"{p}.bias": ((hid,) if p == "down_proj" else (inter,))
+                           for p in self._projs()})
+        init = {k: uniform(1.0 / np.sqrt(inter if k.startswith("down") else hid)) for k in shapes}
+        self._ensure(name, shapes, init)
+        ins = [x] + [self._add_weight(ctx, name, f"{p}.weight", d) for p in self._projs()]
+        if self.bias:
+            ins += [self._add_weight(ctx, name, f"{p}.bias", d) for p in self._projs()]
+        params = {"hidden_size": hid, "intermediate_size": inter,
+                  "activation_type": self.activation_type, "bias": self.bias}
+        return ctx.builder.add_node("FusedFeedForward", ins, params, name=name)[0]
+
