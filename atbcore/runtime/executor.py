@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..backends import select_backend
 from ..errors import AtbError, GraphError
+from ..graph.analysis import bind_ids, node_error
 from ..graph.ir import Graph, Node
 from ..ops.base import OpDef
 from ..ops.registry import get_op
@@ -33,47 +34,10 @@ from .planner import MemoryPlan, plan_memory
 from .profiler import NodeEvent, Profiler
 from .scheduler import assign_streams, flatten, schedule
 
-__all__ = ["BoundCall", "ExecPlan", "build_plan", "infer_descs", "bind_node", "PointHook"]
+__all__ = ["BoundCall", "ExecPlan", "build_plan", "infer_descs", "PointHook", "native_weight"]
 
 # (point name, node name, tensors) -> tensors; installed by GraphOp for plugins.
 PointHook = Callable[[str, str, list], list]
-Slot = "str | tuple[str, ...] | None"
-
-
-def _node_error(graph: Graph, node: Node, e: AtbError) -> AtbError:
-    """The same error class, naming the graph node as well as the op."""
-    err = type(e)(f"{graph.name}/{node.name} ({e.op})", e.what, e.expected, e.given)
-    err.__cause__ = e
-    return err
-
-
-def bind_node(opdef: OpDef, node: Node, descs: Mapping[str, TensorDesc]) -> dict[str, Any]:
-    """Input name -> tensor id (or a tuple of ids for a variadic input, or None).
-
-    With an explicit absent input (``""``) the ids are read positionally in the
-    op's input order; otherwise the op's own ``bind`` decides (it resolves
-    ambiguous optional inputs by looking at descriptors).
-    """
-    if "" in node.inputs:
-        names = opdef.input_names
-        if len(node.inputs) > len(names):
-            raise GraphError(node.name, f"{node.op} takes at most {len(names)} inputs",
-                             len(names), len(node.inputs))
-        return {n: (t or None) for n, t in zip(names, node.inputs)} | {
-            n: None for n in names[len(node.inputs):]}
-    # Fresh descriptor objects per position, so bind's result maps back by identity.
-    items = [descs[t].replace() for t in node.inputs]
-    back = {id(d): t for d, t in zip(items, node.inputs)}
-    bound = opdef.bind(node.params, items)
-    out: dict[str, Any] = {}
-    for name, v in bound.items():
-        if v is None:
-            out[name] = None
-        elif isinstance(v, (list, tuple)):
-            out[name] = tuple(back[id(x)] for x in v)
-        else:
-            out[name] = back[id(v)]
-    return out
 
 
 def _descs_of(slot: Any, descs: Mapping[str, TensorDesc]) -> Any:
@@ -100,13 +64,13 @@ def infer_descs(graph: Graph, levels: Sequence[Sequence[Node]],
     for n in flatten(levels):
         try:
             opdef = get_op(n.op)
-            b = bind_node(opdef, n, descs)
+            b = bind_ids(opdef, n, descs)
             for req in opdef.required_inputs:
                 if b.get(req) is None:
                     raise GraphError(n.op, f"required input {req!r} missing", "a tensor id", "none")
             outs = opdef.infer_shape(n.params, {k: _descs_of(v, descs) for k, v in b.items()})
         except AtbError as e:
-            raise _node_error(graph, n, e) from None
+            raise node_error(graph, n, e) from None
         if len(outs) != len(n.outputs):
             raise GraphError(f"{graph.name}/{n.name}", f"{n.op} output count", len(outs),
                              len(n.outputs))
@@ -325,7 +289,7 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
         try:
             be, skipped = select_backend(opdef, n.params, bdescs, backend, framework)
         except AtbError as e:
-            raise _node_error(graph, n, e) from None
+            raise node_error(graph, n, e) from None
         k = be.kernel(opdef.name)
         assert k is not None
         for v in b.values():

@@ -12,7 +12,8 @@ How dims are named. A graph input's dims get names from, in order:
 (an int fixes a dim; names no input carries are kept and reported, not errors, so
 the seed's ``{"num_heads": 32, "head_dim": 128}`` entries are accepted). A value
 outside its range raises :class:`ShapeError` naming the dim, the range and the value.
-``batch_size`` and ``seq_len`` are bucketed even when undeclared (range 1..inf).
+``batch_size``, ``seq_len`` and ``kv_len`` (a KV cache's past length, see
+``atbcore.graph.graph_op_kv``) are bucketed even when undeclared (range 1..inf).
 
 Buckets. A named dynamic dim of value ``v`` falls in bucket ``min(hi, 2**ceil(log2 v))``;
 the plan of a bucket is compiled for the bucket's upper bound (so its memory plan
@@ -37,7 +38,8 @@ from .executor import ExecPlan, _descs_of, infer_descs
 __all__ = ["PlanCache", "bucket", "DEFAULT_BUCKETED"]
 
 UNBOUNDED = None
-DEFAULT_BUCKETED = {"batch_size": (1, UNBOUNDED), "seq_len": (1, UNBOUNDED)}
+DEFAULT_BUCKETED = {"batch_size": (1, UNBOUNDED), "seq_len": (1, UNBOUNDED),
+                    "kv_len": (0, UNBOUNDED)}
 _INT = {Dtype.INT8, Dtype.UINT8, Dtype.INT32, Dtype.INT64}
 
 

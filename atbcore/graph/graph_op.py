@@ -1,0 +1,400 @@
+"""``GraphOp``: declare a block once; atb fuses, schedules, memory-plans and runs it.
+
+    block = GraphOp([LayerNorm(eps=1e-5), Linear(out_features=4 * H), SiLU(),
+                     Linear(out_features=H), ResidualAdd()])
+    y = block(x)                      # any framework's tensor in, the same framework out
+    print(block.explain())            # nodes before/after fusion, kernels, launches, arena
+
+From a list of seed-style layers the graph is lowered at the first call, when the
+input descriptors are known; a :class:`~atbcore.graph.ir.Graph` is used as given.
+Then the pass pipeline runs once (``fusion_config``: a ``FusionConfig`` or a dict of
+the seed's keys), and each input signature (bucket) gets a compiled plan from the
+plan cache (``atbcore.runtime.plan_cache``).
+
+Plugin points (``register_plugin(point, plugin)``), on the graph after fusion:
+
+* ``pre_block`` / ``post_block``: the GraphOp's inputs before anything runs / its
+  outputs after everything ran;
+* ``pre_attention`` / ``post_attention``: the activation inputs (not weights) of each
+  attention node (FlashAttention, PagedAttention) / its outputs;
+* ``pre_mlp`` / ``post_mlp``: the MLP span. A FusedFeedForward or MoE node is a span
+  of its own. In a graph without one, the span runs from the first Linear whose
+  output feeds an activation (SiLU, Gelu, SwiGLU, ...) to the last Linear reachable
+  from that activation: ``pre_mlp`` sees the first Linear's activation inputs,
+  ``post_mlp`` the last Linear's outputs (so in LayerNorm -> Linear -> SiLU -> Linear
+  -> ResidualAdd it wraps Linear..Linear, before the residual add).
+
+Plugins receive and return tensors of the caller's framework (converted zero-copy).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+from ..errors import AtbError, GraphError, InputError, ParamsError, ShapeError, DtypeError
+from ..runtime.config import get_config
+from ..runtime.executor import ExecPlan, build_plan, infer_descs, native_weight
+from ..runtime.plan_cache import PlanCache
+from ..runtime.profiler import Profiler
+from ..runtime.scheduler import schedule
+from ..tensor import TensorDesc, convert, describe, framework_of, is_tensor
+from .graph_op_explain import explain_text, plugin_points
+from .graph_op_io import load_graph_op_kwargs, make_fusion_config, save_graph_op
+from .graph_op_kv import KVBinder, kv_dim_names
+from .ir import Graph
+
+__all__ = ["GraphOp"]
+
+_UNSET: Any = object()  # kv_cache not passed (None is a value: "start a cache")
+
+class GraphOp:
+    """A fused, planned graph of ops; see the module docstring.
+
+    ``GraphOp(layers_or_graph, name=None, fusion_config=None, backend=None, *,
+    dim_names=None, dynamic_shape=None, profile=None, cuda_graph=False, num_streams=1,
+    arena="auto", max_plans=32)``. ``dim_names`` names input dims for dynamic shapes
+    (see :mod:`atbcore.runtime.plan_cache`); ``profile`` records per-node times
+    (default: ``get_config().enable_profiling``); ``cuda_graph`` captures plans as
+    CUDA graphs on CUDA inputs; ``num_streams > 1`` runs independent branches on
+    separate CUDA streams.
+    """
+
+    def __init__(self, layers_or_graph: Sequence[Any] | Graph, name: str | None = None,
+                 fusion_config: Any = None, backend: str | None = None, *,
+                 dim_names: Mapping[str, Sequence[str | None]] | None = None,
+                 dynamic_shape: Mapping[str, Any] | None = None, profile: bool | None = None,
+                 cuda_graph: bool = False, num_streams: int = 1, arena: str = "auto",
+                 max_plans: int = 32) -> None:
+        if isinstance(layers_or_graph, Graph):
+            self._layers, self.graph_unfused = None, layers_or_graph
+        elif isinstance(layers_or_graph, (list, tuple)) and layers_or_graph:
+            self._layers, self.graph_unfused = list(layers_or_graph), None
+        else:
+            raise InputError(name or "GraphOp", "layers_or_graph",
+                             "a non-empty list of layers or a Graph", repr(layers_or_graph)[:80])
+        if arena not in ("auto", "always", "never"):
+            raise ParamsError("GraphOp", "arena", "auto/always/never", repr(arena))
+        self.name = name or (self.graph_unfused.name if self.graph_unfused else "graph_op")
+        self.fusion_config, self.fusion_extra = make_fusion_config(fusion_config)
+        self.backend = backend
+        self.dim_names = dict(dim_names or {})
+        self.profile = profile
+        self.cuda_graph = cuda_graph
+        self.num_streams = int(num_streams)
+        self.arena = arena
+        self.max_plans = max_plans
+        self.graph: Graph | None = None  # after the pass pipeline
+        self.pass_reports: list[Any] = []
+        self.profiler = Profiler(self.name)
+        self.last_launches: int | None = None
+        self.last_plan: ExecPlan | None = None
+        self._dynamic = dict(dynamic_shape or {})
+        self._plugins: dict[str, list[Any]] = {}
+        self._cache: PlanCache | None = None
+        self._weights: dict[tuple[str, str, str], Any] = {}
+        self._captured: dict[tuple, Any] = {}
+        self._points: dict[str, tuple[str | None, str | None]] = {}
+        self._kv: KVBinder | None = None
+        self._destroyed = False
+
+    # ------------------------------------------------------------------ building
+    def _descs_of(self, inputs: Sequence[Any]) -> list[TensorDesc]:
+        out = []
+        for i, x in enumerate(inputs):
+            if isinstance(x, TensorDesc):
+                out.append(x)
+            elif is_tensor(x):
+                out.append(describe(x))
+            else:
+                raise InputError(self.name, f"input {i} type", "a tensor or TensorDesc",
+                                 type(x).__name__)
+        return out
+
+    def _ensure_graph(self, descs: Sequence[TensorDesc]) -> Graph:
+        """Lower (layers), fuse (pipeline) and set up the plan cache, once."""
+        if self.graph is not None:
+            return self.graph
+        if self.graph_unfused is None:
+            from .sequential import lower_sequential
+
+            self.graph_unfused = lower_sequential(self._layers, list(descs), self.name)
+        from ..passes.pipeline import run_pipeline
+
+        self.graph, self.pass_reports = run_pipeline(self.graph_unfused, self.fusion_config)
+        self._points = plugin_points(self.graph)
+        self._kv = KVBinder(self.graph, f"{self.name}@{id(self):x}")
+        self._cache = PlanCache(self._build, name=self.name, inputs=self.graph.inputs,
+                                dim_names={**kv_dim_names(self.graph), **self.dim_names},
+                                dynamic_shape=self._dynamic,
+                                max_plans=self.max_plans, backend=self.backend)
+        return self.graph
+
+    def _build(self, descs: Mapping[str, TensorDesc], framework: str | None) -> ExecPlan:
+        assert self.graph is not None
+        return build_plan(self.graph, descs, backend=self.backend, weights=self._weight,
+                          points=self._points, num_streams=self.num_streams, arena=self.arena,
+                          framework=framework)
+
+    def _weight(self, tid: str, native: str, device: str) -> Any:
+        # Weights become backend-native once per (native, device), shared by all plans.
+        key = (tid, native, device)
+        if key not in self._weights:
+            assert self.graph is not None
+            self._weights[key] = native_weight(self.graph.weight_map[tid], native, device)
+        return self._weights[key]
+
+    def _bind_inputs(self, inputs: Sequence[Any]) -> dict[str, Any]:
+        assert self.graph is not None
+        if len(inputs) != len(self.graph.inputs):
+            raise InputError(self.name, "number of inputs",
+                             f"{len(self.graph.inputs)} ({', '.join(self.graph.inputs)})",
+                             len(inputs))
+        return dict(zip(self.graph.inputs, inputs))
+
+    def plan_for(self, inputs: Sequence[Any]) -> tuple[ExecPlan, dict[str, TensorDesc]]:
+        """The compiled plan (from the cache) for inputs given as tensors or descriptors."""
+        self._check_alive()
+        descs = self._descs_of(inputs)
+        self._ensure_graph(descs)
+        assert self._cache is not None
+        fw = next((framework_of(x) for x in inputs if not isinstance(x, TensorDesc)), None)
+        plan, exact = self._cache.get(self._bind_inputs(descs), fw)
+        self.last_plan = plan
+        return plan, exact
+
+    # ------------------------------------------------------------------ running
+    def __call__(self, *inputs: Any, kv_cache: Any = _UNSET) -> Any:
+        """Run; returns the output (a tuple when the graph has several), or
+        ``(output, kv_cache)`` when called with ``kv_cache=`` (``None`` included;
+        see :mod:`atbcore.graph.graph_op_kv` for the cache forms)."""
+        inputs = list(inputs)
+        if not inputs:
+            raise InputError(self.name, "number of inputs", "at least 1", 0)
+        self._check_alive()
+        self._ensure_graph(self._descs_of(inputs))
+        kv = self._kv
+        if kv is None or not kv.slots:
+            outs = self.execute(inputs)
+            out = outs[0] if len(outs) == 1 else tuple(outs)
+            return out if kv_cache is _UNSET else (out, kv_cache)
+        given = None if kv_cache is _UNSET else kv_cache
+        full, plens = kv.inputs(inputs, given)
+        outs = self.execute(full)
+        state = kv.store(outs, given, plens)
+        n_main = len(outs) - 2 * len(kv.slots)
+        out = outs[0] if n_main == 1 else tuple(outs[:n_main])
+        return out if kv_cache is _UNSET else (out, state)
+
+    def execute(self, inputs: Sequence[Any], outputs: list | None = None) -> list:
+        """Run on a list of tensors (any framework); returns the list of outputs in
+        the first input's framework. With ``outputs``, results are copied into those
+        tensors (checked first; nothing is written when the run fails)."""
+        inputs = list(inputs)
+        for i, x in enumerate(inputs):
+            if isinstance(x, TensorDesc):
+                raise InputError(self.name, f"input {i} has no data", "a tensor", repr(x))
+        if not inputs:
+            raise InputError(self.name, "number of inputs", "at least 1", 0)
+        plan, exact = self.plan_for(inputs)
+        if outputs is not None:
+            self._check_outputs(outputs, [exact[o] for o in plan.graph.outputs])
+        framework = framework_of(inputs[0])
+        hook = self._hook(framework) if self._plugins_active() else None
+        if hook is not None:
+            inputs = hook("pre_block", "", inputs)
+        native = {k: convert(x, plan.entry_native)
+                  for k, x in self._bind_inputs(inputs).items()}
+        results = self._run_plan(plan, exact, native, hook)
+        results = [convert(r, framework) for r in results]
+        if hook is not None:
+            results = hook("post_block", "", results)
+        if outputs is None:
+            return results
+        for i, (slot, r) in enumerate(zip(outputs, results)):
+            if slot is None or isinstance(slot, TensorDesc):
+                outputs[i] = r
+            else:
+                _copy_into(slot, r)
+        return outputs
+
+    def _run_plan(self, plan: ExecPlan, exact: Mapping[str, TensorDesc],
+                  native: dict[str, Any], hook: Any) -> list:
+        if self.cuda_graph and hook is None and plan.device.startswith("cuda"):
+            from ..runtime.cuda import CapturedPlan
+
+            sig = tuple(sorted((k, exact[k]) for k in native))
+            cap = self._captured.get(sig)
+            if cap is None:
+                cap = self._captured[sig] = CapturedPlan(plan, native, exact)
+            self.last_launches = cap.launches
+            return cap.replay(native)
+        prof = self.profiler if (self.profile if self.profile is not None
+                                 else get_config().enable_profiling) else None
+        out = plan.run(native, descs=exact, profiler=prof, hook=hook)
+        self.last_launches = plan.launches
+        return out
+
+    def _check_outputs(self, outputs: list, want: list[TensorDesc]) -> None:
+        if len(outputs) != len(want):
+            raise InputError(self.name, "number of outputs", len(want), len(outputs))
+        for i, (slot, w) in enumerate(zip(outputs, want)):
+            if slot is None or isinstance(slot, TensorDesc):
+                continue
+            got = describe(slot)
+            if tuple(got.shape) != tuple(w.shape):
+                raise ShapeError(self.name, f"output {i} shape", list(w.shape), list(got.shape))
+            if got.dtype != w.dtype:
+                raise DtypeError(self.name, f"output {i} dtype", w.dtype.name, got.dtype.name)
+
+    def infer_shape(self, inputs: Sequence[Any]) -> list[TensorDesc]:
+        """Output descriptors for inputs given as tensors or :class:`TensorDesc`."""
+        self._check_alive()
+        descs = self._descs_of(list(inputs))
+        graph = self._ensure_graph(descs)
+        bound = self._bind_inputs(descs)
+        assert self._cache is not None
+        self._cache.check(bound)
+        all_descs, _ = infer_descs(graph, schedule(graph), bound)
+        return [all_descs[o] for o in graph.outputs]
+
+    # ------------------------------------------------------------------ plugins
+    def register_plugin(self, point: str, plugin: Any) -> "GraphOp":
+        """Run ``plugin`` at ``point`` (one of ``atbcore.plugin.POINTS``)."""
+        from ..plugin import POINTS
+
+        if point not in POINTS:
+            raise ParamsError(self.name, "plugin point", list(POINTS), repr(point))
+        self._plugins.setdefault(point, []).append(plugin)
+        self._captured.clear()  # a captured graph cannot run Python plugins
+        return self
+
+    def _plugins_active(self) -> bool:
+        if any(self._plugins.values()):
+            return True
+        try:
+            from ..plugin import get_plugin_manager
+
+            hook = get_plugin_manager().hook
+            return bool(hook.atb_preprocess.get_hookimpls() or
+                        hook.atb_postprocess.get_hookimpls())
+        except (ImportError, NotImplementedError, AttributeError):
+            return False
+
+    def _hook(self, framework: str) -> Any:
+        from ..plugin import apply_point
+
+        def hook(point: str, node: str, tensors: list) -> list:
+            kinds = [framework_of(t) for t in tensors]
+            fw = [convert(t, framework) for t in tensors]
+            where = f"{self.name}/{node}" if node else self.name
+            out = apply_point(point, fw, self._plugins.get(point, ()), node=where)
+            return [convert(t, k) for t, k in zip(out, kinds)]
+
+        return hook
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def memory_plan(self) -> Any:
+        """The memory plan of the last plan run (None before the first call)."""
+        return self.last_plan.memory if self.last_plan is not None else None
+
+    def cache_stats(self) -> dict[str, int]:
+        """Plan-cache hits, misses, plans held, evictions, exact signatures seen."""
+        return self._cache.stats() if self._cache else {"hits": 0, "misses": 0, "plans": 0,
+                                                        "evictions": 0, "signatures": 0}
+
+    def set_dynamic_shape(self, ranges: Mapping[str, Any]) -> None:
+        """Declare dynamic dim ranges (see :mod:`atbcore.runtime.plan_cache`)."""
+        self._dynamic = dict(ranges)
+        if self._cache is not None:
+            self._cache.set_dynamic_shape(ranges)
+            self._captured.clear()
+
+    def explain(self, *inputs: Any) -> str:
+        """Nodes before and after fusion, pass reports, per node the kernel and
+        backend with fallback reasons, launches, arena size and plan-cache stats.
+        Give inputs (tensors or descriptors) to explain the plan for them."""
+        if inputs:
+            self.plan_for(list(inputs))
+        return explain_text(self)
+
+    def export_trace(self, path: str | os.PathLike) -> str:
+        """Write the per-node profile as Chrome trace JSON (``profile=True`` runs)."""
+        return self.profiler.export_chrome_trace(path)
+
+    def _graphs(self, which: str) -> Graph:
+        if which in ("after", "fused"):
+            g = self.graph
+        elif which in ("before", "unfused"):
+            g = self.graph_unfused
+        else:
+            raise ParamsError(self.name, "which graph", "before/after", repr(which))
+        if g is None:
+            raise GraphError(self.name, "graph not built yet",
+                             "a first call (or explain(inputs)) before drawing", "no graph")
+        return g
+
+    def to_dot(self, which: str = "after") -> str:
+        """Graphviz DOT of the graph ``"before"`` or ``"after"`` fusion."""
+        from .draw import to_dot
+
+        return to_dot(self._graphs(which))
+
+    def to_mermaid(self, which: str = "after") -> str:
+        """Mermaid flowchart of the graph ``"before"`` or ``"after"`` fusion."""
+        from .draw import to_mermaid
+
+        return to_mermaid(self._graphs(which))
+
+    def render_png(self, path: str | os.PathLike, which: str = "after") -> str:
+        """Render the graph as PNG with Graphviz (CapabilityError where it is missing)."""
+        from .draw import render_png
+
+        return render_png(self._graphs(which), path)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, directory: str | os.PathLike) -> str:
+        """Save the graph before fusion (JSON + safetensors, bit-exact) and this
+        GraphOp's settings; :meth:`load` re-runs the same fusion."""
+        return save_graph_op(self, directory)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, **overrides: Any) -> "GraphOp":
+        """A GraphOp from :meth:`save`'s directory (keywords override saved settings)."""
+        return cls(**load_graph_op_kwargs(directory, overrides))
+
+    # ------------------------------------------------------------------ lifetime
+    def destroy(self) -> None:
+        """Free every plan's arena back to the pool and drop cached weights; the
+        GraphOp can no longer run."""
+        if self._cache is not None:
+            self._cache.clear()
+        self._captured.clear()
+        self._weights.clear()
+        self.last_plan = None
+        self._destroyed = True
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise AtbError(self.name, "GraphOp was destroyed", "a live GraphOp", "destroyed")
+
+    def __enter__(self) -> "GraphOp":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        n = len(self.graph.nodes) if self.graph else "?"
+        return f"GraphOp({self.name!r}, nodes={n})"
+
+
+def _copy_into(dst: Any, src: Any) -> None:
+    fw = framework_of(dst)
+    if fw == "numpy":
+        import numpy as np
+
+        np.copyto(dst, convert(src, "numpy"))
+    else:
+        convert(dst, "torch").copy_(convert(src, "torch"))

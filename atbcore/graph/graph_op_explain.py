@@ -1,0 +1,131 @@
+"""GraphOp helpers kept apart from the class: where plugin points sit in a graph,
+and the text of ``GraphOp.explain()``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .ir import Graph, Node
+
+__all__ = ["plugin_points", "explain_text", "ATTENTION_OPS", "FFN_OPS", "ACTIVATION_OPS"]
+
+ATTENTION_OPS = frozenset({"FlashAttention", "PagedAttention"})
+FFN_OPS = frozenset({"FusedFeedForward", "MoE"})
+ACTIVATION_OPS = frozenset({"SiLU", "Gelu", "QuickGelu", "Relu", "SwiGLU", "GeGLU",
+                            "Activation"})
+_LINEAR_OPS = frozenset({"Linear"})
+
+
+def plugin_points(graph: Graph) -> dict[str, tuple[str | None, str | None]]:
+    """Node name -> (pre point, post point) per the rules in ``graph_op``'s docstring."""
+    pts: dict[str, list[str | None]] = {}
+
+    def put(node: str, pre: str | None = None, post: str | None = None) -> None:
+        cur = pts.setdefault(node, [None, None])
+        if pre and cur[0] is None:
+            cur[0] = pre
+        if post:
+            cur[1] = post
+
+    for n in graph.nodes:
+        if n.op in ATTENTION_OPS:
+            put(n.name, "pre_attention", "post_attention")
+        elif n.op in FFN_OPS:
+            put(n.name, "pre_mlp", "post_mlp")
+    if not any(n.op in FFN_OPS for n in graph.nodes):
+        span = _mlp_span(graph)
+        if span is not None:
+            put(span[0].name, pre="pre_mlp")
+            put(span[1].name, post="post_mlp")
+    return {k: (v[0], v[1]) for k, v in pts.items()}
+
+
+def _mlp_span(graph: Graph) -> tuple[Node, Node] | None:
+    prod = graph.producers()
+    cons = graph.consumers()
+    for act in graph.nodes:
+        if act.op not in ACTIVATION_OPS:
+            continue
+        firsts = [prod[t] for t in act.inputs if t in prod and prod[t].op in _LINEAR_OPS]
+        if not firsts:
+            continue
+        # The last Linear reachable downstream of the activation, in graph order.
+        seen, stack, last = set(), [act], None
+        while stack:
+            n = stack.pop()
+            for t in n.outputs:
+                for c in cons.get(t, []):
+                    if c.name not in seen:
+                        seen.add(c.name)
+                        stack.append(c)
+        order = {n.name: i for i, n in enumerate(graph.nodes)}
+        lins = [graph.node(s) for s in seen if graph.node(s).op in _LINEAR_OPS]
+        if lins:
+            last = max(lins, key=lambda n: order[n.name])
+            first = min(firsts, key=lambda n: order[n.name])
+            return first, last
+    return None
+
+
+def _node_line(n: Node) -> str:
+    ins = ", ".join(t or "-" for t in n.inputs)
+    return f"  {n.name}: {n.op}({ins}) -> {', '.join(n.outputs)}"
+
+
+def explain_text(op: Any) -> str:
+    """The report ``GraphOp.explain()`` returns."""
+    cfg = op.fusion_config
+    lines = [f"GraphOp {op.name!r}  fusion_level={getattr(cfg, 'fusion_level', '?')}"]
+    if op.graph is None:
+        lines.append("  not built yet: call it once, or explain(*inputs) with tensors or "
+                     "TensorDescs")
+        return "\n".join(lines)
+    before, after = op.graph_unfused, op.graph
+    lines.append(f"Before fusion: {len(before.nodes)} nodes")
+    lines += [_node_line(n) for n in before.nodes]
+    lines.append("Passes:")
+    quiet = []
+    for r in op.pass_reports:
+        name = getattr(r, "name", str(r))
+        if getattr(r, "changed", False):
+            detail = getattr(r, "detail", "")
+            lines.append(f"  {name}: changed" + (f" ({detail})" if detail else ""))
+        else:
+            quiet.append(name)
+    if quiet:
+        lines.append(f"  no change: {', '.join(quiet)}")
+    lines.append(f"After fusion: {len(after.nodes)} nodes")
+    lines += [_node_line(n) for n in after.nodes]
+    plan = op.last_plan
+    if plan is None:
+        lines.append("No plan yet (no call so far).")
+    else:
+        sig = ", ".join(f"{i}: {list(plan.descs[i].shape)} {plan.descs[i].dtype.name}"
+                        for i in plan.graph.inputs)
+        lines.append(f"Plan for {{{sig}}} on {plan.device} "
+                     f"({len(plan.levels)} levels, streams={plan.num_streams}):")
+        for row in plan.nodes_table():
+            lines.append(f"  {row['node']}: {row['op']} -> {row['backend']} "
+                         f"[{row['kernel']}] launches={row['launches']}")
+            for fb in row["fallbacks"]:
+                lines.append(f"      fell back past {fb}")
+        lines.append(f"Launches per run: {plan.launches}"
+                     + (f" (last run: {op.last_launches}, CUDA graph replay)"
+                        if op.last_launches is not None and op.last_launches != plan.launches
+                        else ""))
+        m = plan.memory
+        lines.append(f"Memory: arena {m.arena_bytes} B for {len(m.offsets)} intermediates "
+                     f"totalling {m.total_intermediate_bytes} B (reuse x{m.reuse_ratio:.2f}); "
+                     f"{plan.arena_note}")
+    st = op.cache_stats()
+    lines.append(f"Plan cache: {st['hits']} hits, {st['misses']} misses, {st['plans']} plans")
+    if op._cache is not None and op._cache.declared:
+        lines.append(f"Dynamic dims: {op._cache.declared}")
+    pts = {k: v for k, v in op._points.items()}
+    if pts:
+        lines.append("Plugin points: " + ", ".join(
+            f"{n}[{'/'.join(p for p in v if p)}]" for n, v in pts.items()))
+    regs = {p: len(v) for p, v in op._plugins.items() if v}
+    if regs:
+        lines.append(f"Plugins registered: {regs}")
+    return "\n".join(lines)
