@@ -150,3 +150,35 @@ def test_reshape_is_a_view_and_others_are_fresh():
         outs[0][0, 0] = -1.0
         assert float(x[0, 0]) == 123.0, op                   # never a view
         assert isinstance(outs[0], paddle.Tensor)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_reductions_and_fused_ops(dtype):
+    x = rand((3, 4, 8), dtype, 1)
+    check_paddle("ReduceMean", {"dim": -1, "keepdim": True}, [x])
+    check_paddle("ReduceSum", {"dim": [0, 2]}, [x])
+    w, b = rand((12, 8), dtype, 2), rand((12,), dtype, 3)
+    check_paddle("LinearActivation", {"activation_type": "gelu"}, [x, w, b])
+    q, k = rand((2, 6, 4 * 8), dtype, 4), rand((2, 6, 2 * 8), dtype, 5)
+    params = {"num_heads": 4, "num_kv_heads": 2, "causal": True, "rotary_type": "half"}
+    check_paddle("RopeFlashAttention", params, [q, k, k])
+    check_paddle("RopeFlashAttention", params, [rand((2, 6, 8 * 8), dtype, 6)])   # packed QKV
+    check_paddle("AllReduce", {}, [x])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int32"])
+def test_argmax_sampling_and_padding(dtype):
+    x = (rand((4, 50), "fp32", 1, scale=3) * (10 if dtype == "int32" else 1)).astype(
+        atb.Dtype.of(dtype).numpy)
+    check_paddle("Argmax", {}, [x])
+    check_paddle("Argmax", {"dim": 0, "keepdim": True}, [x])
+    if dtype != "int32":
+        for params in ({"seed": 3}, {"top_k": 5, "seed": 4}, {"top_p": 0.7, "temperature": 0.8, "seed": 5},
+                       {"temperature": 0.0}):
+            check_paddle("TopkToppSampling", params, [x])
+    lens = np.array([3, 0, 5], np.int32)
+    seq = rand((3, 5, 2), "fp32", 2).astype(atb.Dtype.of(dtype).numpy)
+    for side in ("right", "left"):
+        packed, cu = check_paddle("Unpad", {"padding_side": side}, [seq, lens])
+        check_paddle("Pad", {"padding_side": side, "pad_value": 7.0}, [packed, lens])
+        check_paddle("Pad", {"padding_side": side, "max_seq_len": 6}, [packed, lens])

@@ -57,6 +57,7 @@ class PaddleBackend(Backend):
     native: str = "paddle"
     native_first: bool = True
     _loaded: bool = False
+    _devices: tuple[str, ...] | None = None
 
     def unavailable_reason(self) -> str | None:
         if importlib.util.find_spec("paddle") is None:
@@ -76,6 +77,8 @@ class PaddleBackend(Backend):
         self.kernels = PADDLE_KERNELS
 
     def devices(self) -> list[str]:
+        if self._devices is not None:
+            return list(self._devices)
         import paddle
 
         devs = ["cpu"]
@@ -84,7 +87,19 @@ class PaddleBackend(Backend):
         get_custom = getattr(paddle.device, "get_all_custom_device_type", None)
         if get_custom is not None and "npu" in (get_custom() or []):
             devs += [f"npu:{i}" for i in range(paddle.device.get_device_count("npu"))]
+        self._devices = tuple(devs)
         return devs
+
+    def not_supported_reasons(self, opdef: Any, p: Any, ins: Any) -> list[str]:
+        reasons = super().not_supported_reasons(opdef, p, ins)
+        if reasons:
+            return reasons
+        # the kernels run on cuda/npu kinds, but only where this Paddle build has them
+        for n, d in ins.items():
+            if d is not None and d.device != "cpu" and d.device not in (have := set(self.devices())):
+                return [f"input {n!r} on {d.device}, which this Paddle build does not have "
+                        f"(devices: {', '.join(sorted(have))})"]
+        return []
 
     def run(self, opdef: Any, p: Any, ins: Any) -> list:
         import paddle
