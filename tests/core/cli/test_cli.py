@@ -36,7 +36,8 @@ def test_ops_lists_every_op_with_backends(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [r["op"] for r in rows] == atb.list_operations()
     rms = next(r for r in rows if r["op"] == "RmsNorm")
-    assert rms["backends"] == ["torch", "numpy"] and "RMSNorm" in rms["aliases"]
+    bks = rms["backends"]
+    assert "torch" in bks and bks[-1] == "numpy" and "RMSNorm" in rms["aliases"]
 
 
 def test_init_returns_zero_and_validates():
