@@ -13,8 +13,8 @@ plan cache (``atbcore.runtime.plan_cache``).
 
 Plugin points (``register_plugin(point, plugin)``), on the graph after fusion:
 
-* ``pre_block`` / ``post_block``: the GraphOp's inputs before anything runs / its
-  outputs after everything ran;
+* ``pre_block`` / ``post_block``: the graph's inputs before anything runs / its
+  outputs after everything ran (with KV caches: the past and present tensors too);
 * ``pre_attention`` / ``post_attention``: the activation inputs (not weights) of each
   attention node (FlashAttention, PagedAttention) / its outputs;
 * ``pre_mlp`` / ``post_mlp``: the MLP span. A FusedFeedForward or MoE node is a span
@@ -248,10 +248,14 @@ class GraphOp:
                 raise DtypeError(self.name, f"output {i} dtype", w.dtype.name, got.dtype.name)
 
     def infer_shape(self, inputs: Sequence[Any]) -> list[TensorDesc]:
-        """Output descriptors for inputs given as tensors or :class:`TensorDesc`."""
+        """Output descriptors for inputs given as tensors or :class:`TensorDesc`.
+        For a block with KV caches, the block's own inputs alone mean an empty past
+        (the outputs then include the present keys/values)."""
         self._check_alive()
         descs = self._descs_of(list(inputs))
         graph = self._ensure_graph(descs)
+        if self._kv is not None and self._kv.slots and len(descs) == len(self._kv.user_inputs):
+            descs = self._kv.empty_past_descs(descs)
         bound = self._bind_inputs(descs)
         assert self._cache is not None
         self._cache.check(bound)

@@ -26,8 +26,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..dtypes import Dtype
 from ..errors import InputError
-from ..tensor import convert, describe, framework_of
+from ..tensor import TensorDesc, convert, describe, framework_of
 from .ir import Graph
 from .sequential import KVSlot, kv_cache_slots
 
@@ -122,6 +123,17 @@ class KVBinder:
             # [B, P, Hkv, D] views of the cache -> [B, P, Hkv*D]
             out.append((_as(x, k[:, :p].reshape(b, p, hd)), _as(x, v[:, :p].reshape(b, p, hd))))
         return out
+
+    def empty_past_descs(self, user: Sequence[TensorDesc]) -> list[TensorDesc]:
+        """Full input descriptors for the user's, with an empty past."""
+        feed = dict(zip(self.user_inputs, user))
+        b, s = user[0].shape[0], user[0].shape[1]
+        for slot in self.slots:
+            past = TensorDesc((b, 0, self._hidden(slot)), user[0].dtype, device=user[0].device)
+            feed[slot.past_key] = feed[slot.past_value] = past
+            if slot.position_ids:
+                feed[slot.position_ids] = TensorDesc((s,), Dtype.INT64, device=user[0].device)
+        return [feed[i] for i in self.graph.inputs]
 
     # ------------------------------------------------------------------ a call
     def inputs(self, user: Sequence[Any], kv_cache: Any) -> tuple[list, list[int]]:

@@ -203,3 +203,29 @@ def test_destroy_frees_the_arena_and_blocks_further_calls():
             op(rand([B, S, H]))
     finally:
         set_memory_pool(prev)
+
+
+def test_global_preprocess_hooks_run_at_graph_op_points(op):
+    from atbcore.plugin import get_plugin_manager, hookimpl
+
+    seen = []
+
+    class Doubler:
+        @hookimpl
+        def atb_preprocess(self, point, tensors, node):
+            seen.append((point, node))
+            return [t * 2 for t in tensors] if point == "pre_block" else None
+
+    x = rand([B, S, H], seed=15)
+    plain = op(2 * x)
+    pm = get_plugin_manager()
+    plugin = Doubler()
+    pm.register(plugin, name="test_doubler")
+    try:
+        y, _ = op(x)
+    finally:
+        pm.unregister(plugin)
+    atb.assert_close(y, plain[0], what="global pre_block hook")
+    assert ("pre_block", "attn") in seen and ("pre_attention", "attn/attn") in seen
+    op(x)
+    assert len(seen) == 2  # unregistered: no hooks, plain plan path again

@@ -92,6 +92,7 @@ def test_kv_cache_decoding_equals_the_full_sequence():
     op = attention_block()
     x = rand([B, S, H], seed=3)
     full = op(x)  # no cache given: empty past, output only
+    assert op.infer_shape([atb.TensorDesc((B, S, H))]) == [atb.TensorDesc((B, S, H))] * 3
     got, state = _decode_steps(op, x, None)
     atb.assert_close(got, full, what="dict-cache decode vs full sequence")
     (pk, _), = state[op._kv.key]
