@@ -106,3 +106,42 @@ def test_importing_atb_paddle_imports_no_paddle():
             "get_backend('paddle'); assert 'paddle' not in sys.modules, 'paddle imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+_NO_TORCH = r'''
+import sys, importlib.abc
+
+class _NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, _NoTorch())                       # as if torch were not installed
+import numpy as np
+import atbcore.backends.torch as tb
+tb.TorchBackend.unavailable_reason = lambda self: "torch is not installed"
+import atb_paddle as atb
+import paddle
+x = paddle.randn([2, 5, 32])
+mlp = atb.GraphOp([atb.LayerNorm(eps=1e-5), atb.Linear(out_features=64), atb.SiLU(),
+                   atb.Linear(out_features=32), atb.ResidualAdd()])
+y = mlp(x)
+assert isinstance(y, paddle.Tensor), type(y)
+assert {c.backend for c in mlp.core.last_plan.calls} == {"paddle"}
+op = atb.Builder().build_operation("RmsNorm")
+y2, = op.execute([x.numpy(), np.ones(32, np.float32)])
+assert op.last_backend == "paddle" and isinstance(y2, np.ndarray)
+assert "torch" not in sys.modules
+print("ok")
+'''
+
+
+def test_paddle_user_without_torch():
+    """With torch missing, Paddle tensors (and NumPy ones) run on the Paddle backend,
+    through the torch-free bridge."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _NO_TORCH], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]

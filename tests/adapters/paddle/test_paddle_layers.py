@@ -169,3 +169,17 @@ def test_explain_shows_paddle_kernels_and_launches():
     text = blk.explain()
     assert "-> paddle [" in text and "fused_rms_norm" in text
     assert blk.last_launches is not None and blk.last_launches >= 2
+
+
+def test_paddle_forward_hooks_and_save_load(tmp_path):
+    x = to_paddle(rand((2, 3, 16), "fp32", 1))
+    blk = atb_paddle.GraphOp([atb_paddle.RmsNorm(eps=1e-6), atb_paddle.Linear(out_features=16),
+                              atb_paddle.ResidualAdd()], name="blk")
+    y = blk(x)
+    h = blk.register_forward_post_hook(lambda layer, inputs, out: out * 3)   # Paddle's own hook
+    np.testing.assert_allclose(_np(blk(x)), 3 * _np(y), rtol=1e-6)
+    h.remove()
+    blk.save(str(tmp_path / "g"))
+    loaded = atb_paddle.GraphOp.load(str(tmp_path / "g"))
+    np.testing.assert_array_equal(_np(loaded(x)), _np(y))
+    assert sorted(loaded.state_dict()) == sorted(dict(blk.core.graph_unfused.weights))

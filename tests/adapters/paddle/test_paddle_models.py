@@ -162,3 +162,48 @@ def test_seed_mlp_example_runs_as_written():
     atb_core = atb_paddle  # the same checker the core exports
     atb_core.assert_close(y, ref, "fp32", "seed MLP vs plain Paddle")
     assert "FusedFeedForward" in mlp_graph.explain()           # fused, on Paddle kernels
+
+
+class AcceleratedTransformerBlock(paddle.nn.Layer):
+    """The seed article's block, in Paddle (atb_torch -> atb_paddle, nn.Module -> Layer)."""
+
+    def __init__(self, hidden_dim, num_heads, mlp_dim):
+        super().__init__()
+        atb = atb_paddle
+        self.attention_graph = atb.GraphOp([
+            atb.LayerNorm(eps=1e-5),
+            atb.FlashAttention(num_heads=num_heads,
+                               causal=True,
+                               kv_cache=True),
+            atb.Linear(out_features=hidden_dim),
+            atb.ResidualAdd()
+        ])
+        self.mlp_graph = atb.GraphOp([
+            atb.LayerNorm(eps=1e-5),
+            atb.Linear(out_features=mlp_dim),
+            atb.SiLU(),
+            atb.Linear(out_features=hidden_dim),
+            atb.ResidualAdd()
+        ])
+
+    def forward(self, x, kv_cache=None):
+        x, kv_cache = self.attention_graph(x, kv_cache=kv_cache)
+        x = self.mlp_graph(x)
+        return x, kv_cache
+
+
+def test_seed_transformer_block_decodes_with_its_kv_cache():
+    blk = AcceleratedTransformerBlock(64, 4, 128)
+    x = to_paddle(rand((2, 6, 64), "fp32", 1))
+    full, _ = blk(x)
+    pre, kv = blk(x[:, :5])                                   # prefill 5 tokens
+    step, kv = blk(x[:, 5:], kv_cache=kv)                     # decode the 6th from the cache
+    atb.assert_close(pre, full[:, :5], "fp32", "prefill vs full")
+    atb.assert_close(step, full[:, 5:], "fp32", "decode with KV cache vs full")
+    # weights (incl. the fused q|k|v copy the graph derived) follow set_state_dict
+    other = AcceleratedTransformerBlock(64, 4, 128)
+    for name, p in other.named_parameters():
+        p.set_value(p * 0.5 + 0.1)                            # different weights
+    other(x)
+    other.set_state_dict(blk.state_dict())
+    np.testing.assert_array_equal(other(x)[0].numpy(), full.numpy())
