@@ -21,7 +21,7 @@ class Kernel:
     ``check`` returns the reasons it cannot run a call (empty = can run);
     ``impl`` names what runs, for logs and ``explain()``; ``launches`` is how many
     device kernels one call dispatches (a fused op built from several torch calls
-    counts as that many).
+    counts as that many); ``writes_out`` kernels accept ``out=[...]`` buffers.
     """
 
     op: str
@@ -30,6 +30,8 @@ class Kernel:
     impl: str = ""
     launches: int = 1
     devices: tuple[str, ...] = ("cpu",)
+    # True when ``fn(params, ins, out=[...])`` writes into given (planned) buffers
+    writes_out: bool = False
 
 
 @dataclass

@@ -20,12 +20,13 @@ TORCH_KERNELS: dict[str, Kernel] = {}
 
 
 def kernel(op: str, *, check: Check | None = None, impl: str = "", launches: int = 1,
-           devices: tuple[str, ...] = ("cpu", "cuda")) -> Callable[[Callable], Callable]:
+           devices: tuple[str, ...] = ("cpu", "cuda"), writes_out: bool = False
+           ) -> Callable[[Callable], Callable]:
     """Register ``fn(params, ins) -> list`` as the torch kernel of ``op``."""
 
     def deco(fn: Callable) -> Callable:
         TORCH_KERNELS[op] = Kernel(op=op, fn=fn, check=check, impl=impl or fn.__qualname__,
-                                   launches=launches, devices=devices)
+                                   launches=launches, devices=devices, writes_out=writes_out)
         return fn
 
     return deco
