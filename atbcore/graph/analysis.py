@@ -127,6 +127,10 @@ def topo_order(graph: Graph) -> list[Node]:
     placed = {n.name for n in toposort_nodes_partial(graph.nodes, ext)}
     stuck = [n for n in graph.nodes if n.name not in placed]
     cycle = _find_cycle(stuck)
+    if cycle:  # start the report at the cycle's first node in graph order
+        pos = {n.name: i for i, n in enumerate(graph.nodes)}
+        k = min(range(len(cycle)), key=lambda i: pos[cycle[i]])
+        cycle = cycle[k:] + cycle[:k]
     first = cycle[0] if cycle else stuck[0].name
     raise GraphError(f"{graph.name}/{first}", "cycle in the graph",
                      "an acyclic graph", " -> ".join(cycle + cycle[:1]) if cycle else first)

@@ -43,7 +43,12 @@ def _weights_key(weights: tuple[tuple[str, Any], ...]) -> tuple:
 
     out = []
     for k, v in weights:
-        a = np.asarray(v) if not hasattr(v, "detach") else v.detach().cpu().numpy()
+        if hasattr(v, "detach"):  # torch; to_numpy also handles bf16, which .numpy() refuses
+            from ..tensor import to_numpy
+
+            a = to_numpy(v.detach().cpu())
+        else:
+            a = np.asarray(v)
         out.append((k, a.shape, str(a.dtype), a.tobytes()))
     return tuple(out)
 

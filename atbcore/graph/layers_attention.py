@@ -3,8 +3,8 @@
 ``FlashAttention(num_heads=..., num_kv_heads=None, head_dim=None, causal=False,
 scale=None, window=None, kv_cache=False, packed=None, qkv_bias=False)``:
 
-* **packed QKV** when a projection precedes it (the previous layer is a
-  ``Linear``; force with ``packed=True``): the input is ``[B, S, (H + 2*Hkv)*D]``;
+* **packed QKV** when a projection precedes it (the previous layer, RoPE layers
+  aside, is a ``Linear``; force either way with ``packed=True/False``): the input is ``[B, S, (H + 2*Hkv)*D]``;
 * otherwise it is **given hidden states** ``[B, S, hidden]`` and owns its q/k/v
   projections (weights ``q_proj.weight [H*D, hidden]``, ``k_proj.weight``,
   ``v_proj.weight [Hkv*D, hidden]``; ``D = hidden // H`` unless ``head_dim``), lowered
@@ -134,7 +134,11 @@ class FlashAttention(Layer):
     def lower(self, ctx: "LoweringContext", x: str) -> str:
         name = ctx.name_of(self)
         rope, ctx.pending_rope = ctx.pending_rope, None
-        packed = self.packed if self.packed is not None else isinstance(ctx.prev_layer, Linear)
+        before = ctx.layers[:ctx.index]
+        while before and isinstance(before[-1], RoPE):  # a RoPE sits between projection and us
+            before = before[:-1]
+        packed = self.packed if self.packed is not None else bool(before) and isinstance(
+            before[-1], Linear)
         split = rope is not None or self.kv_cache
         q, k, v, hd = (self._split_packed if packed else self._project)(ctx, name, x, split)
         if not k:  # packed QKV straight into the attention

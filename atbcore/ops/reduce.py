@@ -19,7 +19,7 @@ from ..errors import ShapeError
 from .base import FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_param_dtype, f64
 from .registry import register_op
 
-__all__ = ["ReduceParams", "reduce_dims"]
+__all__ = ["ReduceParams", "ReduceMeanParams", "ReduceSumParams", "reduce_dims"]
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,22 @@ class _Reduce(OpDef):
         return [np.asarray(self._np(f64(x), dims, p.keepdim)).astype(x.dtype)]
 
 
+@dataclass(frozen=True)
+class ReduceMeanParams(ReduceParams):
+    """ReduceMean's params (errors name ReduceMean)."""
+
+
+@dataclass(frozen=True)
+class ReduceSumParams(ReduceParams):
+    """ReduceSum's params (errors name ReduceSum)."""
+
+
 @register_op
 class ReduceMean(_Reduce):
     """Mean over ``dim``."""
 
     name = "ReduceMean"
+    Params = ReduceMeanParams
     aliases = ("Mean", "ReduceMeanOperation")
 
     def _np(self, a, dims, keepdim):
@@ -101,6 +112,7 @@ class ReduceSum(_Reduce):
     """Sum over ``dim``."""
 
     name = "ReduceSum"
+    Params = ReduceSumParams
     aliases = ("Sum", "ReduceSumOperation")
 
     def _np(self, a, dims, keepdim):

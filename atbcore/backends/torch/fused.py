@@ -4,6 +4,8 @@ count the parts' launches honestly."""
 
 from __future__ import annotations
 
+import torch.nn.functional as F
+
 from ...ops.activation import get_activation
 from ...ops.attention import split_packed
 from ...ops.fused import attention_part, rope_part
@@ -34,8 +36,14 @@ def rope_flash_attention(p, ins):
                                         "mask": ins.get("mask"), "seq_lens": ins.get("seq_lens")})
 
 
-@kernel("LinearActivation", impl="F.linear + activation (fp32 compute)", launches=2)
+@kernel("LinearActivation", impl="F.linear (fp32 compute) + activation, one rounding; "
+        "w8: the Linear kernel then the activation", launches=2)
 def linear_activation(p, ins):
-    y, = _part("Linear")(p.linear(), ins)
     act = get_activation(p.activation_type, "LinearActivation")
-    return [act.torch(y.float()).to(y.dtype)]
+    x, w, b = ins["x"], ins["weight"], ins.get("bias")
+    if p.quant is not None:
+        y, = _part("Linear")(p.linear(), ins)
+        return [act.torch(y.float()).to(x.dtype)]
+    wf = w.float() if p.transpose_weight else w.float().t()            # [out, in]
+    y = F.linear(x.float(), wf, None if b is None else b.float())
+    return [act.torch(y).to(x.dtype)]
