@@ -135,13 +135,15 @@ def enabled_rules(config: FusionConfig) -> list[FusionRule]:
 def _summary(before: Graph, after: Graph) -> str:
     if after is before or after == before:
         return f"{len(before.nodes)} nodes"
-    gone = [n.name for n in before.nodes if n not in after.nodes]
-    new = [f"{n.name} ({n.op})" for n in after.nodes if n not in before.nodes]
+    old = {n.name: n for n in before.nodes}
+    new = {n.name: n for n in after.nodes}
+    gone = [k for k in old if k not in new]
+    added = [f"{k} ({n.op})" for k, n in new.items() if k not in old]
+    rewired = [k for k, n in new.items() if k in old and old[k] != n]
     parts = [f"{len(before.nodes)} -> {len(after.nodes)} nodes"]
-    if gone:
-        parts.append("removed " + ", ".join(gone))
-    if new:
-        parts.append("added " + ", ".join(new))
+    for label, names in (("removed", gone), ("added", added), ("rewrote", rewired)):
+        if names:
+            parts.append(f"{label} {', '.join(names)}")
     return "; ".join(parts)
 
 
