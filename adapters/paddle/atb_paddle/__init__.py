@@ -40,7 +40,12 @@ _ALIASES = ("SelfAttention", "MhaV2", "MhaV3")
 _LAZY = frozenset({"GraphOp", "AtbLayer", "OpLayer", *_ALIASES, *_list_operations(),
                    *(n for n in _core_layers.__all__ if n not in ("Layer", "host_array"))})
 
-__all__ = list(_core_all) + ["ops"] + sorted(_LAZY)
+# The core exports its own (framework-free) GraphOp and seed layers under the same
+# names; here they are the Paddle layers, resolved lazily by __getattr__.
+for _name in _LAZY:
+    globals().pop(_name, None)
+
+__all__ = [n for n in _core_all if n not in _LAZY] + ["ops"] + sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

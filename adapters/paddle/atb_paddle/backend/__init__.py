@@ -11,7 +11,9 @@ dtype (``fused_rms_norm``, ``fused_layer_norm``, ``swiglu`` on CPU fp32;
 ``fused_rotary_position_embedding``, flash attention on GPU) and a composition of
 plain Paddle ops otherwise; :mod:`.common` records which path ran and why.
 
-Paddle is imported only when the backend is first used (:meth:`PaddleBackend.load`).
+The backend never imports Paddle itself: it is available once the process has
+imported ``paddle`` (as any process holding Paddle tensors has), and loads its kernels
+at its first dispatch (:meth:`PaddleBackend.load`).
 
     from atb_paddle.backend import register
     register()                           # or the ``atb`` entry point does it
@@ -22,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -60,9 +63,14 @@ class PaddleBackend(Backend):
     _devices: tuple[str, ...] | None = None
 
     def unavailable_reason(self) -> str | None:
+        if "paddle" in sys.modules:
+            return None
         if importlib.util.find_spec("paddle") is None:
             return "paddlepaddle is not installed"
-        return None
+        # Paddle tensors exist only once paddle is imported; importing it here, for a
+        # NumPy or MindSpore caller, would load Paddle's oneDNN first, which breaks
+        # MindSpore's CPU kernels if MindSpore is imported afterwards.
+        return "paddle is not imported in this process (the backend never imports it itself)"
 
     def load(self) -> None:
         if self._loaded:
