@@ -183,3 +183,22 @@ def test_paddle_forward_hooks_and_save_load(tmp_path):
     loaded = atb_paddle.GraphOp.load(str(tmp_path / "g"))
     np.testing.assert_array_equal(_np(loaded(x)), _np(y))
     assert sorted(loaded.state_dict()) == sorted(dict(blk.core.graph_unfused.weights))
+
+
+def test_graph_op_takes_core_layers_and_op_layers():
+    from atbcore.graph import layers as L
+
+    x = rand((2, 3, 16), "fp32", 1)
+    core_ln = L.LayerNorm(eps=1e-5)
+    blk = atb_paddle.GraphOp([core_ln, atb_paddle.Elewise(elewise_type="muls", var_attr=2.0),
+                              atb_paddle.ops.Softmax(dim=-1)])
+    y = blk(to_paddle(x))
+    assert sorted(blk.state_dict()) == ["0.bias", "0.weight"]           # the core layer's weights
+    xf = x.astype(np.float64)
+    ln = (xf - xf.mean(-1, keepdims=True)) / np.sqrt(xf.var(-1, keepdims=True) + 1e-5)
+    z = np.exp(2 * ln - (2 * ln).max(-1, keepdims=True))
+    atb.assert_close(y, z / z.sum(-1, keepdims=True), "fp32", "LayerNorm -> muls -> Softmax")
+    with pytest.raises(atb.ParamsError, match="one input and one output"):
+        atb_paddle.GraphOp([atb_paddle.ops.Split(num=2)])(to_paddle(x))
+    with pytest.raises(atb.ParamsError, match="atb_paddle layer"):
+        atb_paddle.GraphOp([paddle.nn.Linear(16, 16)])

@@ -101,10 +101,11 @@ class OpNode(CoreLayer):
 
     def lower(self, ctx: Any, x: str) -> str:
         opdef = get_op(self.op)
-        if len(opdef.required_inputs) > 1 or len(opdef.outputs) > 1:
+        n_out = opdef.num_outputs(opdef.make_params(self.op_params), {})
+        if len(opdef.required_inputs) > 1 or n_out != 1:
             raise ParamsError(ctx.name_of(self), f"{self.op} in a sequential block",
                               "an op of one input and one output", f"inputs {opdef.inputs}, "
-                              f"outputs {opdef.outputs}")
+                              f"{n_out} outputs")
         return ctx.builder.add_node(self.op, [x], self.op_params, name=ctx.name_of(self))[0]
 
 
