@@ -11,9 +11,14 @@ from .numerics import assert_close, compare
 from .operation import Builder, Operation, destroy_operations
 from .ops import get_op, list_operations
 from .runtime import check_compatibility, get_config, init
+from .graph.builder import GraphBuilder
+from .graph.graph_op import GraphOp
+from .graph.layers import (Activation, FlashAttention, FusedFeedForward, Gelu, LayerNorm, Linear,
+                           QuickGelu, Relu, ResidualAdd, RmsNorm, RoPE, SiLU, SwiGLU)
 from .memory import (KVCache, MemoryPoolConfig, PagedKVCache, get_memory_pool, init_memory_pool,
                      memory_stats)
 from .plugin import Plugin, get_plugin_manager, hookimpl
+from .passes.pipeline import FusionConfig
 from .tensor import TensorDesc
 
 __all__ = [
@@ -22,5 +27,8 @@ __all__ = [
     "assert_close", "AtbError", "ShapeError", "DtypeError", "DeviceError", "ParamsError",
     "InputError", "CapabilityError", "GraphError", "PoolExhaustedError", "MemoryError_",
     "PluginError", "MemoryPoolConfig", "init_memory_pool", "get_memory_pool", "memory_stats",
-    "KVCache", "PagedKVCache", "Plugin", "hookimpl", "get_plugin_manager",
+    "KVCache", "PagedKVCache", "Plugin", "hookimpl", "get_plugin_manager", "GraphOp",
+    "GraphBuilder", "FusionConfig", "Linear", "LayerNorm", "RmsNorm", "ResidualAdd", "SiLU",
+    "Gelu", "Relu", "QuickGelu", "SwiGLU", "Activation", "FlashAttention", "RoPE",
+    "FusedFeedForward",
 ]

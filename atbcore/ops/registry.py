@@ -28,6 +28,14 @@ def register_op(cls: T) -> T:
         if k in _LOOKUP and _LOOKUP[k] != inst.name:
             raise ValueError(f"op name {key!r} registered twice ({_LOOKUP[k]} and {inst.name})")
         _LOOKUP[k] = inst.name
+    owner = inst.Params.__dict__.get("OP")
+    if owner is not None and owner != inst.name and owner in _OPS:
+        # Params shared with another op (AddRmsNorm reuses RmsNorm's): give this op its
+        # own subclass so errors name the op that was built and params of the two ops
+        # never compare equal.
+        base = inst.Params
+        inst.Params = type(f"{cls.__name__}Params", (base,), {"__doc__": base.__doc__})
+        type(inst).Params = inst.Params
     inst.Params.OP = inst.name
     _OPS[inst.name] = inst
     return cls

@@ -3,6 +3,8 @@ norm -> ``AddRmsNorm`` / ``AddLayerNorm``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..graph.ir import Node
 from .pattern import Alt, Match, Op, elewise
 from .rewrite import Rewrite
@@ -59,7 +61,9 @@ def _fuse_add_norm(m: Match, op: str) -> Rewrite | None:
         return None
     norm, add = m["norm"], m["add"]
     rest = norm.inputs[1:]
-    node = Node(norm.name, op, norm.params, (m["a"], m["b"], *rest),
+    # the fused op has its own params type: carry the norm's field values over
+    values = {f.name: getattr(norm.params, f.name) for f in dataclasses.fields(norm.params)}
+    node = Node(norm.name, op, m.ctx.params(op, **values), (m["a"], m["b"], *rest),
                 (norm.outputs[0], add.outputs[0]))
     return Rewrite(add=(node,))
 
