@@ -1,0 +1,48 @@
+"""MindSpore kernels for the fused ops the graph passes emit (RopeFlashAttention,
+LinearActivation), composed from this backend's parts so they share their numerics.
+LinearActivation applies the activation to the fp32 GEMM result and rounds once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atbcore.ops.attention import split_packed
+from atbcore.ops.fused import attention_part, rope_part
+from atbcore.ops.registry import get_op
+
+from . import kernel
+from .activation import activation_reasons, ms_activation
+from .attention import attention_run
+from .common import cast, descs
+from .linear import linear_fp32
+from .rope import rope_outputs
+
+__all__: list[str] = []
+
+
+@kernel("RopeFlashAttention", impl="mindspore rotary (q, k) + chunked softmax attention",
+        launches=8)
+def rope_flash_attention(p, ins):
+    dims, _ = get_op("RopeFlashAttention")._split(p, descs(ins))
+    q, k, v = ins["q"], ins.get("k"), ins.get("v")
+    if dims.packed:
+        q, k, v = split_packed(q, dims)
+    rp = rope_part(p, dims.heads, dims.kv_heads, dims.head_dim, dims.layout)
+    qr, kr = rope_outputs(rp, {"q": q, "k": k, "position_ids": ins.get("position_ids"),
+                               "cos": ins.get("cos"), "sin": ins.get("sin")})
+    fa = attention_part(p).replace(num_heads=dims.heads, num_kv_heads=dims.kv_heads)
+    out = attention_run(fa, {"q": qr, "k": kr, "v": v, "mask": ins.get("mask"),
+                             "seq_lens": ins.get("seq_lens")}, op="RopeFlashAttention")
+    return [out.contiguous()]
+
+
+def _act_check(p: Any, ins: Any) -> list[str]:
+    return activation_reasons(p.activation_type)
+
+
+@kernel("LinearActivation", check=_act_check,
+        impl="mindspore matmul + activation (fp32 compute, one rounding)", launches=2)
+def linear_activation(p, ins):
+    x = ins["x"]
+    y = linear_fp32(p, x, ins["weight"], ins.get("bias"), ins.get("scale"))
+    return [cast(ms_activation(p.activation_type, y), x.dtype)]

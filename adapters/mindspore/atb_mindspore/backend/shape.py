@@ -1,0 +1,59 @@
+"""MindSpore kernels for the shape ops. Reshape returns a view of its input; the
+others return fresh contiguous tensors (the memory planner treats only Reshape as
+an alias of its input), so a result never shares memory with an input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atbcore.log import logger
+from atbcore.ops.shape import resolve_shape, slice_bounds, split_sizes
+from atbcore.tensor import describe
+
+from . import kernel
+from .common import mint
+
+__all__ = ["fresh"]
+
+
+def fresh(t: Any) -> Any:
+    """A contiguous tensor owning its memory (``contiguous()`` alone returns the
+    input itself when it already is contiguous)."""
+    return t.copy() if t.is_contiguous() else t.contiguous()
+
+
+@kernel("Transpose", impl="mindspore mint.permute + contiguous copy")
+def transpose(p, ins):
+    return [fresh(mint().permute(ins["x"], tuple(p.perm)))]
+
+
+@kernel("Reshape", impl="mindspore Tensor.view (zero-copy)", launches=0)
+def reshape(p, ins):
+    x = ins["x"]
+    shape = resolve_shape("Reshape", p.shape, tuple(x.shape))
+    if x.is_contiguous():
+        return [x.view(shape)]
+    logger.info("Reshape: a non-contiguous MindSpore input allows no view; copying")
+    return [x.contiguous().view(shape)]
+
+
+@kernel("Split", impl="mindspore mint.split + contiguous copies")
+def split(p, ins):
+    x = ins["x"]
+    dim, sizes = split_sizes("Split", p, describe(x))
+    return [fresh(t) for t in mint().split(x, list(sizes), dim)]
+
+
+@kernel("Concat", impl="mindspore mint.cat")
+def concat(p, ins):
+    xs = [ins[f"x{i}"] for i in range(len(ins)) if ins.get(f"x{i}") is not None]
+    if len(xs) == 1:
+        return [fresh(xs[0])]
+    return [mint().cat(xs, p.dim)]
+
+
+@kernel("Slice", impl="mindspore slicing + contiguous copy")
+def slice_(p, ins):
+    x = ins["x"]
+    idx = tuple(slice(a, b) for a, b in slice_bounds("Slice", p, tuple(x.shape)))
+    return [fresh(x[idx])]
