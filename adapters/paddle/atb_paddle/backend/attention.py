@@ -5,8 +5,9 @@ Two paths, both in fp32 with one rounding at the end:
 
 * no mask to build (no mask / seq_lens / window; causal only when Sq == Skv or
   Sq == 1): ``paddle.nn.functional.scaled_dot_product_attention`` on ``[B, S, H, D]``
-  (Paddle picks FlashAttention on GPU; on the CPU it runs its "math" path, which
-  holds ``[B, H, Sq, Skv]`` scores, so there it is used only up to ``CHUNK`` query rows);
+  (on a GPU, fp16/bf16 inputs go in as they are and Paddle picks FlashAttention;
+  on the CPU it runs its "math" path, which holds ``[B, H, Sq, Skv]`` scores, so
+  there it is used only up to ``CHUNK`` query rows);
 * otherwise queries are processed ``CHUNK`` rows at a time, each chunk over only the
   key range it can reach, as grouped matmuls (``[B, Hkv, G*c, D] @ [B, Hkv, D, K]``,
   no repeated k/v), so memory stays linear in the sequence length.
@@ -23,9 +24,9 @@ from atbcore.ops.attention import attention_dims, split_packed
 from atbcore.tensor import describe
 
 from . import kernel
-from .common import PATHS, device_kind, f32, to_dtype
+from .common import HALF, PATHS, device_kind, f32, to_dtype
 
-__all__ = ["attention_bnsd", "to_bnsd", "from_bnsd", "CHUNK"]
+__all__ = ["attention_bnsd", "no_mask_needed", "to_bnsd", "from_bnsd", "CHUNK"]
 
 # Query rows per step when scores are computed here: [B, H, CHUNK, Skv] fp32 scores.
 CHUNK = 256
@@ -58,6 +59,12 @@ def _sdpa_whole(q, k, v, scale: float, causal: bool):
     return t(o)
 
 
+def no_mask_needed(sq: int, skv: int, causal: bool, window, mask, kv_lens) -> bool:
+    """True when SDPA's own ``is_causal`` (top-left aligned) covers the call."""
+    return mask is None and kv_lens is None and window is None and (
+        not causal or sq == 1 or sq == skv)
+
+
 def attention_bnsd(q, k, v, *, scale: float, causal: bool, window: int | None = None,
                    mask=None, kv_lens=None, chunk: int | None = None):
     """fp32 attention of q ``[B, H, Sq, D]`` over k/v ``[B, Hkv, Skv, D]`` with the
@@ -68,8 +75,7 @@ def attention_bnsd(q, k, v, *, scale: float, causal: bool, window: int | None = 
     hkv, skv = k.shape[1], k.shape[2]
     g = h // hkv
     causal = causal or window is not None
-    simple = mask is None and kv_lens is None and window is None and (
-        not causal or sq == 1 or sq == skv)
+    simple = no_mask_needed(sq, skv, causal, window, mask, kv_lens)
     if simple and (sq <= chunk or device_kind(q) != "cpu"):
         PATHS[("FlashAttention", "sdpa")] += 1
         return _sdpa_whole(q, k, v, scale, causal)
@@ -131,10 +137,16 @@ def flash_attention(p, ins):
     q, k, v = ins["q"], ins["k"], ins["v"]
     if dims.packed:
         q, k, v = split_packed(q, dims)
-    o = attention_bnsd(f32(to_bnsd(q, dims.layout, dims.heads)),
-                       f32(to_bnsd(k, dims.layout, dims.kv_heads)),
-                       f32(to_bnsd(v, dims.layout, dims.kv_heads)),
-                       scale=p.scale if p.scale is not None else dims.scale_default,
-                       causal=p.causal, window=p.window, mask=ins.get("mask"),
-                       kv_lens=ins.get("seq_lens"))
+    qb, kb, vb = (to_bnsd(t, dims.layout, h) for t, h in
+                  ((q, dims.heads), (k, dims.kv_heads), (v, dims.kv_heads)))
+    scale = p.scale if p.scale is not None else dims.scale_default
+    if (q.dtype in HALF and device_kind(q) == "cuda" and
+            no_mask_needed(dims.q_len, dims.kv_len, p.causal, p.window, ins.get("mask"),
+                           ins.get("seq_lens"))):
+        # GPU half: Paddle's flash attention (fp32 softmax inside, one rounding)
+        PATHS[("FlashAttention", "sdpa")] += 1
+        o = _sdpa_whole(qb, kb, vb, scale, p.causal)
+    else:
+        o = attention_bnsd(f32(qb), f32(kb), f32(vb), scale=scale, causal=p.causal,
+                           window=p.window, mask=ins.get("mask"), kv_lens=ins.get("seq_lens"))
     return [to_dtype(from_bnsd(o, dims.layout), ins["q"].dtype).contiguous()]
