@@ -1,0 +1,138 @@
+"""``compile(model, ...)``: make a model faster and keep its answers.
+
+    import atb_torch as atb
+    fast = atb.compile(hf_model, opt_level=2)             # LlamaForCausalLM, GPT2LMHeadModel, ...
+    out = fast(input_ids, attention_mask=mask)            # same outputs as hf_model
+    ids = fast.generate(input_ids, max_new_tokens=64)     # same tokens
+
+Accepted: Hugging Face ``transformers`` models of the families in :mod:`.arch`
+(``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
+``Qwen3ForCausalLM``, ``MixtralForCausalLM``, ``GPT2LMHeadModel``, their base models,
+``BertModel``; more through the ``atb_model_architecture`` plugin hook), a
+sentence-transformers model wrapping one of them, and models built from atb GraphOps
+(:mod:`.graph_model`). The original model is not modified.
+
+``opt_level``: 0 = op by op (atb kernels, the model's own weights, nothing fused);
+1 = standard fusion (merged QKV and gate|up weights, Add+Norm, RoPE on q and k
+together, FlashAttention, MoE); 2 = + memory planning and plan caching (decode runs
+as a prebuilt plan over preallocated buffers and a preallocated KV cache, reused
+every step); 3 = + device-graph capture (CUDA graphs; elsewhere it runs as 2, logged).
+``dtype``: compute/weight dtype (default: the model's). ``quantize="w8"``: weight-only
+int8 per output channel for every Linear. ``enable_prefix_caching``: batch-1
+``generate`` calls reuse the KV of a prompt prefix shared with the previous call.
+``enable_speculative``: greedy batch-1 ``generate`` uses prompt-lookup decoding.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from atbcore.dtypes import Dtype
+from atbcore.errors import CapabilityError, ParamsError
+from atbcore.log import logger
+
+__all__ = ["compile", "OPT_LEVELS"]
+
+OPT_LEVELS = {0: "op-by-op atb kernels", 1: "standard fusion",
+              2: "fusion + memory planning and plan caching",
+              3: "fusion + planning + device-graph capture"}
+
+
+def _dtype(dtype: Any) -> torch.dtype | None:
+    if dtype is None:
+        return None
+    try:
+        t = Dtype.of(dtype).torch
+    except (ValueError, TypeError, KeyError) as e:
+        raise ParamsError("compile", "dtype", "a float dtype (torch.float32, 'bf16', ...)",
+                          repr(dtype)) from e
+    if t not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ParamsError("compile", "dtype", "float32, float16 or bfloat16", repr(dtype))
+    return t
+
+
+def _check(mode: str, opt_level: Any, quantize: Any) -> None:
+    if mode != "infer":
+        raise CapabilityError("compile", "mode", "'infer' (compiled models are inference-only)",
+                              repr(mode))
+    if isinstance(opt_level, bool) or opt_level not in OPT_LEVELS:
+        raise ParamsError("compile", "opt_level", "0, 1, 2 or 3", repr(opt_level))
+    if quantize not in (None, "w8"):
+        raise ParamsError("compile", "quantize", "None or 'w8'", repr(quantize))
+
+
+def compile(model: Any, mode: str = "infer", opt_level: int = 2,
+            enable_prefix_caching: bool = False, enable_speculative: bool = False,
+            dtype: Any = None, quantize: str | None = None) -> Any:
+    """Compile ``model`` for inference; see the module docstring. Unsupported
+    architectures and config options raise CapabilityError naming them."""
+    _check(mode, opt_level, quantize)
+    tdtype = _dtype(dtype)
+    options = {"opt_level": opt_level, "enable_prefix_caching": bool(enable_prefix_caching),
+               "enable_speculative": bool(enable_speculative), "dtype": tdtype,
+               "quantize": quantize}
+    if _is_sentence_transformer(model):
+        return _compile_st(model, options)
+    if hasattr(model, "config") and hasattr(model.config, "model_type"):
+        return _compile_hf(model, options)
+    from .graph_model import compile_graph_model, is_graph_model
+
+    if is_graph_model(model):
+        return compile_graph_model(model, options)
+    raise CapabilityError("compile", "model type", "a Hugging Face transformers model, a "
+                          "sentence-transformers model or a model built from atb GraphOps",
+                          type(model).__name__)
+
+
+def _device_of(model: Any) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device("cpu")
+
+
+def _compile_hf(model: Any, options: dict) -> Any:
+    from .hf_model import wrap_hf
+    from .runner import ModelRunner
+
+    opt = options["opt_level"]
+    dev = _device_of(model)
+    if opt == 3 and dev.type != "cuda":
+        logger.info("compile: opt_level 3 captures CUDA graphs; on %s it runs as opt_level 2",
+                    dev.type)
+    runner = ModelRunner.from_hf(model, opt_level=opt, dtype=options["dtype"],
+                                 quantize=options["quantize"], device=dev)
+    logger.debug("compile: %s as %s, opt_level %d (%s), dtype %s, quantize %s",
+                 type(model).__name__, runner.spec.arch, opt, OPT_LEVELS[opt], runner.dtype,
+                 options["quantize"])
+    return wrap_hf(model, runner, options)
+
+
+# ----------------------------------------------------------------------------- sentence-transformers
+def _is_sentence_transformer(model: Any) -> bool:
+    return type(model).__module__.startswith("sentence_transformers") and \
+        isinstance(model, torch.nn.Module)
+
+
+def _compile_st(model: Any, options: dict) -> Any:
+    """A copy of the SentenceTransformer whose Transformer module runs the compiled
+    Hugging Face model (pooling, normalisation and ``encode`` are its own)."""
+    new = copy.copy(model)
+    new.__dict__["_modules"] = OrderedDict(model._modules)
+    done = 0
+    for name, mod in model._modules.items():
+        inner = mod._modules.get("model") if mod is not None else None
+        if inner is not None and hasattr(inner, "config") and hasattr(inner.config, "model_type"):
+            m2 = copy.copy(mod)
+            m2.__dict__["_modules"] = OrderedDict(mod._modules)
+            m2._modules["model"] = _compile_hf(inner, options)
+            new._modules[name] = m2
+            done += 1
+    if not done:
+        raise CapabilityError("compile", "sentence-transformers model", "a Transformer module "
+                              "wrapping a Hugging Face model", type(model).__name__)
+    return new

@@ -1,0 +1,115 @@
+"""``compile`` for models built from atb GraphOps (the seed's ``AcceleratedLLaMA``).
+
+Such a model is already atb: its blocks are GraphOps that fuse, plan and cache their
+own plans. ``compile`` wraps it (the model itself is not modified) so it runs without
+autograd and gains ``generate``::
+
+    model = atb.compile(AcceleratedLLaMA(...), mode="infer", opt_level=3)
+    ids = model.generate(input_ids, max_new_tokens=100)
+
+``generate`` expects ``forward(input_ids) -> logits [B, S, V]``. When the model keeps
+its KV state in a ``kv_cache`` attribute (the seed passes it to every GraphOp as
+``kv_cache=``), the state is reset, the prompt is run once and then one token per
+step; otherwise every step recomputes the whole sequence. Greedy by default;
+``do_sample=True`` samples with atb's seeded ``TopkToppSampling`` (``top_k``,
+``top_p``, ``temperature``, ``seed``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from atbcore.errors import CapabilityError
+
+__all__ = ["is_graph_model", "compile_graph_model", "CompiledGraphModel"]
+
+
+def _graph_ops(model: torch.nn.Module) -> list[Any]:
+    from atbcore.graph.graph_op import GraphOp
+
+    found = []
+    for mod in model.modules():
+        if type(mod).__name__ == "GraphOp":  # atb_torch.GraphOp, an nn.Module
+            found.append(mod)
+            continue
+        found += [v for v in vars(mod).values() if isinstance(v, GraphOp)]  # core GraphOps
+    return found
+
+
+def is_graph_model(model: Any) -> bool:
+    """True for a ``torch.nn.Module`` holding at least one atb GraphOp."""
+    return isinstance(model, torch.nn.Module) and bool(_graph_ops(model))
+
+
+class CompiledGraphModel(torch.nn.Module):
+    """See the module docstring; ``.model`` is the wrapped model, ``.graph_ops`` its
+    GraphOps (``explain()`` each to see fusion, kernels and launches)."""
+
+    def __init__(self, model: torch.nn.Module, options: dict) -> None:
+        super().__init__()
+        self.model = model
+        self.atb_options = dict(options)
+        self.graph_ops = _graph_ops(model)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():
+            return self.model(*args, **kwargs)
+
+    def reset_cache(self) -> bool:
+        """Empty the model's ``kv_cache`` state; False when it keeps none."""
+        m = self.model
+        if not hasattr(m, "kv_cache"):
+            return False
+        kv = m.kv_cache
+        if kv is None or isinstance(kv, (dict, list)):
+            m.kv_cache = None
+        elif hasattr(kv, "reset"):
+            kv.reset()
+        else:
+            raise CapabilityError("compile", "kv_cache state", "None, a dict, a list or a "
+                                  "cache with reset()", type(kv).__name__)
+        return True
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 20, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int | None = None, eos_token_id: int | None = None,
+                 attention_mask: Any = None) -> torch.Tensor:
+        """Prompt ``[B, S]`` -> ``[B, S + n]`` (see the module docstring)."""
+        if attention_mask is not None and not bool(attention_mask.bool().all()):
+            raise CapabilityError("compile", "padded prompts for a GraphOp model",
+                                  "prompts of equal length", "an attention mask with padding")
+        sampler = None
+        if do_sample:
+            from .layers import Kern
+
+            sampler = (Kern, dict(top_k=top_k, top_p=top_p, temperature=temperature))
+        incremental = self.reset_cache()
+        seq = input_ids
+        logits = self.model(seq)[:, -1]
+        finished = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
+        for i in range(max_new_tokens):
+            if sampler is None:
+                tok = logits.argmax(dim=-1)
+            else:
+                k = sampler[0]("TopkToppSampling", seed=None if seed is None else seed + i,
+                               **sampler[1])
+                tok = k(logits=logits.float())[0].to(seq.device)
+            if eos_token_id is not None:
+                tok = tok.masked_fill(finished, eos_token_id)
+                finished |= tok == eos_token_id
+            seq = torch.cat([seq, tok[:, None]], dim=1)
+            if i == max_new_tokens - 1 or bool(finished.all()):
+                break
+            logits = (self.model(tok[:, None]) if incremental else self.model(seq))[:, -1]
+        return seq
+
+
+def compile_graph_model(model: torch.nn.Module, options: dict) -> CompiledGraphModel:
+    """Wrap a GraphOp model (see the module docstring)."""
+    if options.get("quantize"):
+        raise CapabilityError("compile", "quantize for a GraphOp model", "None (quantize the "
+                              "GraphOp's Linear layers themselves)", options["quantize"])
+    return CompiledGraphModel(model, options)

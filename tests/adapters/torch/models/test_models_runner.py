@@ -1,0 +1,166 @@
+"""The ModelRunner API the serving code builds on: prebuilt decode plans (dynamic and
+the graph-capturable static variant) against the general path, the paged cache
+against the contiguous one, cache growth and conversion, prefix caching,
+prompt-lookup speculation, opt level 3 on the CPU."""
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from atbcore.memory import PagedKVCache
+from atbcore.numerics import assert_close
+from atb_torch.models import ContiguousKVCache, DecodePlan, ModelRunner, compile
+from atb_torch.models.plan import plan_for
+from tiny_models import left_padded, tiny
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny("llama")
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "gpt2", "mixtral"])
+def test_decode_plan_matches_general_path(arch):
+    m = tiny(arch)
+    fast, ref = ModelRunner.from_hf(m, opt_level=2), ModelRunner.from_hf(m, opt_level=1)
+    ids, mask = left_padded([4, 9], seed=8)
+    ca, cb = fast.new_cache(2, 8), ref.new_cache(2, 8)  # grows past 8 while decoding
+    la, lb = fast.prefill(ids, ca, attention_mask=mask), ref.prefill(ids, cb, attention_mask=mask)
+    assert_close(la, lb, "fp32", "prefill")
+    for step in range(12):
+        tok = lb.argmax(-1)
+        la, lb = fast.decode(tok, ca).clone(), ref.decode(tok, cb)
+        assert_close(la, lb, "fp32", f"{arch} step {step}")
+    assert fast.stats["plan_steps"] == 12 and ref.stats["plan_steps"] == 0
+    assert ca.length == cb.length == ids.shape[1] + 12
+    assert ca.capacity >= ca.length and fast.stats["plans_built"] >= 2  # rebuilt after growth
+
+
+def test_static_plan_matches_dynamic(llama):
+    r = ModelRunner.from_hf(llama, opt_level=2)
+    ids, mask = left_padded([3, 7], seed=9)
+    ca, cb = r.new_cache(2, 32), r.new_cache(2, 32)
+    la = r.prefill(ids, ca, attention_mask=mask).clone()
+    lb = r.prefill(ids, cb, attention_mask=mask).clone()
+    dyn = plan_for(r, ca)
+    static = DecodePlan(r, cb, static=True)  # what opt 3 captures on CUDA
+    assert not dyn.static and static.static and static.graph is None
+    pa = pb = (mask.sum(1)).long()
+    for step in range(6):
+        tok = la.argmax(-1)
+        la = dyn.step(tok, pa).clone()
+        lb = static.step(tok, pb).clone()
+        assert_close(lb, la, "fp32", f"static step {step}")
+        pa = pb = pa + 1
+    assert 0 < dyn.launches == static.launches
+
+
+def test_paged_forward_matches_contiguous(llama):
+    r = ModelRunner.from_hf(llama, opt_level=2)
+    s = r.spec
+    prompts = [torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(n))
+               for n in (5, 11)]
+    paged = PagedKVCache(s.num_layers, num_blocks=32, block_size=4, num_kv_heads=s.num_kv_heads,
+                         head_dim=s.head_dim, dtype="fp32", enable_prefix_caching=True)
+    batch = paged.prepare_prefill(["a", "b"], [p.tolist() for p in prompts])
+    logits = r.forward_paged(torch.cat(prompts), batch, paged)
+    paged.mark_computed(["a", "b"])
+    refs = []
+    for p in prompts:
+        c = r.new_cache(1, 64)
+        refs.append((c, r.prefill(p[None], c)))
+    assert_close(logits, torch.cat([x[1] for x in refs]), "fp32", "paged prefill")
+    toks = [p.tolist() for p in prompts]
+    for step in range(5):
+        nxt = logits.argmax(-1)
+        batch = paged.prepare_decode(["a", "b"], [[int(t)] for t in nxt])
+        logits = r.forward_paged(nxt, batch, paged)
+        for i, (c, _) in enumerate(refs):
+            ref = r.decode(nxt[i:i + 1], c)
+            assert_close(logits[i:i + 1], ref, "fp32", f"paged decode {step} seq {i}")
+        for i, t in enumerate(nxt.tolist()):
+            toks[i].append(t)
+    # prefix caching: a prompt sharing b's first 8 tokens reuses two full blocks
+    p3 = torch.tensor(toks[1][:8] + [7, 8, 9])
+    batch = paged.prepare_prefill(["c"], [p3.tolist()])
+    assert batch.num_cached == [8]
+    out = r.forward_paged(p3[8:], batch, paged)
+    c = r.new_cache(1, 32)
+    assert_close(out, r.prefill(p3[None], c), "fp32", "prefix-cached prefill")
+    # all_logits: one row per new token (speculative verification)
+    paged.mark_computed(["c"])
+    batch = paged.prepare_decode(["c"], [[5, 6]], num_tokens=2)
+    assert r.forward_paged(torch.tensor([5, 6]), batch, paged, all_logits=True).shape == (2, 256)
+
+
+def test_hf_cache_in_and_growth(llama):
+    from transformers import DynamicCache
+
+    c = compile(llama)
+    ids, _ = left_padded([6], seed=11)
+    with torch.no_grad():
+        r = llama(ids, use_cache=True)
+        assert isinstance(r.past_key_values, DynamicCache)
+        tok = r.logits[:, -1:].argmax(-1)
+        # an HF DynamicCache from the uncompiled model is read in (copied: HF appends in place)
+        out = c(tok, past_key_values=copy.deepcopy(r.past_key_values))
+        ref = llama(tok, past_key_values=r.past_key_values)
+    assert_close(out.logits, ref.logits, "fp32", "from DynamicCache")
+    k_hf, v_hf = ref.past_key_values.layers[1].keys, ref.past_key_values.layers[1].values
+    assert_close(out.past_key_values.layers[1].keys, k_hf, "fp32", "keys view")
+    assert_close(out.past_key_values[1][1], v_hf, "fp32", "values view")
+    # growth: a runner cache of 2 slots grows while tokens arrive one at a time
+    run = c.atb_runner
+    kv = run.new_cache(1, 2)
+    outs = [run.forward(ids[:, i:i + 1], kv)[:, -1] for i in range(ids.shape[1])]
+    assert kv.capacity >= 6 and kv.length == 6
+    with torch.no_grad():
+        full = llama(ids).logits[0]
+    assert_close(torch.cat(outs), full, "fp32", "token by token through growth")
+
+
+def test_prefix_caching_generate(llama):
+    c = compile(llama, enable_prefix_caching=True)
+    p1, _ = left_padded([10], seed=12)
+    g1 = c.generate(p1, max_new_tokens=6, do_sample=False)
+    p2 = torch.cat([g1[:, :14], torch.tensor([[5, 6, 7]])], dim=1)
+    g2 = c.generate(p2, max_new_tokens=6, do_sample=False)
+    assert c.atb_runner.stats["prefix_hits"] == 14
+    assert torch.equal(g2, llama.generate(p2, max_new_tokens=6, do_sample=False))
+    assert torch.equal(g1, llama.generate(p1, max_new_tokens=6, do_sample=False))
+
+
+def test_speculative_prompt_lookup_same_tokens(llama):
+    c = compile(llama, enable_speculative=True)
+    p = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]])
+    ref = llama.generate(p, max_new_tokens=16, do_sample=False)
+    out = c.generate(p, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert c.atb_runner.stats["general_steps"] > 1  # multi-token verification steps ran
+
+
+def test_opt3_on_cpu_runs_as_opt2(llama, caplog):
+    with caplog.at_level(logging.INFO, logger="atb"):
+        c = compile(llama, opt_level=3)
+    assert "runs as opt_level 2" in caplog.text
+    ids, _ = left_padded([5], seed=13)
+    assert torch.equal(c.generate(ids, max_new_tokens=8, do_sample=False),
+                       llama.generate(ids, max_new_tokens=8, do_sample=False))
+    kv = next(iter(c.atb_runner.new_cache(1, 4).__dict__.get("plans", {}).values()), None)
+    assert kv is None
+
+
+def test_contiguous_cache_editing():
+    kv = ContiguousKVCache(2, 3, 4, 2, 8)
+    k = torch.arange(3 * 2 * 16, dtype=torch.float32).reshape(3, 2, 16)
+    kv.write(1, k, -k, 0)
+    kv.length = 2
+    kv.select(torch.tensor([2, 0]))
+    assert kv.batch == 2 and torch.equal(kv.view(1, 2)[0], k[[2, 0]])
+    assert torch.equal(kv.view(1, 2)[1], -k[[2, 0]])
+    kv.crop(1)
+    assert kv.length == 1
+    with pytest.raises(Exception, match="write past the cache"):
+        kv.write(0, torch.zeros(2, 5, 16), torch.zeros(2, 5, 16), 0)
