@@ -1,0 +1,210 @@
+"""Measurement tools of ``atb bench``: op counting, allocator peaks, resident bytes,
+interleaved timing and the weight-matmul floor.
+
+What each number means (the bench prints and stores them as is):
+
+* **launches per step** — for Hugging Face eager, the aten ops a decode step dispatches
+  that compute something (every op whose schema is not a view, counted by a
+  ``TorchDispatchMode``); for atb, the executor's own launch counter (each chosen
+  kernel's declared launches).
+* **peak memory** — ``resident`` bytes (unique tensor storages the model holds:
+  weights, preallocated caches) plus the **allocator-level** transient peak of one run,
+  read from ``torch.profiler`` memory events (every CPU/CUDA allocator allocation and
+  free in time order; the running sum's maximum above the level at the start).
+  Process RSS is not used: it carries other allocations and the parent's history.
+* **weight-matmul floor** — the time of the weight matmuls of one decode step alone
+  (each weight once, at the batch's row count, best of ``F.linear`` and a matmul
+  against a pre-transposed copy): what a step costs when everything else is free;
+  on CPU decode this is the memory-bandwidth limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import statistics
+import time
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["OpCounter", "count_ops", "allocator_peak", "resident_bytes", "interleaved",
+           "median", "weight_matmul_floor", "quiet_stderr"]
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched inside it: ``compute`` (non-view) and ``views``;
+    ``by_op`` maps op name to count (compute ops only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compute = 0
+        self.views = 0
+        self.by_op: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        if func.is_view:
+            self.views += 1
+        else:
+            self.compute += 1
+            key = str(func.overloadpacket)
+            self.by_op[key] = self.by_op.get(key, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], Any]) -> OpCounter:
+    """Run ``fn`` once under an :class:`OpCounter` and return the counter."""
+    with OpCounter() as c:
+        fn()
+    return c
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (kineto prints start/stop lines from C++)."""
+    try:
+        fd = os.dup(2)
+    except OSError:  # no stderr to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.close(devnull)
+
+
+def allocator_peak(fn: Callable[[], Any]) -> int:
+    """Peak bytes allocated (above the level at the start) while ``fn`` runs, from the
+    profiler's allocator events; frees of older blocks are not seen, so the peak is
+    never understated by them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    cur = peak = 0
+    for _, n in events:
+        cur += n
+        peak = max(peak, cur)
+    return peak
+
+
+def _tensors_in(obj: Any, seen: set[int], depth: int) -> Iterator[torch.Tensor]:
+    """Tensors reachable from ``obj`` through modules, containers and attributes."""
+    if depth < 0 or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        return
+    if isinstance(obj, torch.nn.Module):
+        yield from obj.parameters()
+        yield from obj.buffers()
+    if isinstance(obj, Mapping):
+        items: Iterable[Any] = obj.values()
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = obj
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        items = vars(obj).values()
+    elif hasattr(obj, "__slots__"):
+        items = [getattr(obj, s, None) for s in obj.__slots__]
+    else:
+        return
+    for v in items:
+        if isinstance(v, (str, bytes, int, float, bool, type(None))):
+            continue
+        yield from _tensors_in(v, seen, depth - 1)
+
+
+def resident_bytes(*objs: Any, depth: int = 12) -> int:
+    """Bytes of the unique tensor storages reachable from ``objs`` (weights, caches,
+    packed copies); a storage shared by several views counts once."""
+    seen: set[int] = set()
+    storages: dict[tuple[str, int], int] = {}
+    for obj in objs:
+        for t in _tensors_in(obj, seen, depth):
+            if t.is_meta:
+                continue
+            try:
+                st = t.untyped_storage()
+                storages[(str(t.device), st.data_ptr())] = st.nbytes()
+            except (RuntimeError, NotImplementedError):  # e.g. tensor subclasses without storage
+                storages[(str(t.device), id(t))] = t.numel() * t.element_size()
+    return sum(storages.values())
+
+
+def median(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def interleaved(runs: Mapping[str, Callable[[], Any]], repeats: int, warmup: int = 1,
+                on_step: Callable[[str], None] | None = None) -> dict[str, list[tuple[float, Any]]]:
+    """Run each callable ``warmup`` times, then ``repeats`` rounds of all of them in
+    turn (ABAB..., the order rotated each round so none always follows the same one).
+    Returns ``(wall seconds, result)`` of every timed run per name; ``on_step(name)``
+    is called after each run (progress bars)."""
+    names = list(runs)
+    for _ in range(warmup):
+        for n in names:
+            runs[n]()
+            if on_step:
+                on_step(n)
+    out: dict[str, list[tuple[float, Any]]] = {n: [] for n in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            t0 = time.perf_counter()
+            res = runs[n]()
+            out[n].append((time.perf_counter() - t0, res))
+            if on_step:
+                on_step(n)
+    return out
+
+
+def _time_best(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def weight_matmul_floor(weights: Iterable[torch.Tensor], rows: int, dtype: torch.dtype,
+                        quantize: str | None = None, repeats: int = 5) -> dict[str, float]:
+    """Seconds the weight matmuls of one decode step take alone (see module doc).
+
+    ``weights`` are ``[out, in]`` matrices (every projection of every layer and the LM
+    head, each once). With ``quantize="w8"`` each weight is int8 per output channel
+    and timed through ``aten._weight_int8pack_mm`` (bf16 activations), the weight-only
+    int8 kernel. Returns ``seconds`` and ``bytes`` (weight bytes read) and ``gbps``."""
+    total, nbytes = 0.0, 0
+    with torch.inference_mode():
+        for w in weights:
+            w = w.detach()
+            if quantize == "w8":
+                scale = w.float().abs().amax(dim=1).clamp_min(1e-8) / 127.0
+                q = torch.round(w.float() / scale[:, None]).to(torch.int8).contiguous()
+                x = torch.randn(rows, w.shape[1], dtype=torch.bfloat16)
+                s = scale.to(torch.bfloat16)
+                t = _time_best(lambda: torch.ops.aten._weight_int8pack_mm(x, q, s), repeats)
+                nbytes += q.numel() + s.numel() * 2
+            else:
+                wd = w.to(dtype).contiguous()
+                wt = wd.t().contiguous()
+                x = torch.randn(rows, w.shape[1], dtype=dtype)
+                t = min(_time_best(lambda: torch.nn.functional.linear(x, wd), repeats),
+                        _time_best(lambda: torch.mm(x, wt), repeats))
+                nbytes += wd.numel() * wd.element_size()
+            total += t
+    return {"seconds": total, "bytes": nbytes, "gbps": nbytes / total / 1e9 if total else 0.0}

@@ -1,0 +1,214 @@
+"""``LLM``: generate text from a local Hugging Face checkpoint with atb.
+
+    llm = LLM("path/to/checkpoint")                   # safetensors + tokenizer, local only
+    llm.generate("Once upon a time", max_new_tokens=32)           # -> str
+    llm.generate(["a", "b", "c"], max_new_tokens=32, temperature=0.8, top_p=0.9, seed=1)
+    for ev in llm.stream("Hello", max_new_tokens=16):             # tokens as they come
+        print(ev.text, end="", flush=True)
+    llm.last_stats.acceptance_rate                                # with enable_speculative
+
+The model is compiled once (``atb_torch.compile``: fused blocks, prepared weights);
+requests are served by continuous batching over a paged KV cache with prefix caching
+(see :mod:`.engine`). Greedy decoding (``temperature=0``, the default) gives exactly
+the tokens the model's argmax gives; sampling is reproducible for a ``seed`` and
+independent of which other prompts share the batch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from atbcore.errors import InputError, ParamsError
+
+from .checkpoint import load_checkpoint
+from .detok import Detokenizer
+from .engine import Engine, Request, SpecConfig
+from .outputs import GenerationStats, RequestOutput, TokenEvent
+from .sampling import SamplingConfig
+
+__all__ = ["LLM"]
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def _dtype(d: Any) -> torch.dtype | None:
+    if d is None or isinstance(d, torch.dtype):
+        return d
+    try:
+        return _DTYPES[str(d).lower()]
+    except KeyError:
+        raise ParamsError("LLM", "dtype", sorted(_DTYPES), repr(d)) from None
+
+
+def build_runner(model: Any, dtype: torch.dtype | None, quantize: str | None,
+                 opt_level: int, **flags: Any) -> Any:
+    """The compiled model's runner (``atb_torch.compile(model).atb_runner``)."""
+    try:
+        from ..models.compile import compile as atb_compile
+    except ImportError:  # the compile front door not there: build the runner directly
+        from ..models.runner import ModelRunner
+
+        return ModelRunner.from_hf(model, opt_level=opt_level, dtype=dtype, quantize=quantize)
+    compiled = atb_compile(model, opt_level=opt_level, dtype=dtype, quantize=quantize, **flags)
+    return compiled.atb_runner
+
+
+class LLM:
+    """Text generation from a local checkpoint directory (see the module docstring).
+
+    ``model``: a checkpoint directory (``config.json``, ``*.safetensors``, tokenizer
+    files; pickle ``.bin`` weights are refused) — or an already loaded causal LM with
+    ``tokenizer=`` (or none: then prompts are token-id lists and texts are empty).
+    ``dtype`` (``"fp32"``, ``"bf16"``, ``"fp16"`` or a torch dtype; default: the
+    checkpoint's), ``quantize`` None | ``"w8"``, ``enable_prefix_caching``,
+    ``enable_speculative`` (prompt-lookup drafts of ``num_speculative_tokens``).
+    Serving limits: ``max_batch_size`` running sequences, ``max_prefill_tokens`` per
+    prefill step, the KV cache as ``num_blocks`` blocks of ``block_size`` tokens
+    (default: room for ``max_batch_size`` full-length sequences within
+    ``kv_cache_memory`` bytes)."""
+
+    def __init__(self, model: str | os.PathLike | Any, device: str = "cpu", dtype: Any = None,
+                 quantize: str | None = None, enable_prefix_caching: bool = True,
+                 enable_speculative: bool = False, *, tokenizer: Any = None,
+                 opt_level: int = 2, max_batch_size: int = 32, max_prefill_tokens: int = 4096,
+                 block_size: int = 16, num_blocks: int | None = None,
+                 kv_cache_memory: int = 512 * 2**20, num_speculative_tokens: int = 4,
+                 max_model_len: int | None = None) -> None:
+        if quantize not in (None, "w8"):
+            raise ParamsError("LLM", "quantize", "None or 'w8'", repr(quantize))
+        tdtype = _dtype(dtype)
+        if isinstance(model, (str, os.PathLike)):
+            hf, tok = load_checkpoint(model, dtype=tdtype, device=device)
+            self.path = str(model)
+        else:
+            hf, tok, self.path = model, tokenizer, None
+        self.tokenizer = tok if tokenizer is None else tokenizer
+        self.config = hf.config
+        self.runner = build_runner(hf, tdtype, quantize, opt_level)
+        self.device, self.dtype = self.runner.device, self.runner.dtype
+        spec = self.runner.spec
+        if spec.kind != "decoder" or self.runner.lm_head is None:
+            raise InputError("LLM", "model", "a causal LM (decoder with an LM head)", spec.arch)
+        self.max_model_len = max_model_len or getattr(hf.config, "max_position_embeddings", None)
+        self.eos_ids = self._eos_ids(hf)
+        del hf  # the runner holds what it needs; drop HF's copies of the weights
+        from atbcore.memory import PagedKVCache
+
+        per_block = 2 * spec.num_layers * block_size * spec.kv_size * \
+            torch.empty((), dtype=self.dtype).element_size()
+        if num_blocks is None:
+            want = -(-max_batch_size * (self.max_model_len or 2048) // block_size)
+            num_blocks = max(1, min(want, kv_cache_memory // per_block))
+        self.cache = PagedKVCache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads,
+                                  spec.head_dim, dtype=self.dtype, device=str(self.device),
+                                  enable_prefix_caching=enable_prefix_caching)
+        self.enable_speculative = enable_speculative
+        self.engine = Engine(self.runner, self.cache, max_batch_size, max_prefill_tokens,
+                             self.max_model_len,
+                             SpecConfig(num_speculative_tokens) if enable_speculative else None)
+        self.last_stats = GenerationStats()
+
+    @staticmethod
+    def _eos_ids(hf: Any) -> frozenset[int]:
+        ids: set[int] = set()
+        for cfg in (getattr(hf, "generation_config", None), hf.config):
+            e = getattr(cfg, "eos_token_id", None) if cfg is not None else None
+            if e is not None:
+                ids.update([e] if isinstance(e, int) else e)
+        return frozenset(ids)
+
+    # ------------------------------------------------------------------ requests
+    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InputError("LLM.generate", "prompt", "token ids (no tokenizer loaded)", "str")
+            ids = self.tokenizer(prompt).input_ids
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise InputError("LLM.generate", "prompt", "at least one token", "an empty prompt")
+        vocab = self.runner.embed_w.shape[0]
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InputError("LLM.generate", "prompt token ids", f"in [0, {vocab})", bad[:5])
+        return list(ids)
+
+    def _requests(self, prompts: Any, max_new_tokens: int, stop: Any,
+                  ignore_eos: bool) -> tuple[list[Request], bool]:
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int))
+        items = [prompts] if single else list(prompts)
+        if not items:
+            raise InputError("LLM.generate", "prompts", "a prompt or a non-empty list", "[]")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
+                max_new_tokens < 1:
+            raise ParamsError("LLM.generate", "max_new_tokens", "an int >= 1", repr(max_new_tokens))
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        eos = frozenset() if ignore_eos else self.eos_ids
+        reqs = [Request(i, self._encode(p), max_new_tokens, eos, Detokenizer(self.tokenizer, stops))
+                for i, p in enumerate(items)]
+        return reqs, single
+
+    # ------------------------------------------------------------------ API
+    def stream(self, prompts: Any, max_new_tokens: int = 64, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Any = None,
+               ignore_eos: bool = False) -> Iterator[TokenEvent]:
+        """Yield :class:`TokenEvent` s as tokens are produced (``event.index`` says
+        which prompt of a list); the same tokens :meth:`generate` returns."""
+        seeds = None if isinstance(seed, int) else list(seed)
+        sampling = SamplingConfig(float(temperature), top_k, float(top_p),
+                                  seed if seeds is None else 0)
+        reqs, _ = self._requests(prompts, max_new_tokens, stop, ignore_eos)
+        if seeds is not None and (len(seeds) != len(reqs) or any(
+                isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)):
+            raise ParamsError("LLM.generate", "seed", f"an int or {len(reqs)} ints >= 0 "
+                              "(one per prompt)", seeds)
+        for r in reqs:  # see .sampling: a list's prompts draw from streams 0, 1, ...
+            r.key = (seed, r.index) if seeds is None else (seeds[r.index], 0)
+        self.last_stats = stats = GenerationStats(requests=len(reqs))
+        self._last_requests = reqs
+        yield from self.engine.run(reqs, sampling, stats)
+
+    def generate_outputs(self, prompts: Any, max_new_tokens: int = 64, temperature: float = 0.0,
+                         top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Any = None,
+                         ignore_eos: bool = False) -> list[RequestOutput]:
+        """Like :meth:`generate`, returning a :class:`RequestOutput` per prompt (token
+        ids, finish reason, prefix-cache hits) in prompt order."""
+        for _ in self.stream(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                             ignore_eos):
+            pass
+        return [RequestOutput(r.index, r.prompt, list(r.output), r.detok.text, r.finish_reason,
+                              r.num_cached) for r in self._last_requests]
+
+    def generate(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+                 max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, stop: str | Sequence[str] | None = None,
+                 ignore_eos: bool = False) -> str | list[str]:
+        """Generated text for one prompt (a ``str`` back) or a list (a list back).
+
+        ``temperature`` 0 = greedy; otherwise seeded top-k/top-p sampling with the
+        ``TopkToppSampling`` op's semantics: with one ``seed``, prompt ``i`` of a list
+        draws from stream ``i`` of it; a list of seeds gives each prompt its own
+        (prompt ``i`` with ``seed=[.., s_i, ..]`` samples what it samples alone with
+        ``seed=s_i``). ``stop``: strings that end a request
+        (cut from its text). ``ignore_eos`` keeps going past end-of-sequence ids."""
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int))
+        outs = self.generate_outputs(prompts, max_new_tokens, temperature, top_k, top_p, seed,
+                                     stop, ignore_eos)
+        texts = [o.text for o in outs]
+        return texts[0] if single else texts
+
+    @property
+    def stats(self) -> GenerationStats:
+        """Statistics of the last ``generate`` / ``stream`` call."""
+        return self.last_stats
+
+    def __repr__(self) -> str:
+        s = self.runner.spec
+        return (f"LLM({self.path or s.arch}, {s.num_layers} layers, {self.dtype}, "
+                f"{self.device}, cache={self.cache})")

@@ -1,0 +1,49 @@
+"""`atb generate`: the LLM's text for a local checkpoint, printed by the CLI."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters" / "torch" / "llm"))
+from llm_checkpoint import build_checkpoint  # noqa: E402
+
+from atbcore.cli.main import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return build_checkpoint(tmp_path_factory.mktemp("cli-llama"))
+
+
+def test_generate_prints_the_llm_text(ckpt, capsys):
+    from atb_torch.llm import LLM
+
+    want = LLM(ckpt).generate_outputs(["hello world", "the quick"], max_new_tokens=12)
+    assert main(["generate", "--model", str(ckpt), "--prompt", "hello world",
+                 "--max-new-tokens", "12"]) == 0
+    assert capsys.readouterr().out == want[0].text + "\n"
+    assert main(["generate", "--model", str(ckpt), "--prompt", "hello world", "--prompt",
+                 "the quick", "--max-new-tokens", "12", "--stats"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == f"--- [0] hello world\n{want[0].text}\n--- [1] the quick\n{want[1].text}\n"
+    stats = json.loads(cap.err[cap.err.index("{"):])
+    assert stats["requests"] == 2 and stats["generated_tokens"] == sum(
+        len(o.token_ids) for o in want)
+
+
+def test_generate_streams_and_reports_errors(ckpt, tmp_path, capsys):
+    from atb_torch.llm import LLM
+
+    want = LLM(ckpt, enable_speculative=True).generate("one two three one two three",
+                                                       max_new_tokens=10)
+    out = subprocess.run(["atb", "generate", "--model", str(ckpt), "--prompt",
+                          "one two three one two three", "--max-new-tokens", "10", "--stream",
+                          "--speculative"], capture_output=True, text=True, check=True).stdout
+    assert out == want + "\n"
+    (tmp_path / "config.json").write_text((ckpt / "config.json").read_text())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "hi"]) == 1
+    assert "pickle" in capsys.readouterr().err
