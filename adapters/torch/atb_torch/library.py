@@ -22,7 +22,9 @@ from atbcore.ops import get_op
 from atbcore.ops.base import Params
 from atbcore.tensor import describe
 
-__all__ = ["call_kernel", "OPS"]
+from .devices import check_devices
+
+__all__ = ["call_kernel", "OPS", "register"]
 
 OPS: dict[str, str] = {}  # torch.ops.atb name -> core op name
 
@@ -35,6 +37,10 @@ def _params(op: str, items: tuple) -> Params:
 def call_kernel(op: str, params: dict[str, Any], **ins: Tensor | None) -> list[Tensor]:
     """Validate like ``Operation.execute`` does, then run the torch kernel directly."""
     opdef = get_op(op)
+    kernel = get_backend("torch").kernel(op)
+    if kernel is None:
+        raise AtbError(op, "no torch kernel", "a registered torch kernel", "none")
+    check_devices(op, [t for t in ins.values() if isinstance(t, Tensor)], kernel.devices)
     p = _params(op, tuple(sorted(params.items())))
     descs = {n: (None if t is None else describe(t)) for n, t in ins.items()}
     for n in opdef.input_names:
@@ -42,9 +48,6 @@ def call_kernel(op: str, params: dict[str, Any], **ins: Tensor | None) -> list[T
         ins.setdefault(n, None)
     opdef.infer_shape(p, descs)
     opdef.check_values(p, ins)
-    kernel = get_backend("torch").kernel(op)
-    if kernel is None:
-        raise AtbError(op, "no torch kernel", "a registered torch kernel", "none")
     outs = list(kernel.fn(p, ins))
     # functional custom ops must not return views of their inputs
     inputs = [t for t in ins.values() if isinstance(t, Tensor)]
@@ -53,13 +56,6 @@ def call_kernel(op: str, params: dict[str, Any], **ins: Tensor | None) -> list[T
                           and o.numel() > 0) for t in inputs):
             outs[i] = o.clone()
     return outs
-
-
-def _no_grad(op: str, *ts: Tensor | None) -> None:
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts):
-        raise AtbError(op, "autograd is not supported (inference-only op)",
-                       "inputs that do not require grad (use torch.no_grad())",
-                       "a tensor with requires_grad=True")
 
 
 def _register(name: str, core: str, autograd_guard: bool = True):
@@ -77,6 +73,9 @@ def _register(name: str, core: str, autograd_guard: bool = True):
         return op
 
     return deco
+
+
+register = _register  # the public name, for the sibling library_* modules
 
 
 # ----------------------------------------------------------------------------- norms
@@ -243,3 +242,7 @@ OPS["reshape_and_cache"] = "ReshapeAndCache"
 @reshape_and_cache.register_fake
 def _(key, value, key_cache, value_cache, slot_mapping):
     return None
+
+
+# The other families register on import, so ``import atb_torch.library`` gives every op.
+from . import library_act, library_misc, library_graph  # noqa: E402,F401

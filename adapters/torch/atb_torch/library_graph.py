@@ -1,0 +1,86 @@
+"""``torch.ops.atb.graph_op``: a whole GraphOp as one custom op.
+
+    outs = torch.ops.atb.graph_op(handle, [x, past_k, past_v], [w0, w1, ...])
+
+``handle`` names a registered runner (an ``atb_torch.GraphOp`` registers itself at
+construction); ``inputs`` are the graph inputs in graph order; ``weights`` are the
+module's parameters in a fixed order, passed as arguments so that under
+``torch.compile`` they are graph inputs (the op reads the current values, never a
+constant folded at trace time). The real kernel runs the fused, planned core graph
+(one custom-op call in the traced graph = one GraphOp); the fake kernel asks the
+core for the output descriptors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from atbcore.errors import AtbError
+
+from .library import OPS
+
+__all__ = ["GraphRunner", "register_runner", "get_runner", "graph_op"]
+
+
+class GraphRunner(Protocol):
+    """What ``graph_op`` calls: run on real tensors, or describe outputs for fakes."""
+
+    name: str
+
+    def run(self, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]: ...
+
+    def fake(self, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]: ...
+
+
+_RUNNERS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_NEXT = itertools.count(1)
+
+
+def register_runner(runner: Any) -> int:
+    """Register ``runner`` (held weakly) and return its handle."""
+    h = next(_NEXT)
+    _RUNNERS[h] = runner
+    return h
+
+
+def get_runner(handle: int) -> Any:
+    r = _RUNNERS.get(handle)
+    if r is None:
+        raise AtbError("graph_op", "unknown or destroyed GraphOp handle", "a live GraphOp",
+                       handle)
+    return r
+
+
+def _graph_op(handle: int, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]:
+    runner = get_runner(handle)
+    outs = runner.run(list(inputs), list(weights))
+    # A custom op must not return its inputs or views of them.
+    ptrs = {t.untyped_storage().data_ptr() for t in (*inputs, *weights) if t.numel()}
+    return [o.clone() if o.numel() and o.untyped_storage().data_ptr() in ptrs else o
+            for o in outs]
+
+
+graph_op = torch.library.custom_op("atb::graph_op", _graph_op, mutates_args=())
+OPS["graph_op"] = "GraphOp"
+
+
+@graph_op.register_fake
+def _(handle, inputs, weights):
+    return get_runner(handle).fake(list(inputs), list(weights))
+
+
+def _backward(ctx, *grads):
+    raise AtbError(ctx.name, "backward is not implemented (inference-only GraphOp)",
+                   "no gradient through atb GraphOps", "a backward call")
+
+
+def _setup(ctx, inputs, output):
+    ctx.name = get_runner(inputs[0]).name
+
+
+graph_op.register_autograd(_backward, setup_context=_setup)
