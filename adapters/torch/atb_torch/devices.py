@@ -91,8 +91,8 @@ def resolve_device(device: Any, op: str = "atb_torch") -> torch.device:
                               "torch_npu) or a cpu/cuda device", text)
         import torch_npu  # noqa: F401  (registers the npu device with torch)
     elif kind == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(op, "CUDA device", "a machine with a CUDA GPU (torch.cuda.is_available())",
-                          text)
+        raise DeviceError(op, "CUDA device",
+                          "a machine with a CUDA GPU (torch.cuda.is_available())", text)
     try:
         return torch.device(text)
     except RuntimeError as e:

@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.nn.parameter import is_lazy
+from torch.nn.parameter import UninitializedParameter, is_lazy
 
 from atbcore.errors import AtbError, GraphError, InputError, ParamsError
 from atbcore.graph.graph_op import make_fusion_config
@@ -195,7 +195,7 @@ class GraphOp(nn.Module):
             raise InputError(self.name, "number of inputs", "at least 1", 0)
         xs = [as_torch(x, self.name) for x in inputs]
         if torch.compiler.is_compiling():
-            if any(is_lazy(p) for p in self.parameters()):
+            if any(isinstance(p, UninitializedParameter) for p in self.parameters()):
                 raise AtbError(self.name, "uninitialised parameters under torch.compile",
                                "one eager call or load_state_dict before compiling", "lazy")
         else:

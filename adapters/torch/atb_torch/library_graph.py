@@ -37,18 +37,19 @@ class GraphRunner(Protocol):
     def fake(self, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]: ...
 
 
-_RUNNERS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_RUNNERS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 _NEXT = itertools.count(1)
 
 
-def register_runner(runner: Any) -> int:
-    """Register ``runner`` (held weakly) and return its handle."""
-    h = next(_NEXT)
+def register_runner(runner: Any) -> str:
+    """Register ``runner`` (held weakly) and return its handle (a string, so that
+    ``torch.compile`` keeps it a constant instead of a symbolic int)."""
+    h = f"{getattr(runner, 'name', 'graph_op')}#{next(_NEXT)}"
     _RUNNERS[h] = runner
     return h
 
 
-def get_runner(handle: int) -> Any:
+def get_runner(handle: str) -> Any:
     r = _RUNNERS.get(handle)
     if r is None:
         raise AtbError("graph_op", "unknown or destroyed GraphOp handle", "a live GraphOp",
@@ -56,7 +57,7 @@ def get_runner(handle: int) -> Any:
     return r
 
 
-def _graph_op(handle: int, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]:
+def _graph_op(handle: str, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]:
     runner = get_runner(handle)
     outs = runner.run(list(inputs), list(weights))
     # A custom op must not return its inputs or views of them.

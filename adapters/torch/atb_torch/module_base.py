@@ -142,7 +142,9 @@ class AtbModule(_LazyStateMixin, nn.Module):
         return dict(self.named_parameters())
 
     def has_lazy(self) -> bool:
-        return any(is_lazy(p) for p in self.parameters())
+        """Whether a parameter still waits for its shape (isinstance, which
+        torch.compile can trace, unlike ``is_lazy``)."""
+        return any(isinstance(p, UninitializedParameter) for p in self.parameters())
 
     def materialize(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Give uninitialised parameters these shapes and initialise them."""
