@@ -101,6 +101,10 @@ class ContiguousKVCache:
         """The whole value buffer of ``layer``: ``[B, capacity, Hkv, D]``."""
         return self._kv[layer, 1]
 
+    def layer(self, layer: int) -> torch.Tensor:
+        """Keys and values of ``layer`` together: ``[2, B, capacity, Hkv, D]``."""
+        return self._kv[layer]
+
     # ------------------------------------------------------------------ access
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
         """Store ``k``/``v`` ``[B, T, Hkv*D]`` (or ``[B, T, Hkv, D]``) at slots

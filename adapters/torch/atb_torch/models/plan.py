@@ -1,22 +1,29 @@
 """The decode step as a prebuilt plan: a list of bound calls over preallocated buffers.
 
 Built once per (cache, batch, padding) and reused for every step; running a step is
-``for call in calls: call()`` — each call a ``functools.partial`` of one torch op with
-its tensors bound (GEMVs ``mm(h, W_t, out=buf)`` against pre-transposed weights,
-in-place residual adds, the RoPE rotation written into the cache slot), or a small
-closure where the op reads the current length (cache slot, attention span) or is an
-atb kernel that returns a fresh tensor (norms, activations: copied into the buffer,
-so a faster kernel registered for the op later is picked up unchanged).
+``for call in calls: call()``. Each call is a ``functools.partial`` of one torch op
+with its tensors bound, or a small closure where an op reads the current length
+(cache slot, attention span) or is an atb kernel returning a fresh tensor (norms,
+activations, attention), which is then consumed in the same closure — so a faster
+kernel registered for the op later is picked up unchanged. Per layer:
+
+    mm(norm(x), W_qkv_t, out=qkv)                   # RmsNorm kernel + one GEMV
+    RoPE of q|k in place in qkv (3 ops + 1 copy)    # the q and k heads are adjacent
+    kv_cache[layer, :, :, t] = qkv[k|v]             # one copy, keys and values
+    x.addmm_(attention(q, K[:t+1], V[:t+1]), W_o_t) # residual add inside the GEMM
+    mm(norm(x), W_gate_up_t, out=gu)
+    x.addmm_(act(gu), W_down_t)
 
 ``static=True`` builds the graph-capturable variant: the cache slot and the
 attention span come from device tensors (``index_copy_`` into the cache, attention
 over the whole capacity with a key mask updated in place), so the step has no
 Python-int dependence. At opt 3 on CUDA it is captured once as a CUDA graph and each
-step is one ``graph.replay()``; elsewhere opt 3 runs it as opt 2 (logged).
+step is one ``graph.replay()``; elsewhere opt 3 runs as opt 2 (logged by compile).
 
     plan = plan_for(runner, cache)        # built or reused (cache.plans)
     logits = plan.step(ids, positions)    # [B, V], the plan's own buffer
-    plan.launches                         # torch calls per step (kernel launches)
+    plan.launches                         # declared kernel launches per step
+    count_ops(lambda: plan.step(ids, positions))   # aten compute ops actually dispatched
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from atbcore.log import logger
 
 from .cache import ContiguousKVCache
 
-__all__ = ["DecodePlan", "plan_for"]
+__all__ = ["DecodePlan", "plan_for", "count_ops"]
 
 
 def plan_for(runner: Any, cache: ContiguousKVCache) -> "DecodePlan | None":
@@ -41,17 +48,16 @@ def plan_for(runner: Any, cache: ContiguousKVCache) -> "DecodePlan | None":
     static = runner.opt_level >= 3 and runner.device.type == "cuda"
     key = (cache.version, cache.batch, cache.key_mask is not None, static)
     plans = cache.__dict__.setdefault("plans", {})
-    plan = plans.get(key)
-    if plan is None:
-        if plans:
-            plans.clear()  # storage moved or the batch changed: older plans are stale
-        why = DecodePlan.unsupported_reason(runner, static)
-        if why:
-            logger.debug("compile: no decode plan (%s); general path", why)
-            plans[key] = None
-            return None
-        plan = plans[key] = DecodePlan(runner, cache, static=static)
-        runner.stats["plans_built"] += 1
+    if key in plans:
+        return plans[key]
+    plans.clear()  # storage moved or the batch changed: older plans are stale
+    why = DecodePlan.unsupported_reason(runner, static)
+    if why:
+        logger.debug("compile: no decode plan (%s); general path", why)
+        plans[key] = None
+        return None
+    plan = plans[key] = DecodePlan(runner, cache, static=static)
+    runner.stats["plans_built"] += 1
     return plan
 
 
@@ -73,29 +79,22 @@ class DecodePlan:
         self.runner, self.cache, self.static = runner, cache, static
         s = runner.spec
         b, dev, dt = cache.batch, runner.device, runner.dtype
-        self.b = b
-        self.t = 0
-        new = functools.partial(torch.empty, device=dev, dtype=dt)
+        self.b, self.t = b, 0
         self.ids = torch.zeros(b, dtype=torch.long, device=dev)
         self.pos = torch.zeros(b, dtype=torch.long, device=dev)
         self.t_buf = torch.zeros(1, dtype=torch.long, device=dev)
-        self.x, self.h = new(b, s.hidden_size), new(b, s.hidden_size)
-        self.o, self.mlp_out = new(b, s.hidden_size), new(b, s.hidden_size)
-        self.attn = new(b, s.q_size)
-        self.logits = new(b, runner.lm_head.out_features)
+        self.x = torch.empty(b, s.hidden_size, device=dev, dtype=dt)   # the residual stream
+        self.logits = torch.empty(b, runner.lm_head.out_features, device=dev, dtype=dt)
         self.calls: list[Callable[[], Any]] = []
         self.launches = 0
-        self.masked = cache.key_mask is not None or static
-        if static:  # [B, 1, 1, cap]: real and already-written slots
+        if static:  # [B, 1, 1, cap]: slots attended (real and already written)
             self.mbuf = torch.zeros(b, 1, 1, cache.capacity, dtype=torch.bool, device=dev)
             n = cache.length
             self.mbuf[:, 0, 0, :n] = True if cache.key_mask is None else cache.key_mask[:, :n]
         self._embed()
         for blk in runner.blocks:
             self._layer(blk)
-        self._add(self.x, self.mlp_out)
-        self._norm(runner.final_norm, self.x, self.h)
-        self._lin(runner.lm_head, self.h, self.logits)
+        self._into(runner.lm_head, runner.final_norm, self.logits)
         self.graph = None
         if static and runner.opt_level >= 3:
             self._capture()
@@ -105,21 +104,25 @@ class DecodePlan:
         self.calls.append(fn)
         self.launches += launches
 
-    def _add(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self._call(functools.partial(x.add_, y))
-
-    def _norm(self, norm: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
-        # the atb kernel returns a fresh tensor: copy it into the bound buffer
-        self._call(lambda: dst.copy_(norm(src)), norm.launches + 1)
-
-    def _lin(self, lin: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
-        if lin.mode == "t":
-            if lin.b is None:
-                self._call(functools.partial(torch.mm, src, lin.w, out=dst))
-            else:
-                self._call(functools.partial(torch.addmm, lin.b, src, lin.w, out=dst))
+    def _into(self, lin: Any, norm: Any, out: torch.Tensor) -> None:
+        """``out = lin(norm(x))``: the norm kernel's fresh output feeds the GEMV."""
+        x, n = self.x, norm.launches
+        if lin.mode == "t" and lin.b is None:
+            self._call(lambda: torch.mm(norm(x), lin.w, out=out), n + 1)
+        elif lin.mode == "t":
+            self._call(lambda: torch.addmm(lin.b, norm(x), lin.w, out=out), n + 1)
         else:
-            self._call(functools.partial(lin.into, src, dst), lin.k.launches + 1)
+            self._call(lambda: out.copy_(lin(norm(x))), n + lin.k.launches + 1)
+
+    def _acc(self, lin: Any, src: Callable[[], torch.Tensor], launches: int) -> None:
+        """``x += lin(src())``: the residual add rides in the GEMM (beta = 1)."""
+        x = self.x
+        if lin.mode == "t" and lin.b is None:
+            self._call(lambda: x.addmm_(src(), lin.w), launches + 1)
+        elif lin.mode == "t":
+            self._call(lambda: x.addmm_(src(), lin.w).add_(lin.b), launches + 2)
+        else:
+            self._call(lambda: x.add_(lin(src())), launches + lin.k.launches + 1)
 
     def _embed(self) -> None:
         r = self.runner
@@ -127,7 +130,7 @@ class DecodePlan:
         if r.pos_w is not None:
             pe = torch.empty_like(self.x)
             self._call(functools.partial(torch.index_select, r.pos_w, 0, self.pos, out=pe))
-            self._add(self.x, pe)
+            self._call(functools.partial(self.x.add_, pe))
         if r.spec.rope is not None:
             cos, sin = r.rope_tables(self.cache.capacity + 1)
             rd = r.spec.rope.rotary_dim
@@ -137,114 +140,83 @@ class DecodePlan:
             self._call(functools.partial(torch.index_select, cos, 0, self.pos, out=c2))
             self._call(functools.partial(torch.index_select, sin, 0, self.pos, out=s2))
 
-    def _rope(self, src: torch.Tensor, dst: torch.Tensor) -> list[Callable[[], Any]]:
-        """Calls writing rotate-half RoPE of ``src`` [B, n, D] into ``dst`` (fp32
-        math; half types go through fp32 scratch and round once)."""
-        d = src.shape[-1]
-        h2 = d // 2
+    def _rope(self, qk: torch.Tensor) -> None:
+        """Rotate-half RoPE of ``qk`` [B, n, D] in place, via an fp32 copy of it
+        (half types round once, on the copy back)."""
+        h2 = qk.shape[-1] // 2
         cos, sin = self.cos, self.sin
-        if src.dtype == torch.float32 and dst.dtype == torch.float32:
-            a, out = src, dst
-            pre, post = [], []
-        else:
-            a, out = torch.empty(src.shape, device=src.device), torch.empty(dst.shape, device=src.device)
-            pre, post = [functools.partial(a.copy_, src)], [functools.partial(dst.copy_, out)]
-        return pre + [
-            functools.partial(torch.mul, a, cos, out=out),
-            functools.partial(out[..., :h2].addcmul_, a[..., h2:], sin[..., :h2], value=-1.0),
-            functools.partial(out[..., h2:].addcmul_, a[..., :h2], sin[..., h2:]),
-        ] + post
+        tmp = torch.empty(qk.shape, device=qk.device)
+        out = qk if qk.dtype == torch.float32 else torch.empty(qk.shape, device=qk.device)
+        self._call(functools.partial(tmp.copy_, qk))
+        self._call(functools.partial(torch.mul, tmp, cos, out=out))
+        self._call(functools.partial(out[..., :h2].addcmul_, tmp[..., h2:], sin[..., :h2],
+                                     value=-1.0))
+        self._call(functools.partial(out[..., h2:].addcmul_, tmp[..., :h2], sin[..., h2:]))
+        if out is not qk:
+            self._call(functools.partial(qk.copy_, out))
 
     def _layer(self, blk: Any) -> None:
         s, b, r = self.runner.spec, self.b, self.runner
         nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
-        if blk.idx == 0:
-            self._norm(blk.attn_norm, self.x, self.h)
-        else:
-            self._add(self.x, self.mlp_out)
-            self._norm(blk.attn_norm, self.x, self.h)
         qkv = torch.empty(b, s.q_size + 2 * s.kv_size, device=r.device, dtype=r.dtype)
-        self._lin(blk.qkv, self.h, qkv)
+        self._into(blk.qkv, blk.attn_norm, qkv)
         q = qkv[:, :s.q_size].view(b, nh, hd)
         k = qkv[:, s.q_size:s.q_size + s.kv_size].view(b, nkv, hd)
-        v = qkv[:, s.q_size + s.kv_size:].view(b, nkv, hd)
-        if blk.q_norm is not None:
+        if blk.q_norm is not None:  # per-head RmsNorm before RoPE (Qwen3)
             self._call(lambda: q.copy_(blk.q_norm(q)), blk.q_norm.launches + 1)
             self._call(lambda: k.copy_(blk.k_norm(k)), blk.k_norm.launches + 1)
-        kc, vc = self.cache.keys(blk.idx), self.cache.values(blk.idx)    # [B, cap, KV, D]
-        qr = torch.empty(b, nh, hd, device=r.device, dtype=r.dtype)
-        if s.rope is not None:
-            for c in self._rope(q, qr):
-                self._call(c)
-            kr = torch.empty(b, nkv, hd, device=r.device, dtype=r.dtype)
-            for c in self._rope(k, kr):
-                self._call(c)
-        else:
-            self._call(functools.partial(qr.copy_, q))
-            kr = k
+        if s.rope is not None:  # q and k heads are adjacent in qkv: one rotation
+            self._rope(qkv[:, :s.q_size + s.kv_size].view(b, nh + nkv, hd))
+        new_kv = qkv[:, s.q_size:].view(b, 2, nkv, hd).transpose(0, 1)  # [2, B, KV, D]
+        kv = self.cache.layer(blk.idx)                                   # [2, B, cap, KV, D]
         if self.static:
-            self._call(functools.partial(kc.index_copy_, 1, self.t_buf, kr[:, None]))
-            self._call(functools.partial(vc.index_copy_, 1, self.t_buf, v[:, None]))
+            self._call(functools.partial(kv.index_copy_, 2, self.t_buf, new_kv[:, :, None]))
         else:
-            self._call(lambda: kc[:, self.t].copy_(kr), 1)
-            self._call(lambda: vc[:, self.t].copy_(v), 1)
-        self._call(self._attention(blk, qr, kc, vc), 2)
-        self._lin(blk.o, self.attn, self.o)
-        self._add(self.x, self.o)
-        self._norm(blk.mlp_norm, self.x, self.h)
-        self._mlp(blk)
-
-    def _attention(self, blk: Any, qr: torch.Tensor, kc: torch.Tensor,
-                   vc: torch.Tensor) -> Callable[[], Any]:
-        s, b = self.runner.spec, self.b
-        q4 = qr.view(b, s.num_heads, 1, s.head_dim)                      # [B, H, 1, D]
-        gqa = s.num_kv_heads != s.num_heads
-        scale, win = blk.scale, blk.window
-        out = self.attn.view(b, s.num_heads, 1, s.head_dim)
-
-        if self.static:
-            kt, vt, m = kc.transpose(1, 2), vc.transpose(1, 2), self.mbuf  # [B, KV, cap, D]
-
-            def attend() -> None:
-                out.copy_(F.scaled_dot_product_attention(q4, kt, vt, attn_mask=m, scale=scale,
-                                                         enable_gqa=gqa))
-            return attend
-
-        cache = self.cache
-
-        def attend() -> None:
-            end = self.t + 1
-            lo = max(0, end - win) if win is not None else 0             # keys j > t - window
-            k = kc[:, lo:end].transpose(1, 2)                            # [B, KV, L, D]
-            v = vc[:, lo:end].transpose(1, 2)
-            m = None
-            if cache.key_mask is not None:
-                m = cache.key_mask[:, None, None, lo:end]
-            out.copy_(F.scaled_dot_product_attention(q4, k, v, attn_mask=m, scale=scale,
-                                                     enable_gqa=gqa))
-        return attend
-
-    def _mlp(self, blk: Any) -> None:
-        s, b, r = self.runner.spec, self.b, self.runner
-        if blk.router is not None:
-            m, h, out = s.moe, self.h, self.mlp_out
-            from .layers import moe_forward
-
-            self._call(lambda: out.copy_(moe_forward(h, blk.router, blk.experts, m.top_k,
-                                                     m.norm_topk_prob, blk.act)),
-                       2 + 4 * m.top_k)
+            self._call(lambda: kv[:, :, self.t].copy_(new_kv))
+        self._acc(blk.o, self._attention(blk, q, kv), 1)
+        mlp = blk
+        if mlp.router is not None:
+            self._moe(blk)
             return
         inter = s.intermediate_size
-        a = torch.empty(b, inter, device=r.device, dtype=r.dtype)
-        if blk.gate_up is not None:
+        if mlp.gate_up is not None:
             gu = torch.empty(b, 2 * inter, device=r.device, dtype=r.dtype)
-            self._lin(blk.gate_up, self.h, gu)
-            self._call(lambda: a.copy_(blk.act(gu)), blk.act.k.launches + 1 if blk.act.k else 3)
+            self._into(mlp.gate_up, blk.mlp_norm, gu)
         else:
-            up = torch.empty(b, inter, device=r.device, dtype=r.dtype)
-            self._lin(blk.up, self.h, up)
-            self._call(lambda: a.copy_(blk.act(up)), 2)
-        self._lin(blk.down, a, self.mlp_out)
+            gu = torch.empty(b, inter, device=r.device, dtype=r.dtype)
+            self._into(mlp.up, blk.mlp_norm, gu)
+        act = mlp.act
+        self._acc(mlp.down, lambda: act(gu), act.k.launches if act.k is not None else 3)
+
+    def _attention(self, blk: Any, q: torch.Tensor, kv: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """A function running attention of the step's query over the cache, as ``[B, Q]``."""
+        s, b = self.runner.spec, self.b
+        q4 = q[:, :, None]                                               # [B, H, 1, D]
+        gqa = s.num_kv_heads != s.num_heads
+        scale, win, qs = blk.scale, blk.window, s.q_size
+        kt, vt = kv[0].transpose(1, 2), kv[1].transpose(1, 2)            # [B, KV, cap, D]
+        if self.static:
+            m = self.mbuf
+            return lambda: F.scaled_dot_product_attention(
+                q4, kt, vt, attn_mask=m, scale=scale, enable_gqa=gqa).view(b, qs)
+        cache = self.cache
+
+        def attend() -> torch.Tensor:
+            end = self.t + 1
+            lo = max(0, end - win) if win is not None else 0             # keys j > t - window
+            m = None if cache.key_mask is None else cache.key_mask[:, None, None, lo:end]
+            return F.scaled_dot_product_attention(q4, kt[:, :, lo:end], vt[:, :, lo:end],
+                                                  attn_mask=m, scale=scale,
+                                                  enable_gqa=gqa).view(b, qs)
+        return attend
+
+    def _moe(self, blk: Any) -> None:
+        from .layers import moe_forward
+
+        m, x, norm = self.runner.spec.moe, self.x, blk.mlp_norm
+        self._call(lambda: x.add_(moe_forward(norm(x), blk.router, blk.experts, m.top_k,
+                                              m.norm_topk_prob, blk.act)),
+                   norm.launches + 6 + 4 * m.top_k)
 
     def _capture(self) -> None:
         if any(blk.router is not None for blk in self.runner.blocks):
@@ -283,3 +255,36 @@ class DecodePlan:
             self._run()
         cache.length = t + 1
         return self.logits
+
+
+_VIEWS = ("view", "_unsafe_view", "t", "transpose", "unsqueeze", "squeeze", "slice", "select",
+          "expand", "split", "split_with_sizes", "unflatten", "alias", "permute", "as_strided",
+          "detach", "reshape", "chunk", "narrow")
+
+
+_ALLOCS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+
+
+def count_ops(fn: Callable[[], Any]) -> dict[str, int]:
+    """Run ``fn`` once and count the aten ops it dispatches: ``{"compute": n, "views":
+    m, "allocs": a, "by_op": {...}}`` (views, aliases and allocations launch no
+    kernel; everything else is counted as a launch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: dict[str, Any] = {"compute": 0, "views": 0, "allocs": 0, "by_op": {}}
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if func.is_view or name in _VIEWS:
+                counts["views"] += 1
+            elif name in _ALLOCS:
+                counts["allocs"] += 1
+            else:
+                counts["compute"] += 1
+                counts["by_op"][func.__name__] = counts["by_op"].get(func.__name__, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        fn()
+    return counts
