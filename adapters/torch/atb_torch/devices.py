@@ -19,7 +19,7 @@ import torch
 
 from atbcore.errors import CapabilityError, DeviceError
 
-__all__ = ["KERNEL_DEVICES", "npu_available", "torch_npu_importable", "device_type",
+__all__ = ["check_to_args", "KERNEL_DEVICES", "npu_available", "torch_npu_importable", "device_type",
            "check_devices", "resolve_device", "accelerator_devices"]
 
 # Device types whose kernels exist in the torch backend.
@@ -107,3 +107,11 @@ def accelerator_devices() -> list[str]:
     if npu_available():
         devs += [f"npu:{i}" for i in range(torch.npu.device_count())]  # type: ignore[attr-defined]
     return devs
+
+
+def check_to_args(args: tuple, kwargs: dict, op: str) -> None:
+    """Refuse an unusable device given to ``nn.Module.to(...)`` with an AtbError
+    (instead of torch's RuntimeError for an unknown device string)."""
+    dev = kwargs.get("device", args[0] if args else None)
+    if isinstance(dev, (str, torch.device)) or (isinstance(dev, int) and not isinstance(dev, bool)):
+        resolve_device(dev, op)

@@ -44,6 +44,7 @@ from atbcore.runtime.profiler import Profiler
 from atbcore.tensor import TensorDesc
 
 from . import profiling
+from .devices import check_to_args
 from .graph_binding import GraphRunner, desc_of, host_array, real_mode
 from .graph_kv import KVSlotSpec, full_inputs, is_cache_object, pasts_of, run_guarded, store
 from .library_graph import register_runner
@@ -241,6 +242,11 @@ class GraphOp(nn.Module):
         descs = [x if isinstance(x, TensorDesc) else desc_of(as_torch(x, self.name))
                  for x in inputs]
         return self._runner.ensure_core(descs).infer_shape(descs)
+
+    def to(self, *args: Any, **kwargs: Any) -> "GraphOp":
+        """``nn.Module.to``, refusing devices atb cannot use with an AtbError."""
+        check_to_args(args, kwargs, self.name)
+        return super().to(*args, **kwargs)
 
     # ------------------------------------------------------------------ plugins
     def register_plugin(self, point: str, plugin: Any) -> "GraphOp":

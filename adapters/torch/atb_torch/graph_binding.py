@@ -113,8 +113,7 @@ class GraphRunner:
         m = self.module
         m.check_alive()
         ids, params = m.weight_ids(), m.weight_tensors()
-        with real_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # unused extra inputs: said at lowering
+        with real_mode():  # the core warns here once about unused extra inputs
             source = m.core_source({t: host_array(p) for t, p in zip(ids, params)})
             core = BoundCore(source, name=m.name, fusion_config=m.fusion_config,
                              backend=m.backend, **m.core_kwargs)
@@ -136,7 +135,7 @@ class GraphRunner:
         assert core.graph_unfused is not None
         g0 = core.graph_unfused
         with real_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", UserWarning)  # said at the first lowering
             source = self.module.core_source({t: host_array(w) for t, w in zip(ids, weights)})
             if not isinstance(source, Graph):
                 source = lower_sequential(source, [g0.desc_map[i] for i in g0.inputs], core.name)

@@ -24,7 +24,7 @@ from atbcore.tensor import describe
 
 from .devices import check_devices
 
-__all__ = ["call_kernel", "OPS", "register"]
+__all__ = ["call_kernel", "OPS", "register", "refusing_autograd", "refuse_backward"]
 
 OPS: dict[str, str] = {}  # torch.ops.atb name -> core op name
 
@@ -58,6 +58,56 @@ def call_kernel(op: str, params: dict[str, Any], **ins: Tensor | None) -> list[T
     return outs
 
 
+def _refuse(op: str, like: Tensor) -> Tensor:
+    raise AtbError(op, "backward is not implemented (inference-only op)",
+                   "no gradient through atb ops (run under torch.no_grad())", "a backward call")
+
+
+# The "gradient" of every atb op: raises when it runs. An op of its own (not a Python
+# raise inside the backward formula) so that torch.compile can trace a backward graph
+# for a forward that records autograd, and the error comes when backward really runs.
+# Exempt from opcheck: raising is its whole contract (tests check that it does).
+refuse_backward = torch.library.custom_op("atb::refuse_backward", _refuse, mutates_args=())
+
+
+@refuse_backward.register_fake
+def _(op, like):
+    return torch.empty_like(like)
+
+
+def refusing_autograd(op: Any, core: Any) -> None:
+    """Give custom op ``op`` an autograd formula whose gradients are
+    ``refuse_backward`` calls: forward records the graph, backward raises AtbError.
+    ``core`` names the op in the error (or is ``fn(inputs) -> name``)."""
+
+    def setup_context(ctx, inputs, output):
+        flat: list[Tensor] = []
+        layout: list[Any] = []
+        for a in inputs:
+            if isinstance(a, Tensor):
+                layout.append(len(flat))
+                flat.append(a)
+            elif isinstance(a, (list, tuple)) and a and all(isinstance(t, Tensor) for t in a):
+                layout.append(list(range(len(flat), len(flat) + len(a))))
+                flat.extend(a)
+            else:
+                layout.append(None)
+        ctx.core, ctx.layout = (core(inputs) if callable(core) else core), layout
+        ctx.save_for_backward(*flat)
+
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors
+
+        def grad(i: int) -> Tensor | None:
+            t = saved[i]
+            return refuse_backward(ctx.core, t) if t.is_floating_point() else None
+
+        return tuple(None if pos is None else [grad(i) for i in pos] if isinstance(pos, list)
+                     else grad(pos) for pos in ctx.layout)
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
 def _register(name: str, core: str, autograd_guard: bool = True):
     """Decorator: custom_op + an autograd formula that refuses to differentiate."""
 
@@ -65,11 +115,7 @@ def _register(name: str, core: str, autograd_guard: bool = True):
         op = torch.library.custom_op(f"atb::{name}", fn, mutates_args=())
         OPS[name] = core
         if autograd_guard:
-            def backward(ctx, *grads):
-                raise AtbError(core, "backward is not implemented (inference-only op)",
-                               "no gradient through atb ops", "a backward call")
-
-            op.register_autograd(backward, setup_context=lambda ctx, inputs, output: None)
+            refusing_autograd(op, core)
         return op
 
     return deco

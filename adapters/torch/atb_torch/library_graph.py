@@ -22,7 +22,7 @@ from torch import Tensor
 
 from atbcore.errors import AtbError
 
-from .library import OPS
+from .library import OPS, refusing_autograd
 
 __all__ = ["GraphRunner", "register_runner", "get_runner", "graph_op"]
 
@@ -75,13 +75,4 @@ def _(handle, inputs, weights):
     return get_runner(handle).fake(list(inputs), list(weights))
 
 
-def _backward(ctx, *grads):
-    raise AtbError(ctx.name, "backward is not implemented (inference-only GraphOp)",
-                   "no gradient through atb GraphOps", "a backward call")
-
-
-def _setup(ctx, inputs, output):
-    ctx.name = get_runner(inputs[0]).name
-
-
-graph_op.register_autograd(_backward, setup_context=_setup)
+refusing_autograd(graph_op, lambda inputs: f"GraphOp {inputs[0].split('#')[0]}")

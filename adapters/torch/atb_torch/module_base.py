@@ -33,7 +33,7 @@ from torch.nn.parameter import UninitializedParameter, is_lazy
 from atbcore.errors import AtbError, ParamsError
 
 from . import profiling
-from .devices import resolve_device
+from .devices import check_to_args
 
 __all__ = ["AtbModule", "ParamHolder", "lazy_param", "new_param", "split_name",
            "host_weights"]
@@ -179,10 +179,7 @@ class AtbModule(_LazyStateMixin, nn.Module):
     # ------------------------------------------------------------------ devices
     def to(self, *args: Any, **kwargs: Any) -> "AtbModule":
         """``nn.Module.to``, refusing devices atb cannot use with an AtbError."""
-        dev = kwargs.get("device", args[0] if args else None)
-        if isinstance(dev, (str, torch.device)) or (isinstance(dev, int) and not
-                                                    isinstance(dev, bool)):
-            resolve_device(dev, self.op_name or type(self).__name__)
+        check_to_args(args, kwargs, self.op_name or type(self).__name__)
         return super().to(*args, **kwargs)
 
     def npu(self, device: Any = None) -> "AtbModule":

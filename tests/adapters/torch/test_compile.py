@@ -62,6 +62,25 @@ def test_compile_fullgraph_without_graph_breaks_equals_eager():
     atb.assert_close(step, want_step, "fp32", "decode after the compiled prefill")
 
 
+def test_compiled_with_grad_on_forward_works_backward_raises_atb_error():
+    """Parameters require grad (nn defaults) and no torch.no_grad(): the compiled
+    forward runs, and backward raises AtbError instead of a silent zero gradient."""
+    torch.manual_seed(0)
+    model = nn.Sequential(atb.RmsNorm(8), atb.GraphOp([atb.Linear(8, 8), atb.SiLU()]),
+                          atb.Linear(8, 4))
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        model(x)
+        want = model(x)
+    torch._dynamo.reset()
+    y = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    assert y.requires_grad
+    atb.assert_close(y.detach(), want, "fp32", "compiled with grad on")
+    with pytest.raises(atb.AtbError, match="inference-only"):
+        y.sum().backward()
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_atb_kv_cache_object_is_refused_under_compile_with_a_clear_error():
     g = atb.GraphOp([atb.FlashAttention(num_heads=2, kv_cache=True, hidden_size=8)], name="a")
     cache = atb.KVCache(1, 1, 8, 2, 4, dtype=torch.float32)

@@ -75,6 +75,49 @@ def test_seed_llama_shell_with_atb_kv_cache_matches_plain_model(dt, tag):
     assert model.kv_cache.seq_lens().tolist() == [7, 7]
 
 
+def test_seed_fused_attention_block_example_runs_as_written():
+    """The seed's first snippet: named layers, packed QKV after a Linear, the residual
+    named ("output", "input"), called with four tensors of which it reads the first."""
+    hidden_dim, num_heads = H, HEADS
+    torch.manual_seed(0)
+    attention_block = atb.GraphOp([
+        atb.LayerNorm("query", eps=1e-5),
+        atb.Linear("qkv_proj", out_features=3 * hidden_dim),
+        atb.FlashAttention("attn", num_heads=num_heads, causal=True),
+        atb.Linear("out_proj", out_features=hidden_dim),
+        atb.ResidualAdd("output", "input")
+    ])
+    query, key, value, residual = (x_of(2, 5, H, seed=i) for i in range(4))
+    with pytest.warns(UserWarning, match="ignored"), torch.no_grad():
+        output = attention_block(query, key, value, residual)
+    assert [n for n, _ in attention_block.named_parameters()] == [
+        "layers.query.weight", "layers.query.bias", "layers.qkv_proj.weight",
+        "layers.qkv_proj.bias", "layers.out_proj.weight", "layers.out_proj.bias"]
+    L = attention_block.layers
+    with torch.no_grad():
+        n = nn.functional.layer_norm(query, (H,), L.query.weight, L.query.bias, 1e-5)
+        q, k, v = L.qkv_proj(n).split(H, -1)
+        heads = [t.view(2, 5, HEADS, H // HEADS).transpose(1, 2) for t in (q, k, v)]
+        a = nn.functional.scaled_dot_product_attention(*heads, is_causal=True)
+        want = L.out_proj(a.transpose(1, 2).reshape(2, 5, H)) + query
+    atb.assert_close(output, want, "fp32", "seed fused attention block vs plain PyTorch")
+
+
+def test_rope_attention_with_cache_decodes_like_the_full_sequence():
+    torch.manual_seed(0)
+    g = atb.GraphOp([atb.RmsNorm(H), atb.RoPE(num_heads=HEADS),
+                     atb.FlashAttention(num_heads=HEADS, num_kv_heads=2, causal=True, kv_cache=True,
+                                        hidden_size=H), atb.Linear(H, H), atb.ResidualAdd()])
+    x = x_of(1, 6, H)
+    with torch.no_grad():
+        full = g(x)
+        y, kv = g(x[:, :4], kv_cache=None)
+        for i in (4, 5):  # positions P + arange(S) continue where the cache ends
+            step, kv = g(x[:, i:i + 1], kv_cache=kv)
+            atb.assert_close(step, full[:, i:i + 1], "fp32", f"decode at position {i}")
+    atb.assert_close(y, full[:, :4], "fp32", "prefill")
+
+
 def test_llama_decoder_layer_from_graph_ops_vs_hf():
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding

@@ -161,6 +161,16 @@ def test_autograd_is_refused_with_atb_error():
         y.sum().backward()
 
 
+def test_refuse_backward_raises_and_is_what_every_op_differentiates_to():
+    with pytest.raises(atb.AtbError, match="RmsNorm: backward is not implemented"):
+        A.refuse_backward("RmsNorm", torch.ones(2))
+    x = torch.randn(3, 8, requires_grad=True)
+    y, s = A.add_rms_norm(x, torch.randn(3, 8), torch.ones(8), 1e-6)
+    with pytest.raises(atb.AtbError, match="AddRmsNorm"):
+        torch.autograd.grad(s.sum(), x)
+    assert x.grad is None
+
+
 def test_bad_input_raises_atb_error_through_torch_ops():
     with pytest.raises(atb.ShapeError, match="RmsNorm"):
         A.rms_norm(torch.randn(2, 8), torch.ones(7), 1e-6)

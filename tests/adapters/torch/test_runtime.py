@@ -96,6 +96,8 @@ def test_npu_is_refused_with_clear_errors(monkeypatch):
     with pytest.raises(atb.DeviceError, match="torch_npu"):
         atb.Linear(4, 4).to("npu")
     with pytest.raises(atb.DeviceError, match="torch_npu"):
+        atb.GraphOp([atb.Linear(4, 4)]).to(device="npu:0")
+    with pytest.raises(atb.DeviceError, match="torch_npu"):
         atb.init(device="npu:0")
     with pytest.raises(atb.DeviceError, match="torch_npu"):
         atb.KVCache(1, 1, 4, 1, 4, device="npu")
