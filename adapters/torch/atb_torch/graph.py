@@ -89,11 +89,28 @@ class GraphOp(nn.Module):
         else:
             self.name = name or "graph_op"
             self._init_from_layers(layers_or_graph, _borrow)
+        self._destroyed = False
+        self._attach()
+
+    def _attach(self) -> None:
+        """A runner, handle, cache key and profiler of this very module (also after
+        a copy: copies must not share the original's core or handle)."""
         self.profiler = profiling.track(Profiler(self.name))
         self._runner = GraphRunner(self)
         self._handle = register_runner(self._runner)
         self._key = f"{self.name}@{id(self):x}"
-        self._destroyed = False
+
+    def __getstate__(self) -> dict:
+        state = dict(super().__getstate__())
+        for k in ("_runner", "_handle", "_key", "profiler"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._attach()
+        for layer in (self.layers.values() if self._graph_src is None else ()):
+            layer._graph_owners.add(self)
 
     # ------------------------------------------------------------------ construction
     def _init_from_layers(self, layers: Sequence[Any], borrow: bool) -> None:

@@ -136,6 +136,19 @@ class AtbModule(_LazyStateMixin, nn.Module):
         self._graph_owners: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.register_load_state_dict_pre_hook(_materialize_from_state)
 
+    # ------------------------------------------------------------------ copies
+    def __getstate__(self) -> dict:
+        # Weak sets and private GraphOps do not travel (deepcopy, pickle/torch.save).
+        state = dict(super().__getstate__())
+        state["_graph_owners"] = None
+        if "_solo_op" in state:
+            state["_solo_op"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._graph_owners = weakref.WeakSet()
+
     # ------------------------------------------------------------------ weights
     def core_weights(self) -> dict[str, nn.Parameter]:
         """Parameters by the core layer's local names (``q_proj.weight`` ...)."""

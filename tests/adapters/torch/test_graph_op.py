@@ -268,6 +268,24 @@ def test_graph_op_from_builder_graph_and_save_load(tmp_path):
         atb.assert_close(loaded(z), blk.mlp_graph(z), "fp32", "GraphOp.load(save())")
 
 
+def test_deepcopy_and_torch_save_give_independent_graph_ops(tmp_path):
+    import copy
+
+    blk = seeded_block()
+    x = x_of(1, 3, H)
+    with torch.no_grad():
+        want, _ = blk(x)
+        twin = copy.deepcopy(blk)
+        assert twin.attention_graph._handle != blk.attention_graph._handle
+        got, _ = twin(x)
+        atb.assert_close(got, want, "fp32", "deepcopy")
+        twin.mlp_graph.layers["linear_1"].bias.add_(1.0)   # the copy's own parameters
+        assert torch.equal(blk(x)[0], want) and not torch.equal(twin(x)[0], want)
+        torch.save(blk, tmp_path / "blk.pt")
+        loaded = torch.load(tmp_path / "blk.pt", weights_only=False)
+        atb.assert_close(loaded(x)[0], want, "fp32", "torch.save / torch.load")
+
+
 def test_construction_errors():
     from atbcore.graph import layers as core
 
