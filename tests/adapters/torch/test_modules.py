@@ -117,10 +117,30 @@ def test_flash_attention_and_rope_modules_vs_sdpa():
     qp, kp, vp = (x @ m.weight.T for m in (layer.q_proj, layer.k_proj, layer.v_proj))
     want = attn(qp, kp, vp)
     atb.assert_close(out, want, "fp32", "FlashAttention layer form vs projections + op")
+    # the seed's standalone layer with its own KV cache: prefill + decode = full sequence
+    seed_attn = atb.FlashAttention("attn", num_heads=h, causal=True, kv_cache=True)
+    with torch.no_grad():
+        full, _ = seed_attn(x, kv_cache=None)
+        head, kv = seed_attn(x[:, :5], kv_cache=None)
+        tail, kv = seed_attn(x[:, 5:], kv_cache=kv)
+    atb.assert_close(torch.cat([head, tail], 1), full, "fp32", "standalone attention + cache")
     rope = atb.RoPE(num_heads=h, num_kv_heads=hkv)
     rq, rk = rope(q, k)
     assert rq.shape == q.shape and rk.shape == k.shape
     atb.assert_close(rq[:, 0], q[:, 0], "fp32", "position 0 is not rotated")
+
+
+def test_op_modules_inside_a_graph_op_equal_their_standalone_calls():
+    torch.manual_seed(0)
+    emb, norm, sm = atb.Embedding(20, 8), atb.RmsNorm(8), atb.Softmax(dim=-1)
+    moe = atb.MoE(8, 6, 4)
+    ids = torch.tensor([[1, 5, 19]])
+    with torch.no_grad():
+        g = atb.GraphOp([emb, norm, sm])
+        assert torch.equal(g(ids), sm(norm(emb(ids))))
+        m = atb.GraphOp([atb.RmsNorm(8), moe, atb.Transpose(perm=(1, 0))])
+        x = x_of(5, 8)
+        atb.assert_close(m(x), moe(m.layers["rms_norm"](x)).T, "fp32", "MoE inside a GraphOp")
 
 
 def test_state_dict_round_trip_lazy_params_and_to():
