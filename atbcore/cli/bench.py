@@ -85,8 +85,11 @@ def run(args: argparse.Namespace) -> int:
         con.print(f"[red]atb bench needs the torch front-end and transformers: {e}. "
                   "Install with: pip install -e \".[bench]\"[/red]")
         return 2
+    from transformers.utils import logging as hf_logging
+
     from atbcore.errors import AtbError
 
+    hf_logging.disable_progress_bar()  # our own progress bars say what is happening
     s = BenchSettings(model=args.model, dtype=args.dtype, atb_dtype=args.atb_dtype,
                       batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                       quantize=args.quantize, baselines=[b for b in args.baseline],

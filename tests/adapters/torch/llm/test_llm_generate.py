@@ -159,3 +159,19 @@ def test_bad_arguments_are_refused(llm):
         llm.generate([[5, 6, 10_000]], max_new_tokens=1)
     with pytest.raises(ParamsError, match="seed"):
         llm.generate(["a", "b"], seed=[1])
+
+
+def test_preemption_when_blocks_run_out_keeps_the_tokens(ckpt, llm):
+    from atb_torch.llm import LLM
+
+    small = LLM(ckpt, num_blocks=12, block_size=16, max_batch_size=8)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 384) for _ in range(40)] for _ in range(4)]
+    outs = small.generate_outputs(prompts, max_new_tokens=20, ignore_eos=True)
+    assert small.last_stats.preemptions > 0  # 4 x 3 blocks filled the cache at the start
+    alone = [llm.generate_outputs(p, max_new_tokens=20, ignore_eos=True)[0].token_ids
+             for p in prompts]
+    assert [o.token_ids for o in outs] == alone
+    assert small.cache.manager.num_used_blocks == 0
+    with pytest.raises(InputError, match="does not fit the KV cache"):
+        small.generate([5] * 200, max_new_tokens=2)

@@ -124,21 +124,43 @@ def _tensors_in(obj: Any, seen: set[int], depth: int) -> Iterator[torch.Tensor]:
         yield from _tensors_in(v, seen, depth - 1)
 
 
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """Byte range ``[start, end)`` of ``t``'s elements inside its storage."""
+    size = t.element_size()
+    start = t.storage_offset() * size
+    if t.numel() == 0:
+        return start, start
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * size
+
+
 def resident_bytes(*objs: Any, depth: int = 12) -> int:
-    """Bytes of the unique tensor storages reachable from ``objs`` (weights, caches,
-    packed copies); a storage shared by several views counts once."""
+    """Bytes of tensor memory reachable from ``objs`` (weights, caches, packed copies,
+    plan buffers): per storage, the union of the byte ranges its reachable tensors
+    cover, so shared storages count once and a view into a larger arena (a cache
+    taken from a memory pool) counts its own bytes, not the whole arena."""
     seen: set[int] = set()
-    storages: dict[tuple[str, int], int] = {}
+    ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for obj in objs:
         for t in _tensors_in(obj, seen, depth):
             if t.is_meta:
                 continue
             try:
-                st = t.untyped_storage()
-                storages[(str(t.device), st.data_ptr())] = st.nbytes()
-            except (RuntimeError, NotImplementedError):  # e.g. tensor subclasses without storage
-                storages[(str(t.device), id(t))] = t.numel() * t.element_size()
-    return sum(storages.values())
+                key = (str(t.device), t.untyped_storage().data_ptr())
+            except (RuntimeError, NotImplementedError):  # e.g. subclasses without storage
+                key = (str(t.device), id(t))
+            ranges.setdefault(key, []).append(_extent(t))
+    total = 0
+    for spans in ranges.values():
+        end = -1
+        for a, b in sorted(spans):  # union of intervals
+            if a >= end:
+                total += b - a
+                end = b
+            elif b > end:
+                total += b - end
+                end = b
+    return total
 
 
 def median(xs: Iterable[float]) -> float:

