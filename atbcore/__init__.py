@@ -21,8 +21,12 @@ from .plugin import Plugin, get_plugin_manager, hookimpl
 from .passes.pipeline import FusionConfig
 from .tensor import TensorDesc
 
+#: The seed articles' ``atb.Tensor(shape=..., dtype=...)``: a descriptor (atb holds no
+#: tensor type of its own; data stays in the caller's framework).
+Tensor = TensorDesc
+
 __all__ = [
-    "__version__", "Dtype", "TensorDesc", "Builder", "Operation", "destroy_operations",
+    "__version__", "Dtype", "TensorDesc", "Tensor", "Builder", "Operation", "destroy_operations",
     "list_operations", "get_op", "init", "get_config", "check_compatibility", "compare",
     "assert_close", "AtbError", "ShapeError", "DtypeError", "DeviceError", "ParamsError",
     "InputError", "CapabilityError", "GraphError", "PoolExhaustedError", "MemoryError_",

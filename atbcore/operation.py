@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from .backends import select_backend
-from .errors import AtbError, DtypeError, InputError, ShapeError
+from .errors import AtbError, DtypeError, InputError, ParamsError, ShapeError
 from .ops.base import OpDef, Params
 from .ops.registry import get_op
 from .tensor import TensorDesc, convert, describe, framework_of, is_tensor
@@ -27,10 +27,13 @@ class Operation:
     and :class:`TensorDesc` placeholders in the list are replaced by the results.
     """
 
-    def __init__(self, opdef: OpDef, params: Params, backend: str | None = None) -> None:
+    def __init__(self, opdef: OpDef, params: Params, backend: str | None = None,
+                 dynamic_shape: Mapping[str, Any] | None = None) -> None:
         self.opdef = opdef
         self.params = params
         self.backend = backend
+        self.dynamic_shape = dict(dynamic_shape or {})
+        self._ranges: Any = None
         self.last_backend: str | None = None
         self.last_fallbacks: list[tuple[str, list[str]]] = []
         self._destroyed = False
@@ -70,6 +73,13 @@ class Operation:
     def execute(self, inputs: Sequence[Any], outputs: list | None = None) -> list:
         """Run on real tensors; see the class docstring."""
         self._check_alive()
+        if not isinstance(inputs, (list, tuple)):
+            # a bare tensor would otherwise be iterated row by row and misread
+            raise InputError(self.name, "inputs", "a list or tuple of tensors",
+                             type(inputs).__name__)
+        if outputs is not None and not isinstance(outputs, list):
+            raise InputError(self.name, "outputs", "a list (filled in place)",
+                             type(outputs).__name__)
         inputs = list(inputs)
         for i, x in enumerate(inputs):
             if isinstance(x, TensorDesc):
@@ -77,6 +87,8 @@ class Operation:
                                  f"{x!r} (a descriptor; pass the tensor itself)")
         descs = self._bind_descs(inputs)
         out_descs = self.opdef.infer_shape(self.params, descs)
+        if self.dynamic_shape:
+            self._check_dynamic(descs)
         if outputs is not None:
             self._check_outputs(outputs, out_descs)
         framework = next(framework_of(x) for x in inputs if x is not None)
@@ -105,9 +117,22 @@ class Operation:
 
     __call__ = execute
 
+    def _check_dynamic(self, descs: Mapping[str, TensorDesc | None]) -> None:
+        """Inputs must lie in the ranges declared with ``Builder.set_dynamic_shape``
+        (dims named by the convention [batch_size, seq_len, hidden_size])."""
+        if self._ranges is None:
+            from .runtime.plan_cache import PlanCache
+
+            self._ranges = PlanCache(lambda d, f: None, name=self.name,  # type: ignore[arg-type]
+                                     dynamic_shape=self.dynamic_shape)
+        self._ranges.check({n: d for n, d in descs.items() if d is not None})
+
     def _check_outputs(self, outputs: list, out_descs: list[TensorDesc]) -> None:
-        if len(outputs) != len(out_descs):
-            raise InputError(self.name, "number of outputs", len(out_descs), len(outputs))
+        # Fewer outputs than the op produces is allowed (the seed's AddLayerNorm passes
+        # only the normed value): the leading ones are written, the rest dropped.
+        if not 1 <= len(outputs) <= len(out_descs):
+            exp = f"1 to {len(out_descs)}" if len(out_descs) > 1 else "1"
+            raise InputError(self.name, "number of outputs", exp, len(outputs))
         for i, (slot, want) in enumerate(zip(outputs, out_descs)):
             if slot is None:
                 continue
@@ -159,10 +184,14 @@ class Builder:
     def build_operation(self, op_name: str, params: Mapping[str, Any] | Params | None = None,
                         **kw: Any) -> Operation:
         opdef = get_op(op_name)
-        return Operation(opdef, opdef.make_params(params, **kw), backend=self.backend)
+        if params is not None and not isinstance(params, (Mapping, Params)):
+            raise ParamsError(opdef.name, "params", "a dict of parameters", type(params).__name__)
+        return Operation(opdef, opdef.make_params(params, **kw), backend=self.backend,
+                         dynamic_shape=self.dynamic_shape)
 
     def set_dynamic_shape(self, ranges: Mapping[str, Any]) -> None:
-        """Declare dynamic dimension ranges for graphs built by this builder."""
+        """Declare dimension ranges (``{"batch_size": (1, 64), "seq_len": (1, 8192)}``)
+        that operations built afterwards enforce: an input outside raises ShapeError."""
         self.dynamic_shape = dict(ranges)
 
 

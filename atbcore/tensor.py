@@ -47,8 +47,17 @@ class TensorDesc:
 
     def __init__(self, shape: Sequence[int], dtype: Any = Dtype.FP32, format: str = "ND",
                  device: str = "cpu") -> None:
-        object.__setattr__(self, "shape", tuple(int(s) for s in shape))
-        object.__setattr__(self, "dtype", Dtype.of(dtype))
+        from .errors import DtypeError, ShapeError
+
+        dims = tuple(int(s) for s in shape)
+        if any(s < -1 for s in dims):  # -1 marks a dim known only at run time
+            raise ShapeError("TensorDesc", "shape", "sizes >= 0 (or -1 for unknown)", list(dims))
+        try:
+            dt = Dtype.of(dtype)
+        except (ValueError, TypeError):
+            raise DtypeError("TensorDesc", "dtype", "a Dtype or dtype name", repr(dtype)) from None
+        object.__setattr__(self, "shape", dims)
+        object.__setattr__(self, "dtype", dt)
         object.__setattr__(self, "format", format)
         object.__setattr__(self, "device", str(device))
 
