@@ -140,4 +140,4 @@ def test_reshape_and_cache_bad_input(inputs, exc, frags):
 def test_reshape_and_cache_wrong_number_of_outputs():
     check_error("ReshapeAndCache", {}, [rand((3, 2, 8)), rand((3, 2, 8)), KC.copy(), KC.copy(),
                                         np.arange(3)], atb.InputError, "number of outputs",
-                outputs=[KC.copy()])
+                outputs=[KC.copy(), KC.copy(), KC.copy()])

@@ -275,8 +275,13 @@ def test_wrong_number_of_outputs():
     k = rand((2, 3, 16), "fp32", 2)
     check_error("RoPE", {"head_dim": 8}, [Q], atb.InputError, "number of outputs", "1", "2",
                 outputs=[np.zeros((2, 3, 16), np.float32), np.zeros((2, 3, 16), np.float32)])
+    # with k given, a single output slot is allowed: only q_out is written
+    out = [np.full((2, 3, 16), 3.0, np.float32)]
+    atb.Builder().build_operation("RoPE", {"head_dim": 8}).execute([Q, k], out)
+    ref, _ = atb.Builder(backend="numpy").build_operation("RoPE", {"head_dim": 8}).execute([Q, k])
+    atb.assert_close(out[0], ref, "fp32")
     check_error("RoPE", {"head_dim": 8}, [Q, k], atb.InputError, "number of outputs", "2",
-                outputs=[np.full((2, 3, 16), 3.0, np.float32)])
+                outputs=[np.full((2, 3, 16), 3.0, np.float32)] * 3)
     check_error("RoPE", {"head_dim": 8}, [Q], atb.ShapeError, "output", outputs=[np.zeros((2, 3, 8), np.float32)])
 
 
