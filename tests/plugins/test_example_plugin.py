@@ -131,11 +131,8 @@ FRONT_ENDS = {"torch": "atb_torch", "mindspore": "atb_mindspore", "paddle": "atb
 
 
 def _graph_op_class(front_end):
-    """The front-end's GraphOp; while a front-end does not export it yet, the core
-    class it is to re-export (the tensors passed are still the front-end's)."""
-    from atbcore.graph.graph_op import GraphOp as CoreGraphOp
-
-    return getattr(front_end, "GraphOp", None) or CoreGraphOp
+    """The front-end's own GraphOp (every front-end exports one)."""
+    return front_end.GraphOp
 
 
 def _attention_block():
