@@ -211,7 +211,7 @@ class DecodePlan:
         return attend
 
     def _moe(self, blk: Any) -> None:
-        from .layers import moe_forward
+        from .kernels import moe_forward
 
         m, x, norm = self.runner.spec.moe, self.x, blk.mlp_norm
         self._call(lambda: x.add_(moe_forward(norm(x), blk.router, blk.experts, m.top_k,

@@ -142,3 +142,23 @@ def test_original_model_untouched(models):
     assert type(m).__name__ == "LlamaForCausalLM"
     for k, v in m.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_generate_modes_through_hf(models):
+    """Beam search (cache reorder), sampled multiple sequences (batch expansion),
+    inputs_embeds prompts, logits processors and a static cache request all run
+    Hugging Face's loop over the compiled forward, with HF's tokens."""
+    m = models["llama"]
+    c = compile(m)
+    ids, mask = left_padded([5, 9], seed=3)
+    cases = [dict(num_beams=3), dict(repetition_penalty=1.3), dict(cache_implementation="static"),
+             dict(do_sample=True, num_return_sequences=3)]
+    for kw in cases:
+        kw = dict(attention_mask=mask, max_new_tokens=10, **{"do_sample": False, **kw})
+        torch.manual_seed(5)
+        ref = m.generate(ids, **kw)
+        torch.manual_seed(5)
+        assert torch.equal(c.generate(ids, **kw), ref), kw
+    emb = m.get_input_embeddings()(ids[1:])
+    assert torch.equal(c.generate(inputs_embeds=emb, max_new_tokens=10, do_sample=False),
+                       m.generate(inputs_embeds=emb, max_new_tokens=10, do_sample=False))

@@ -1,0 +1,220 @@
+"""atb torch kernels bound once, and the prepared weights they run on.
+
+:class:`Kern` is one op's torch kernel (``get_backend("torch").kernel(op).fn``) with
+its params object built at compile time; calling it is one kernel call, without
+``Operation.execute``'s per-call validation and dispatch. :class:`Lin`, :class:`Norm`
+and :class:`Act` pair kernels with weights prepared per :class:`Prep` (merged,
+pre-transposed, cast or int8-quantized once); :func:`moe_forward` is the routed
+expert FFN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from atbcore.backends import get_backend
+from atbcore.ops import get_op
+
+__all__ = ["Kern", "Lin", "Norm", "Act", "Prep", "moe_forward", "detach"]
+
+
+def detach(t: Any, dtype: torch.dtype | None = None) -> Any:
+    """``t`` without autograd history (optionally cast); None stays None."""
+    if t is None:
+        return None
+    t = t.detach()
+    return t if dtype is None or t.dtype == dtype else t.to(dtype)
+
+
+class Kern:
+    """The torch kernel of one atb op with params bound once: ``k(x=..., weight=...)``
+    returns the kernel's output list."""
+
+    __slots__ = ("op", "fn", "p", "names", "launches")
+
+    def __init__(self, op: str, **params: Any) -> None:
+        opdef = get_op(op)
+        kernel = get_backend("torch").kernel(opdef.name)
+        if kernel is None:  # pragma: no cover - every op used here has one
+            from atbcore.errors import CapabilityError
+
+            raise CapabilityError(op, "no torch kernel", "a registered torch kernel", "none")
+        self.op, self.fn, self.launches = opdef.name, kernel.fn, kernel.launches
+        self.p = opdef.make_params(params)
+        self.names = opdef.input_names
+
+    def __call__(self, **ins: Any) -> list:
+        d = dict.fromkeys(self.names)
+        d.update(ins)
+        return self.fn(self.p, d)
+
+
+@dataclass(frozen=True)
+class Prep:
+    """How weights are prepared: ``opt_level`` (0 = unfused, model weights as they
+    are), compute ``dtype``, ``quantize`` (None | "w8"), ``device``."""
+
+    opt_level: int
+    dtype: torch.dtype
+    quantize: str | None = None
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def fused(self) -> bool:
+        return self.opt_level >= 1
+
+
+class Lin:
+    """A (possibly merged) Linear: ``lin(x) -> [..., out]``.
+
+    ``mode``: "dense" (weight ``[out, in]``, the model's own tensor), "t" (a merged
+    ``[in, out]`` contiguous copy; :meth:`into` is one ``mm``/``addmm`` into a
+    preallocated buffer) or "w8" (int8 ``[out, in]`` + per-channel scale)."""
+
+    def __init__(self, weights: list, biases: list, prep: Prep) -> None:
+        ws = [detach(w) for w in weights]
+        self.out_features = sum(w.shape[0] for w in ws)
+        self.in_features = ws[0].shape[1]
+        self.b = None
+        if any(b is not None for b in biases):
+            self.b = torch.cat([detach(b, prep.dtype) if b is not None else
+                                torch.zeros(w.shape[0], dtype=prep.dtype, device=w.device)
+                                for w, b in zip(ws, biases)]).to(prep.device)
+        self.scale = None
+        if prep.quantize == "w8":
+            from atbcore.ops.linear import quantize_w8
+
+            w = torch.cat(ws) if len(ws) > 1 else ws[0]
+            self.w, scale = quantize_w8(w)
+            self.w = self.w.to(prep.device).contiguous()
+            # bf16 activations take the int8pack kernel only with bf16 scales
+            self.scale = scale.to(prep.device, torch.bfloat16 if prep.dtype == torch.bfloat16
+                                  else torch.float32)
+            self.mode = "w8"
+            self.k = Kern("Linear", quant="w8", bias=self.b is not None)
+        elif prep.fused:
+            w = torch.cat(ws) if len(ws) > 1 else ws[0]
+            self.w = w.to(prep.device, prep.dtype).t().contiguous()       # [in, out]
+            self.mode = "t"
+            self.k = Kern("Linear", transpose_weight=False, bias=self.b is not None)
+        else:
+            assert len(ws) == 1, "opt 0 keeps Linears separate"
+            self.w = ws[0].to(prep.device, prep.dtype)
+            self.mode = "dense"
+            self.k = Kern("Linear", bias=self.b is not None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.k(x=x, weight=self.w, bias=self.b, scale=self.scale)[0]
+
+    def into(self, x2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``x2`` [M, in] -> ``out`` [M, out] in place (the decode fast path)."""
+        if self.mode == "t":
+            if self.b is None:
+                return torch.mm(x2, self.w, out=out)
+            return torch.addmm(self.b, x2, self.w, out=out)
+        return out.copy_(self(x2))
+
+    @property
+    def nbytes(self) -> int:
+        n = self.w.numel() * self.w.element_size()
+        return n + (0 if self.scale is None else self.scale.numel() * self.scale.element_size())
+
+
+class Norm:
+    """RmsNorm / LayerNorm with its Add+Norm variant (fused at opt >= 1)."""
+
+    def __init__(self, kind: str, w: Any, b: Any, eps: float, prep: Prep) -> None:
+        self.kind = kind
+        self.w = detach(w, prep.dtype)
+        self.b = detach(b, prep.dtype)
+        self.eps = float(eps)
+        name = "RmsNorm" if kind == "rms" else "LayerNorm"
+        self.k = Kern(name, eps=eps)
+        self.kadd = Kern("Add" + name, eps=eps) if prep.fused else None
+        self.kres = Kern("ResidualAdd")
+        self.launches = self.k.launches
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "rms":
+            return self.k(x=x, weight=self.w)[0]
+        return self.k(x=x, weight=self.w, bias=self.b)[0]
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``."""
+        if self.kadd is None:
+            s = self.kres(x=x, residual=residual)[0]
+            return self(s), s
+        if self.kind == "rms":
+            y, s = self.kadd(x=x, residual=residual, weight=self.w)
+        else:
+            y, s = self.kadd(x=x, residual=residual, weight=self.w, bias=self.b)
+        return y, s
+
+
+_GATED = {"silu": "swiglu", "gelu": "geglu", "gelu_tanh": "geglu_tanh"}
+
+
+class Act:
+    """The MLP activation: ``act(x)``; gated: ``act(gate) * up`` given either the
+    merged ``[..., 2I]`` (gate first) or ``gate`` and ``up`` apart."""
+
+    def __init__(self, name: str, gated: bool) -> None:
+        from atbcore.errors import AtbError
+        from atbcore.ops.activation import get_activation
+
+        self.gated = gated
+        self.torch_fn: Callable | None = None
+        try:
+            get_activation(name)
+        except AtbError:  # provided by a plugin's atb_activation hook only
+            from atbcore.plugin import resolve_activation
+
+            spec = resolve_activation(name)
+            if spec.torch_fn is None:
+                from .arch import unsupported
+
+                raise unsupported("hidden_act", "an activation with a torch function", name)
+            self.torch_fn = spec.torch_fn
+        self.k = None if self.torch_fn else Kern("Activation", activation_type=_GATED.get(name, name)
+                                                   if gated and name in _GATED else name)
+        self.split = gated and (self.torch_fn is not None or name not in _GATED)
+        self.mul = Kern("Elewise", elewise_type="mul")
+
+    def _plain(self, x: torch.Tensor) -> torch.Tensor:
+        if self.torch_fn is not None:
+            return self.torch_fn(x.float()).to(x.dtype)
+        return self.k(x=x)[0]
+
+    def __call__(self, x: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.gated:
+            return self._plain(x)
+        if not self.split:
+            return self.k(x=x, up=up)[0]
+        if up is None:
+            x, up = x.chunk(2, dim=-1)  # [..., 2I] -> gate, up
+        return self.mul(x=self._plain(x), y=up)[0]
+
+
+def moe_forward(x: torch.Tensor, router: torch.Tensor, experts: list[tuple[Lin, Lin]],
+                top_k: int, norm_topk: bool, act: Act) -> torch.Tensor:
+    """Mixtral-style MoE on ``x`` [..., H]: router softmax in fp32 over all experts,
+    top-k, optional renormalisation, weighted sum of the chosen experts' gated FFNs.
+    (No MoE kernel is registered in the core yet; this is its torch form.)"""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])                                        # [T, H]
+    logits = torch.mm(x2, router.t())                                    # [T, E]
+    probs = torch.softmax(logits.float(), dim=-1)
+    top_w, top_i = torch.topk(probs, top_k, dim=-1)                      # [T, k]
+    if norm_topk:
+        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x2)
+    hit = torch.unique(top_i).tolist()
+    for e in hit:
+        rows, slot = torch.where(top_i == e)
+        gu, down = experts[e]
+        y = down(act(gu(x2[rows])))                                      # [n, H]
+        out.index_add_(0, rows, (y * top_w[rows, slot, None]).to(out.dtype))
+    return out.reshape(shape)
