@@ -23,17 +23,39 @@ MindSpore is imported only when the backend is first used (:meth:`load`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import pkgutil
+import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from atbcore.backends.base import Backend, Check, Kernel
 
-__all__ = ["MindSporeBackend", "kernel", "MS_KERNELS", "register", "DEVICES"]
+__all__ = ["MindSporeBackend", "kernel", "MS_KERNELS", "register", "DEVICES", "blocked",
+           "blocked_reason"]
 
 MS_KERNELS: dict[str, Kernel] = {}
+_BLOCK = threading.local()
+
+
+def blocked_reason() -> str | None:
+    """Why this thread must not issue MindSpore ops right now (None: it may)."""
+    return getattr(_BLOCK, "reason", None)
+
+
+@contextlib.contextmanager
+def blocked(reason: str) -> Iterator[None]:
+    """Keep dispatch away from this backend (in this thread) while ``reason`` holds:
+    MindSpore ops called from a pyfunc custom op inside ``mindspore.jit`` under
+    PyNative wait for the graph that is calling them, forever."""
+    prev = getattr(_BLOCK, "reason", None)
+    _BLOCK.reason = reason
+    try:
+        yield
+    finally:
+        _BLOCK.reason = prev
 
 # Plain MindSpore ops exist for every device MindSpore runs on.
 DEVICES = ("cpu", "npu", "cuda")
@@ -64,7 +86,7 @@ class MindSporeBackend(Backend):
     def unavailable_reason(self) -> str | None:
         if importlib.util.find_spec("mindspore") is None:
             return "mindspore is not installed"
-        return None
+        return getattr(_BLOCK, "reason", None)
 
     def load(self) -> None:
         if self._loaded:
@@ -79,6 +101,17 @@ class MindSporeBackend(Backend):
             if not mod.name.startswith("_"):
                 importlib.import_module(f"{__name__}.{mod.name}")
         self.kernels = MS_KERNELS
+
+    def not_supported_reasons(self, opdef, p, ins) -> list[str]:
+        reasons = super().not_supported_reasons(opdef, p, ins)
+        if reasons:
+            return reasons
+        here = self.devices()
+        for n, d in ins.items():
+            if d is not None and d.device != "cpu" and not self.device_supported(d.device):
+                # the kernel would run on this process's device_target, not on the tensor's
+                return [f"input {n!r} on {d.device}; MindSpore runs on {'/'.join(here)} here"]
+        return []
 
     def devices(self) -> list[str]:
         from .._env import mindspore
