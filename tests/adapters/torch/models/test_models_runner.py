@@ -164,3 +164,25 @@ def test_contiguous_cache_editing():
     assert kv.length == 1
     with pytest.raises(Exception, match="write past the cache"):
         kv.write(0, torch.zeros(2, 5, 16), torch.zeros(2, 5, 16), 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: opt 3 captures the "
+                    "decode step as a CUDA graph (on the CPU it runs as opt 2, tested above)")
+def test_opt3_cuda_graph_decode():
+    m = tiny("llama").cuda()
+    c = compile(m, opt_level=3)
+    ids, mask = left_padded([5, 9], seed=14)
+    ids, mask = ids.cuda(), mask.cuda()
+    ref = m.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    assert torch.equal(c.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False), ref)
+    r = c.atb_runner
+    kv = r.new_cache(2, 64)
+    lg = r.prefill(ids, kv, attention_mask=mask)
+    lg = r.decode(lg.argmax(-1), kv).clone()
+    plan = next(p for p in kv.plans.values() if p is not None)
+    assert plan.static and plan.graph is not None  # each step is one graph replay
+    r1 = ModelRunner.from_hf(m, opt_level=1)  # the same step through the general path
+    kv1 = r1.new_cache(2, 64)
+    l1 = r1.prefill(ids, kv1, attention_mask=mask)
+    l1 = r1.decode(l1.argmax(-1), kv1)
+    assert_close(lg, l1, "fp32", "CUDA graph decode step")
