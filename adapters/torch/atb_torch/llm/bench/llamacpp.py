@@ -129,6 +129,7 @@ class LlamaCppDecoder:
         threads = torch.get_num_threads()
         self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=min(n_ctx, 512),
                          n_threads=threads, n_threads_batch=threads, verbose=False)
+        self.n_vocab = self.llm.n_vocab()
 
     @staticmethod
     def missing() -> list[str]:
@@ -151,18 +152,26 @@ class LlamaCppDecoder:
         except Exception as e:  # a conversion or load failure is a result to report
             return {"status": f"failed: {type(e).__name__}: {str(e)[:200]}"}
 
+    def _last_logits(self) -> np.ndarray:
+        # eval() keeps no scores unless every position's logits are computed
+        # (logits_all, which would slow the prefill): read the last row from the context
+        import llama_cpp
+
+        ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
     def greedy(self, ids: torch.Tensor, new_tokens: int) -> DecodeRun:
         llm = self.llm
         prompt = [int(t) for t in ids[0]]
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(prompt)
-        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        nxt = int(np.argmax(self._last_logits()))
         toks = [nxt]
         t1 = time.perf_counter()
         for _ in range(1, new_tokens):
             llm.eval([nxt])
-            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            nxt = int(np.argmax(self._last_logits()))
             toks.append(nxt)
         t2 = time.perf_counter()
         return DecodeRun(torch.tensor([toks]), t1 - t0, t2 - t1)
