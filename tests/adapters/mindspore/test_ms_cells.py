@@ -75,11 +75,9 @@ def test_seed_mlp_graph_op_runs_as_written():
     y = mlp(to_ms(x))
     assert isinstance(y, ms.Tensor) and y.shape == (2, 5, hidden_dim)
     params = {p.name: _np(p) for p in mlp.get_parameters()}
-    assert sorted(params) == ["graph_op.0.bias", "graph_op.0.weight", "graph_op.1.bias",
-                              "graph_op.1.weight", "graph_op.3.bias", "graph_op.3.weight"] or \
-        all(n.split(".", 1)[1] in {"0.bias", "0.weight", "1.bias", "1.weight", "3.bias", "3.weight"}
-            for n in params)
-    p = {n.split(".", 1)[1]: v.astype(np.float64) for n, v in params.items()}
+    assert sorted(params) == [f"{mlp.name}.{n}" for n in ("0.bias", "0.weight", "1.bias",
+                                                          "1.weight", "3.bias", "3.weight")]
+    p = {n[len(mlp.name) + 1:]: v.astype(np.float64) for n, v in params.items()}
     h = x.astype(np.float64)
     h = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
     h = h * p["0.weight"] + p["0.bias"]
@@ -240,3 +238,44 @@ def test_explain_and_save_load(tmp_path):
     again = atb.GraphOp.load(str(tmp_path / "g"))
     np.testing.assert_array_equal(_np(again(x)), y)
     assert {p.name for p in again.get_parameters()} >= {"tiny.linear.weight"}
+
+
+def test_seed_attention_block_runs_as_written():
+    """The seed's attention block with named layers, called with four tensors
+    (the three extra ones are ignored with a warning), in PyNative and GRAPH_MODE."""
+    hidden_dim, num_heads = 16, 2
+    attention_block = atb.GraphOp([
+        atb.LayerNorm("query", eps=1e-5),
+        atb.Linear("qkv_proj", out_features=3 * hidden_dim),
+        atb.FlashAttention("attn", num_heads=num_heads, causal=True),
+        atb.Linear("out_proj", out_features=hidden_dim),
+        atb.ResidualAdd("output", "input")
+    ])
+    query = key = value = residual = to_ms(rand([2, 5, hidden_dim], "fp32", 1))
+    with pytest.warns(UserWarning, match="ignored"):
+        output = attention_block(query, key, value, residual)
+    prefix = attention_block.name + "."
+    assert {p.name for p in attention_block.get_parameters()} == {
+        prefix + n for n in ("query.weight", "query.bias", "qkv_proj.weight", "qkv_proj.bias",
+                             "out_proj.weight", "out_proj.bias")}
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        again = attention_block(query, key, value, residual)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert_close(again, _np(output), "fp32")
+
+
+def test_bf16_graph_op_in_pynative_vs_numpy_reference():
+    def layers():
+        return [atb.LayerNorm(eps=1e-5), atb.Linear(out_features=32), atb.SiLU(),
+                atb.Linear(out_features=16), atb.ResidualAdd()]
+
+    x = to_ms(rand([2, 5, 16], "bf16", 3))
+    mlp, ref = atb.GraphOp(layers()), atb.GraphOp(layers(), backend="numpy").build(x)
+    for a, b in zip(mlp.build(x).get_parameters(), ref.get_parameters()):
+        b.set_data(a.copy())
+    y = mlp(x)
+    assert y.dtype == ms.bfloat16
+    assert {c.backend for c in mlp.core.last_plan.calls} == {"mindspore"}
+    assert_close(y, _np(ref(x)), "bf16")

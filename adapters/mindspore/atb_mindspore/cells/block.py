@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from atbcore.graph.graph_op import GraphOp as CoreGraphOp
-from atbcore.graph.ir import Graph
 from atbcore.tensor import TensorDesc, describe, is_tensor
 
 from .._env import mindspore
@@ -151,7 +150,3 @@ class Block:
             return core.infer_shape(descs)[:len(core.graph.outputs) - 2 * len(core._kv.slots)]
         return core.infer_shape(list(descs))
 
-
-def graph_weights(graph: Graph) -> dict[str, Any]:
-    """A core graph's weights by id."""
-    return dict(graph.weights)

@@ -147,7 +147,8 @@ class GraphOp(AtbCell):
 
     def register_plugin(self, point: str, plugin: Any) -> "GraphOp":
         """Run ``plugin`` at ``point`` (one of ``atbcore.plugin.POINTS``); it sees and
-        returns MindSpore tensors in PyNative, NumPy arrays in GRAPH_MODE."""
+        returns MindSpore tensors (NumPy arrays under ``mindspore.jit`` in PyNative
+        mode, where the pyfunc must not issue MindSpore ops)."""
         from atbcore.plugin import POINTS
         from atbcore.errors import ParamsError
 
