@@ -70,9 +70,8 @@ class AtbCausalLMMixin:
         r = self.atb_runner
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-        if token_type_ids is not None and r.spec.arch != "gpt2":
-            raise CapabilityError("compile", "token_type_ids", "None for this architecture",
-                                  "a tensor")
+        if r.spec.arch != "gpt2":
+            token_type_ids = None  # only GPT-2 embeds them; the other families ignore them too
         src = input_ids if input_ids is not None else inputs_embeds
         b, t = src.shape[0], src.shape[1]
         use_cache = self.config.use_cache if use_cache is None else use_cache

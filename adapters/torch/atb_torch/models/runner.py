@@ -29,6 +29,13 @@ Entry points (all under ``torch.no_grad``; tensors on the runner's device):
 * :meth:`encode` — encoders (BERT): padding tokens are dropped before the first layer
   (any mask pattern), attention runs varlen over per-row lengths, outputs are padded
   back (zeros at padding); returns ``(last_hidden_state, pooler_output | None)``.
+
+Diagnostics: ``runner.stats`` (``plans_built``, ``plan_steps``, ``general_steps``,
+``prefix_hits``), ``runner.weight_bytes`` (weights read per decode step: the GEMV
+floor), ``plan.launches`` and :func:`.plan.count_ops` (launches per step).
+
+Threading: a runner and its caches serve one caller at a time (plans write shared
+buffers); use one runner per thread.
 """
 
 from __future__ import annotations
