@@ -95,6 +95,27 @@ def test_paged_forward_matches_contiguous(llama):
     assert r.forward_paged(torch.tensor([5, 6]), batch, paged, all_logits=True).shape == (2, 256)
 
 
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "mixtral", "gpt2"])
+def test_paged_matches_contiguous_per_arch(arch):
+    r = ModelRunner.from_hf(tiny(arch), opt_level=2)
+    s = r.spec
+    prompts = [torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(n))
+               for n in (5, 11)]
+    paged = PagedKVCache(s.num_layers, num_blocks=32, block_size=4, num_kv_heads=s.num_kv_heads,
+                         head_dim=s.head_dim, dtype="fp32")
+    batch = paged.prepare_prefill(["a", "b"], [p.tolist() for p in prompts])
+    logits = r.forward_paged(torch.cat(prompts), batch, paged)
+    paged.mark_computed(["a", "b"])
+    caches = [r.new_cache(1, 32) for _ in prompts]
+    ref = torch.cat([r.prefill(p[None], c) for p, c in zip(prompts, caches)])
+    for step in range(7):  # past Mistral's window of 6
+        assert_close(logits, ref, "fp32", f"{arch} paged step {step}")
+        nxt = ref.argmax(-1)
+        batch = paged.prepare_decode(["a", "b"], [[int(t)] for t in nxt])
+        logits = r.forward_paged(nxt, batch, paged)
+        ref = torch.cat([r.decode(nxt[i:i + 1], c).clone() for i, c in enumerate(caches)])
+
+
 def test_hf_cache_in_and_growth(llama):
     from transformers import DynamicCache
 
