@@ -220,7 +220,9 @@ class _MindSporeBridge(_Bridge):
     name = "mindspore"
 
     def matches(self, x: Any) -> bool:
-        return "mindspore" in sys.modules and _module_root(x) == "mindspore" and hasattr(x, "asnumpy")
+        # isinstance, not the module name: a Parameter's class lives in module "abc"
+        ms = sys.modules.get("mindspore")
+        return ms is not None and isinstance(x, ms.Tensor)
 
     def describe(self, x: Any) -> TensorDesc:
         return TensorDesc(tuple(x.shape), Dtype.of(str(x.dtype)))

@@ -79,20 +79,20 @@ def test_kernels_see_mindspore_tensors_as_they_are():
 
 
 def test_plugin_module_registers_backend_and_bridge(monkeypatch):
-    """What the ``atb`` entry point ``atb_mindspore = "atb_mindspore.plugin"`` does,
-    on a private plugin manager."""
+    """What the ``atb`` entry point ``atb_mindspore = "atb_plugins.mindspore_adapter"``
+    does (MindSpore loaded), on a private plugin manager."""
     import atbcore.tensor as core_tensor
     from atbcore.backends import _BACKENDS, get_backend
     from atbcore.plugin.manager import AtbPluginManager
 
     import atb_mindspore.bridge as bridge
-    import atb_mindspore.plugin as plug
+    import atb_plugins.mindspore_adapter as plug
 
     monkeypatch.delitem(_BACKENDS, "mindspore")
     monkeypatch.setitem(core_tensor._BRIDGES, "mindspore", core_tensor._MindSporeBridge())
     monkeypatch.setattr(bridge, "_INSTALLED", False)
     p = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="p")
-    assert not is_tensor(p)                       # the core's own bridge misses Parameters
+    assert is_tensor(p)                           # the core's bridge knows Parameters too
     pm = AtbPluginManager()
     pm.register(plug, name="atb_mindspore_test")
     assert get_backend("mindspore").native_first
