@@ -7,6 +7,12 @@ faster on the gate+up part here (2 CPU threads, H 1024-2048, 1-256 rows, median
 of alternating runs), but the cached copy would double the gate/up weight memory
 for the life of the weights. Callers who want the merged GEMM pass
 ``gate_up_merged=True`` with a ``[2I, H]`` weight (the graph fusion does that once).
+
+On the CPU the activation (gated or not) and the gate/up biases are one C kernel
+over the fp32 GEMM output (bias+GELU for BERT-style FFNs), and the residual rides
+in the down projection's GEMM (``addmm``): an fp32 merged SwiGLU FFN with a
+residual is three launches (GEMM, C activation, GEMM), where the torch
+composite makes five.
 """
 
 from __future__ import annotations
@@ -14,22 +20,63 @@ from __future__ import annotations
 import torch
 
 from ...ops.ffn import ffn_layout
+from ..cpu_kernels import torch_ops as ck
 from . import kernel
+from .activation import c_activation
 from .linear import mm_fp32
 
 __all__: list[str] = []
 
 
-@kernel("FusedFeedForward", impl="mm (gate/up) + registry activation + mm (down), fp32 compute",
-        launches=5)
+def _wt(ins, lay, w: str) -> torch.Tensor:
+    return ins[w] if lay.transposed[w] else ins[w].t()                     # [in, out]
+
+
+@kernel("FusedFeedForward", impl="mm (gate/up) + C bias+activation (CPU) + addmm (down, residual)"
+        ", fp32 compute; else registry torch activation",
+        launches=ck.c_launches(5, with_c=3))
 def fused_feed_forward(p, ins):
     x = ins["x"]
     lay = ffn_layout("FusedFeedForward", p, {n: t.shape for n, t in ins.items() if t is not None})
     act = p.activation
+    name, why = c_activation(act)
+    why = why or ck.why_not(x)
+    if why:
+        ck.log_fallback("FusedFeedForward", why)
+        return _composite(p, ins, lay)
+    x2 = x.reshape(-1, lay.hidden)                                          # [T, H]
+    b = {n: ins.get(n[:-1] + "b") for n in ("gate_up_w", "gate_w", "up_w", "down_w")}
+    if p.gate_up_merged:
+        gu = mm_fp32(x2, _wt(ins, lay, "gate_up_w"))                        # [T, 2I] fp32
+        bgu = b["gate_up_w"]
+        h = ck.activation(gu, name, split=True, bias=None if bgu is None else bgu[:lay.inter],
+                          bias_up=None if bgu is None else bgu[lay.inter:])
+    elif act.gated:
+        g = mm_fp32(x2, _wt(ins, lay, "gate_w"))                            # [T, I] fp32
+        u = mm_fp32(x2, _wt(ins, lay, "up_w"))
+        h = ck.activation(g, name, up=u, bias=b["gate_w"], bias_up=b["up_w"])
+    else:                                                                   # bias + act
+        h = ck.activation(mm_fp32(x2, _wt(ins, lay, "up_w")), name, bias=b["up_w"])
+    wd = _wt(ins, lay, "down_w").float()                                    # [I, H]
+    r, bd = ins.get("residual"), b["down_w"]
+    if r is not None:
+        y = torch.addmm(r.reshape(-1, lay.hidden).float(), h, wd)          # y = r + h @ wd
+        if bd is not None:
+            y = y.add_(bd.float())
+    elif bd is not None:
+        y = torch.addmm(bd.float(), h, wd)
+    else:
+        y = torch.mm(h, wd)
+    return [y.to(x.dtype).reshape(x.shape)]
+
+
+def _composite(p, ins, lay):
+    """The torch path (CUDA, plugin activations, no C compiler)."""
+    x = ins["x"]
+    act = p.activation
 
     def proj(a: torch.Tensor, w: str) -> torch.Tensor:
-        wt = ins[w] if lay.transposed[w] else ins[w].t()                    # [in, out]
-        y = mm_fp32(a, wt)                                                  # fp32
+        y = mm_fp32(a, _wt(ins, lay, w))                                    # fp32
         b = ins.get(w[:-1] + "b")
         return y if b is None else y.add_(b.float())
 

@@ -1,18 +1,37 @@
-"""Torch kernels for the norms: torch's fused layer_norm / rms_norm, computed in
-fp32 for half types so results round once."""
+"""Torch kernels for the norms.
+
+On the CPU each call is one C kernel (:mod:`atbcore.backends.cpu_kernels`):
+RmsNorm / LayerNorm and their residual-add forms read x (and the residual)
+once per pass, compute in fp32 and round once, writing into planned ``out``
+buffers when given. Elsewhere (CUDA, or no C compiler) the torch composite
+runs: ``F.layer_norm`` / ``F.rms_norm`` in fp32 (``F.rms_norm`` alone is six
+aten ops on the CPU), plus an add for the residual forms; the fallback is
+logged with its reason. Declared launches are the CPU counts (see
+``tests/core/backends/test_launch_counts.py``).
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from ..cpu_kernels import torch_ops as ck
 from . import kernel
+
+__all__: list[str] = []
 
 
 def _shape(p, x, w):
     if p.normalized_shape:
         return list(p.normalized_shape)
     return list(w.shape) if w is not None else [x.shape[-1]]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
 
 
 def _f32(t):
@@ -30,23 +49,54 @@ def _rms_norm(p, x, w):
     return F.rms_norm(_f32(x), _shape(p, x, w), wf, p.eps).to(x.dtype)
 
 
-@kernel("LayerNorm", impl="torch.nn.functional.layer_norm (fp32 compute)")
-def layer_norm(p, ins):
-    return [_layer_norm(p, ins["x"], ins["weight"], ins["bias"])]
+@kernel("LayerNorm", impl="C layer_norm, one pass (CPU); else F.layer_norm (fp32 compute)",
+        launches=ck.c_launches(1), writes_out=True)
+def layer_norm(p, ins, out=None):
+    x, w, b = ins["x"], ins["weight"], ins["bias"]
+    why = ck.why_not(x, w, b)
+    if why is None:
+        y, _ = ck.layer_norm(x, w, b, _numel(_shape(p, x, w)), p.eps, out=ck.out_at(out, 0))
+        return [y]
+    ck.log_fallback("LayerNorm", why)
+    return [ck.into(out, 0, _layer_norm(p, x, w, b))]
 
 
-@kernel("RmsNorm", impl="torch.nn.functional.rms_norm (fp32 compute)")
-def rms_norm(p, ins):
-    return [_rms_norm(p, ins["x"], ins["weight"])]
+@kernel("RmsNorm", impl="C rms_norm, one pass (CPU); else F.rms_norm (fp32 compute)",
+        launches=ck.c_launches(6), writes_out=True)
+def rms_norm(p, ins, out=None):
+    x, w = ins["x"], ins["weight"]
+    why = ck.why_not(x, w)
+    if why is None:
+        y, _ = ck.rms_norm(x, w, _numel(_shape(p, x, w)), p.eps, p.weight_offset,
+                           out=ck.out_at(out, 0))
+        return [y]
+    ck.log_fallback("RmsNorm", why)
+    return [ck.into(out, 0, _rms_norm(p, x, w))]
 
 
-@kernel("AddLayerNorm", impl="add + torch layer_norm", launches=2)
-def add_layer_norm(p, ins):
-    s = torch.add(ins["x"], ins["residual"])
-    return [_layer_norm(p, s, ins["weight"], ins["bias"]), s]
+@kernel("AddLayerNorm", impl="C add + layer_norm, one kernel (CPU); else add + F.layer_norm",
+        launches=ck.c_launches(2), writes_out=True)
+def add_layer_norm(p, ins, out=None):
+    x, r, w, b = ins["x"], ins["residual"], ins["weight"], ins["bias"]
+    why = ck.why_not(x, r, w, b)
+    if why is None:
+        y, s = ck.layer_norm(x, w, b, _numel(_shape(p, x, w)), p.eps, residual=r,
+                             out=ck.out_at(out, 0), sum_out=ck.out_at(out, 1))
+        return [y, s]
+    ck.log_fallback("AddLayerNorm", why)
+    s = torch.add(x, r)
+    return [ck.into(out, 0, _layer_norm(p, s, w, b)), ck.into(out, 1, s)]
 
 
-@kernel("AddRmsNorm", impl="add + torch rms_norm", launches=2)
-def add_rms_norm(p, ins):
-    s = torch.add(ins["x"], ins["residual"])
-    return [_rms_norm(p, s, ins["weight"]), s]
+@kernel("AddRmsNorm", impl="C add + rms_norm, one kernel (CPU); else add + F.rms_norm",
+        launches=ck.c_launches(7), writes_out=True)
+def add_rms_norm(p, ins, out=None):
+    x, r, w = ins["x"], ins["residual"], ins["weight"]
+    why = ck.why_not(x, r, w)
+    if why is None:
+        y, s = ck.rms_norm(x, w, _numel(_shape(p, x, w)), p.eps, p.weight_offset, residual=r,
+                           out=ck.out_at(out, 0), sum_out=ck.out_at(out, 1))
+        return [y, s]
+    ck.log_fallback("AddRmsNorm", why)
+    s = torch.add(x, r)
+    return [ck.into(out, 0, _rms_norm(p, s, w)), ck.into(out, 1, s)]

@@ -1,0 +1,103 @@
+/* Activations, gated (SwiGLU / GeGLU) or not, with optional biases:
+ *   y = act(x + bias) * (up + bias_up)      (up given: gated)
+ *   y = act(x + bias)                        (bias+GELU after a GEMM)
+ * Rows of n elements; a one-input gated call passes up = x + n with both row
+ * strides 2n. fp32 math, one rounding at the store.
+ */
+#include "common.h"
+
+enum { ACT_SILU = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_QUICK_GELU = 3, ACT_RELU = 4,
+       ACT_NONE = 5 };
+
+typedef struct {
+    int64_t x, up, y, bias, bias_up;  /* addresses; 0 = absent */
+    int64_t dt, bias_dt, act, rows, n;
+    int64_t x_stride, up_stride, y_stride;
+} ActArgs;
+
+#define P(v) ((void *)(intptr_t)(v))
+
+/* erfc(z), relative error < 1.2e-7 in exact arithmetic (Numerical Recipes'
+ * Chebyshev fit); branch-free, so it vectorises. */
+static inline float atb_erfcf(float z) {
+    float za = fabsf(z);
+    float t = 1.0f / (1.0f + 0.5f * za);
+    float p = 0.17087277f;
+    p = p * t - 0.82215223f;
+    p = p * t + 1.48851587f;
+    p = p * t - 1.13520398f;
+    p = p * t + 0.27886807f;
+    p = p * t - 0.18628806f;
+    p = p * t + 0.09678418f;
+    p = p * t + 0.37409196f;
+    p = p * t + 1.00002368f;
+    p = p * t - 1.26551223f;
+    float r = t * atb_expf(p - za * za);
+    return z >= 0.0f ? r : 2.0f - r;
+}
+
+static void apply(int act, int64_t m, float *v) {
+    switch (act) {
+    case ACT_SILU:
+#pragma omp simd
+        for (int64_t i = 0; i < m; ++i) v[i] = v[i] / (1.0f + atb_expf(-v[i]));
+        break;
+    case ACT_GELU:
+        /* 0.5 x (1 + erf(x / sqrt2)) = 0.5 x erfc(-x / sqrt2): no cancellation for x < 0 */
+#pragma omp simd
+        for (int64_t i = 0; i < m; ++i) v[i] = 0.5f * v[i] * atb_erfcf(-v[i] * 0.70710678118654752f);
+        break;
+    case ACT_GELU_TANH:
+        /* 0.5 x (1 + tanh(u)) = x * sigmoid(2u) */
+#pragma omp simd
+        for (int64_t i = 0; i < m; ++i) {
+            float x = v[i], u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+            v[i] = x / (1.0f + atb_expf(-2.0f * u));
+        }
+        break;
+    case ACT_QUICK_GELU:
+#pragma omp simd
+        for (int64_t i = 0; i < m; ++i) v[i] = v[i] / (1.0f + atb_expf(-1.702f * v[i]));
+        break;
+    case ACT_RELU:
+#pragma omp simd
+        for (int64_t i = 0; i < m; ++i) v[i] = v[i] < 0.0f ? 0.0f : v[i];
+        break;
+    default:
+        break;
+    }
+}
+
+ATB_API int64_t atb_activation(const void *args) {
+    ActArgs a;
+    memcpy(&a, args, sizeof a);
+    if (!a.x || !a.y || a.n < 0 || a.rows < 0 || a.act < 0 || a.act > ACT_NONE)
+        return ATB_ERR_ARGS;
+    const int dt = (int)a.dt, bdt = (int)a.bias_dt;
+    float bx[ATB_BLOCK], bu[ATB_BLOCK], bb[ATB_BLOCK];
+    for (int64_t r = 0; r < a.rows; ++r)
+        for (int64_t j = 0; j < a.n; j += ATB_BLOCK) {
+            int64_t m = a.n - j < ATB_BLOCK ? a.n - j : ATB_BLOCK;
+            const float *x = atb_load(P(a.x), dt, r * a.x_stride + j, m, bx);
+            if (x != bx) memcpy(bx, x, (size_t)m * 4); /* fp32 input: work in a scratch */
+            if (a.bias) {
+                const float *b = atb_load(P(a.bias), bdt, j, m, bb);
+#pragma omp simd
+                for (int64_t i = 0; i < m; ++i) bx[i] += b[i];
+            }
+            apply((int)a.act, m, bx);
+            if (a.up) {
+                const float *u = atb_load(P(a.up), dt, r * a.up_stride + j, m, bu);
+                if (a.bias_up) {
+                    const float *b = atb_load(P(a.bias_up), bdt, j, m, bb);
+#pragma omp simd
+                    for (int64_t i = 0; i < m; ++i) bx[i] *= u[i] + b[i];
+                } else {
+#pragma omp simd
+                    for (int64_t i = 0; i < m; ++i) bx[i] *= u[i];
+                }
+            }
+            atb_store(P(a.y), dt, r * a.y_stride + j, m, bx);
+        }
+    return 0;
+}

@@ -1,0 +1,296 @@
+"""The C kernels on torch CPU tensors: one C call (one launch) per function.
+
+Each function reads the tensors' addresses and strides, packs the argument
+block, calls the kernel and returns torch tensors. Outputs are written into
+the given ``out`` tensors when those have the input's dtype and rows of unit
+stride (planned arena buffers do), else into fresh ones. Inputs whose rows
+cannot be addressed with one row stride are made contiguous first (one copy);
+:func:`why_not` tells a caller when the C path cannot run at all (no library,
+not the CPU, a dtype other than fp32/bf16/fp16) so it runs its torch
+composite instead.
+
+Imported only by the torch backend (it imports torch).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import torch
+
+from .bindings import entry, unavailable_reason
+
+__all__ = ["why_not", "rms_norm", "layer_norm", "rope", "activation", "softmax", "DTYPE_CODES",
+           "ACT_CODES", "MAX_ROTARY_DIM", "c_launches", "log_fallback", "into", "out_at"]
+
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_BOOL = 3
+ACT_CODES = {"silu": 0, "swish": 0, "gelu": 1, "gelu_tanh": 2, "quick_gelu": 3, "relu": 4,
+             "none": 5}
+MAX_ROTARY_DIM = 1024  # ATB_ROPE_MAX_RD in rope.c
+_SM_DIMS = 8           # ATB_SM_DIMS in softmax.c
+
+_NORM = struct.Struct("<16q2d")
+_ROPE = struct.Struct("<44q")
+_ACT = struct.Struct("<13q")
+_SOFTMAX = struct.Struct(f"<13q{2 * _SM_DIMS}qqd")
+
+_calls: dict[str, Any] = {}
+
+
+def _fn(name: str) -> Any:
+    f = _calls.get(name)
+    if f is None:
+        f = _calls[name] = entry(name)
+    return f
+
+
+def why_not(*tensors: Any) -> str | None:
+    """Why the C kernels cannot take these tensors (None = they can)."""
+    why = unavailable_reason()
+    if why:
+        return why
+    for t in tensors:
+        if t is None:
+            continue
+        if t.device.type != "cpu":
+            return f"C kernels run on the CPU; tensor on {t.device}"
+        if t.dtype not in DTYPE_CODES:
+            return f"C kernels take fp32/bf16/fp16; given {str(t.dtype)[6:]}"
+    return None
+
+
+def _rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """``t`` as ``[rows, n]`` with unit inner stride (a view when possible), and its row stride."""
+    try:
+        t2 = t.view(-1, n)
+    except RuntimeError:
+        t2 = t.reshape(-1, n)
+    if t2.shape[0] > 0 and t2.stride(1) != 1:
+        t2 = t2.contiguous()
+    return t2, t2.stride(0)
+
+
+def _out_rows(out: torch.Tensor | None, like: torch.Tensor, n: int
+              ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(tensor to return, its [rows, n] view, row stride) for an output shaped like ``like``."""
+    if out is not None and out.dtype == like.dtype and out.shape == like.shape:
+        try:
+            o2 = out.view(-1, n)
+            if o2.shape[0] == 0 or o2.stride(1) == 1:
+                return out, o2, o2.stride(0)
+        except RuntimeError:
+            pass
+    y = torch.empty(like.shape, dtype=like.dtype)
+    return y, y.view(-1, n), n
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"C kernel {what} failed with status {status} (bad arguments)")
+
+
+def _deliver(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    # an unusable out buffer (strided, other dtype) still receives the result
+    if out is not None and out is not y:
+        out.copy_(y)
+        return out
+    return y
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, n: int, eps: float, w_offset: float = 0.0,
+             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+             sum_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RmsNorm over the last ``n`` elements (AddRmsNorm with ``residual``): ``(y, sum)``."""
+    return _norm("rms_norm", x, w, None, n, eps, w_offset, residual, out, sum_out)
+
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, n: int,
+               eps: float, residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+               sum_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """LayerNorm over the last ``n`` elements (AddLayerNorm with ``residual``): ``(y, sum)``."""
+    return _norm("layer_norm", x, w, b, n, eps, 0.0, residual, out, sum_out)
+
+
+def _norm(name, x, w, b, n, eps, w_offset, residual, out, sum_out):
+    x2, xs = _rows(x, n)
+    y, y2, ys = _out_rows(out, x, n)
+    r2, rs, s, s2, ss = None, 0, None, None, 0
+    if residual is not None:
+        r2, rs = _rows(residual, n)
+        s, s2, ss = _out_rows(sum_out, x, n)
+    wv = None if w is None else w.reshape(-1).contiguous()
+    bv = None if b is None else b.reshape(-1).contiguous()
+    args = _NORM.pack(
+        x2.data_ptr(), 0 if r2 is None else r2.data_ptr(), 0 if s2 is None else s2.data_ptr(),
+        y2.data_ptr(), 0 if wv is None else wv.data_ptr(), 0 if bv is None else bv.data_ptr(),
+        DTYPE_CODES[x.dtype], 0 if wv is None else DTYPE_CODES[wv.dtype],
+        0 if bv is None else DTYPE_CODES[bv.dtype], x2.shape[0], n, xs, rs, ss, ys, 0,
+        float(eps), float(w_offset))
+    _check(_fn(name)(args), name)
+    return _deliver(out, y), (None if s is None else _deliver(sum_out, s))
+
+
+def _bshd(t: torch.Tensor, layout: str, head_dim: int) -> tuple[int, int, int]:
+    """Element strides of (batch, seq, head) for a q/k/v tensor in ``layout`` (D unit stride)."""
+    st = t.stride()
+    if layout == "BSH":
+        return st[0], st[1], head_dim * st[2]
+    if layout == "BNSD":
+        return st[0], st[2], st[1]
+    return st[0], st[1], st[2]
+
+
+def _unit_last(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None or t.numel() == 0 or t.stride(-1) == 1:
+        return t
+    return t.contiguous()
+
+
+def rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, *,
+         layout: str, head_dim: int, rotary_dim: int, q_heads: int, k_heads: int,
+         interleave: bool, batch: int, seq: int, table_len: int, pos: torch.Tensor | None = None,
+         tab_offset: int = 0, q_out: torch.Tensor | None = None,
+         k_out: torch.Tensor | None = None, v: torch.Tensor | None = None,
+         v_out: torch.Tensor | None = None, cache_len: int = 0, cache_offset: int = 0
+         ) -> int:
+    """Rotate q (and k) into ``q_out`` / ``k_out`` (which may be q / k: in place).
+
+    ``cos``/``sin``: ``[P, rd]`` tables indexed by ``pos`` (or ``s + tab_offset``),
+    or per token ``[B|1, S, rd]`` (``tab_offset`` 0, ``table_len`` S). With
+    ``cache_len > 0``, ``k_out``/``v_out`` are ``[B, cache_len, Hk, D]`` caches
+    and token ``(b, s)`` is written at row ``pos[b, s]`` (or ``s + cache_offset``).
+    Returns 0, or the table length needed when a position is past ``table_len``
+    (nothing is written then; grow the table and call again). Raises ValueError
+    for a negative position or one past the cache.
+    """
+    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    cs_sb = cos.stride(0) if cos.dim() == 3 and cos.shape[0] > 1 else 0
+    pos_sb = 0
+    if pos is not None:
+        pos = _unit_last(pos)
+        pos_sb = pos.stride(0) if pos.dim() == 2 and pos.shape[0] > 1 else 0
+    qo = q if q_out is None else q_out
+    cache_lay = "BSND" if cache_len else layout
+    z3 = (0, 0, 0)
+    args = _ROPE.pack(
+        q.data_ptr(), qo.data_ptr(), 0 if k is None else k.data_ptr(),
+        0 if k_out is None else k_out.data_ptr(), 0 if v is None else v.data_ptr(),
+        0 if v_out is None else v_out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        0 if pos is None else pos.data_ptr(),
+        DTYPE_CODES[q.dtype], DTYPE_CODES[cos.dtype], int(pos is not None and pos.dtype == torch.int32),
+        int(interleave), batch, seq, head_dim, rotary_dim, q_heads, k_heads or 0,
+        *_bshd(q, layout, head_dim), *_bshd(qo, layout, head_dim),
+        *(z3 if k is None else _bshd(k, layout, head_dim)),
+        *(z3 if k_out is None else _bshd(k_out, cache_lay, head_dim)),
+        *(z3 if v is None else _bshd(v, layout, head_dim)),
+        *(z3 if v_out is None else _bshd(v_out, cache_lay, head_dim)),
+        cs_sb, cos.stride(-2), table_len, tab_offset, pos_sb, cache_len, cache_offset)
+    status = _fn("rope")(args)
+    if status == -2:
+        raise ValueError("negative position id")
+    if status == -3:
+        raise ValueError(f"position past the cache length {cache_len}")
+    if status < 0:
+        _check(status, "rope")
+    return status
+
+
+def activation(x: torch.Tensor, act: str, *, up: torch.Tensor | None = None,
+               split: bool = False, bias: torch.Tensor | None = None,
+               bias_up: torch.Tensor | None = None, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """``act(x + bias) [* (up + bias_up)]``; ``split``: x is ``[..., 2n]`` = gate | up."""
+    n = x.shape[-1] // 2 if split else x.shape[-1]
+    if split:
+        x2, xs = _rows(x, 2 * n)                                  # [rows, 2n]
+        g_ptr, u_ptr, us = x2.data_ptr(), x2.data_ptr() + n * x.element_size(), xs
+        like = x2[:, :n]
+        shape = (*x.shape[:-1], n)
+    else:
+        x2, xs = _rows(x, n)
+        g_ptr, u_ptr, us = x2.data_ptr(), 0, 0
+        if up is not None:
+            u2, us = _rows(up, n)
+            u_ptr = u2.data_ptr()
+        like, shape = x2, x.shape
+    rows = x2.shape[0]
+    if out is not None and out.dtype == x.dtype and tuple(out.shape) == tuple(shape):
+        y, y2, ys = _out_rows(out, out, n)
+    else:
+        y = torch.empty(shape, dtype=x.dtype)
+        y2, ys = y.view(-1, n), n
+    bv = None if bias is None else bias.reshape(-1).contiguous()
+    bu = None if bias_up is None else bias_up.reshape(-1).contiguous()
+    del like
+    args = _ACT.pack(g_ptr, u_ptr, y2.data_ptr(), 0 if bv is None else bv.data_ptr(),
+                     0 if bu is None else bu.data_ptr(), DTYPE_CODES[x.dtype],
+                     DTYPE_CODES[bv.dtype] if bv is not None else (
+                         DTYPE_CODES[bu.dtype] if bu is not None else 0),
+                     ACT_CODES[act], rows, n, xs, us, ys)
+    _check(_fn("activation")(args), "activation")
+    return _deliver(out, y)
+
+
+def softmax(x: torch.Tensor, *, scale: float = 1.0, mask: torch.Tensor | None = None,
+            causal: bool = False, empty_rows_zero: bool = False,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax over the last axis of ``x * scale (+ mask)``, causal over the last two axes."""
+    n = x.shape[-1]
+    x2, xs = _rows(x, n)
+    y, y2, ys = _out_rows(out, x, n)
+    lead = list(x.shape[:-1]) or [1]
+    mstr = [0] * len(lead)
+    mlast, mdt, mptr = 0, 0, 0
+    if mask is not None:
+        me = mask.expand(x.shape)                                 # a view: broadcast strides
+        if x.dim() > 1:
+            mstr = list(me.stride()[:-1])
+        mlast, mptr = me.stride(-1), me.data_ptr()
+        mdt = _BOOL if mask.dtype == torch.bool else DTYPE_CODES[mask.dtype]
+    if len(lead) > _SM_DIMS:  # fold the outer dims (a mask broadcast over them only)
+        raise ValueError(f"softmax C kernel takes at most {_SM_DIMS} leading dims")
+    pad = _SM_DIMS - len(lead)
+    args = _SOFTMAX.pack(x2.data_ptr(), y2.data_ptr(), mptr, DTYPE_CODES[x.dtype], mdt,
+                         x2.shape[0], n, xs, ys, int(causal),
+                         x.shape[-2] if causal else 0, int(empty_rows_zero), len(lead),
+                         *lead, *([1] * pad), *mstr, *([0] * pad), mlast, float(scale))
+    _check(_fn("softmax")(args), "softmax")
+    return _deliver(out, y)
+
+
+# ---------------------------------------------------------------- for the torch kernels
+_logged: set[tuple[str, str]] = set()
+
+
+def c_launches(composite: int, with_c: int = 1) -> int:
+    """A kernel's declared launches: ``with_c`` (one C kernel, plus any GEMMs around
+    it) when the C kernels load here, else its torch composite's count."""
+    return with_c if unavailable_reason() is None else composite
+
+
+def log_fallback(op: str, why: str) -> None:
+    """Say (once per op and reason at INFO, then at DEBUG) that the torch composite runs."""
+    from ...log import logger
+
+    key = (op, why)
+    level = 10 if key in _logged else 20
+    _logged.add(key)
+    logger.log(level, "%s: C kernel skipped (%s) -> torch composite", op, why)
+
+
+def into(out: list | None, i: int, y: torch.Tensor) -> torch.Tensor:
+    """Put a composite's result ``y`` into ``out[i]`` when a buffer was given."""
+    o = None if out is None or i >= len(out) else out[i]
+    if o is None or o is y:
+        return y
+    o.copy_(y)
+    return o
+
+
+def out_at(out: list | None, i: int) -> torch.Tensor | None:
+    """``out[i]`` or None."""
+    return None if out is None or i >= len(out) else out[i]
