@@ -11,7 +11,9 @@ from ...ops.attention import split_packed
 from ...ops.fused import attention_part, rope_part
 from ...ops.registry import get_op
 from ...tensor import TensorDesc
+from ..cpu_kernels import torch_ops as ck
 from . import TORCH_KERNELS, kernel
+from .rope import rope_with_v
 
 __all__: list[str] = []
 
@@ -20,8 +22,8 @@ def _part(op: str):
     return TORCH_KERNELS[op].fn
 
 
-@kernel("RopeFlashAttention", impl="torch rotary (q, k) + torch scaled_dot_product_attention",
-        launches=3)
+@kernel("RopeFlashAttention", impl="C rope of q, k + contiguous v in one kernel (CPU; else torch "
+        "rotary + copy) + torch scaled_dot_product_attention", launches=ck.c_launches(12, with_c=2))
 def rope_flash_attention(p, ins):
     descs = {n: None if x is None else TensorDesc.of(x) for n, x in ins.items()}
     dims, _ = get_op("RopeFlashAttention")._split(p, descs)
@@ -29,10 +31,11 @@ def rope_flash_attention(p, ins):
     if dims.packed:
         q, k, v = split_packed(q, dims)
     rp = rope_part(p, dims.heads, dims.kv_heads, dims.head_dim, dims.layout)
-    qr, kr = _part("RoPE")(rp, {"q": q, "k": k, "position_ids": ins.get("position_ids"),
-                                "cos": ins.get("cos"), "sin": ins.get("sin")})
+    # one C kernel rotates q, k and lays v (a packed-QKV slice) out contiguously
+    qr, kr, vc = rope_with_v(rp, {"q": q, "k": k, "position_ids": ins.get("position_ids"),
+                                  "cos": ins.get("cos"), "sin": ins.get("sin")}, v)
     fa = attention_part(p).replace(num_heads=dims.heads, num_kv_heads=dims.kv_heads)
-    return _part("FlashAttention")(fa, {"q": qr, "k": kr, "v": v.contiguous(),
+    return _part("FlashAttention")(fa, {"q": qr, "k": kr, "v": vc,
                                         "mask": ins.get("mask"), "seq_lens": ins.get("seq_lens")})
 
 

@@ -19,7 +19,7 @@ def _mask(lens: torch.Tensor, s: int, side: str) -> torch.Tensor:
     return pos < lens if side == "right" else pos >= s - lens
 
 
-@kernel("Unpad", impl="torch boolean-mask select + cumsum", launches=3)
+@kernel("Unpad", impl="torch boolean-mask select + cumsum", launches=6)
 def unpad(p, ins):
     x, lens = ins["x"], ins["seq_lens"]
     packed = x[_mask(lens, x.shape[1], p.padding_side)]  # [T, ...]
@@ -27,7 +27,7 @@ def unpad(p, ins):
     return [packed, cu]
 
 
-@kernel("Pad", impl="torch.full + boolean-mask scatter", launches=2)
+@kernel("Pad", impl="torch.full + boolean-mask scatter", launches=5)
 def pad(p, ins):
     x, lens = ins["packed"], ins["seq_lens"]
     b = lens.shape[0]

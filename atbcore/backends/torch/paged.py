@@ -17,7 +17,7 @@ __all__ = ["reshape_and_cache", "paged_attention"]
 
 
 @kernel("ReshapeAndCache", impl="torch indexed write into the block caches (in place)",
-        launches=2)
+        launches=8)
 def reshape_and_cache(p, ins):
     kc, vc = ins["key_cache"], ins["value_cache"]
     slots = ins["slot_mapping"].long()
@@ -36,7 +36,7 @@ def _gather(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 @kernel("PagedAttention", impl="block gather + torch scaled_dot_product_attention "
-        "(fp32 compute)")
+        "(fp32 compute)", launches=18)
 def paged_attention(p, ins):
     q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
     bt, ctx, qsl = ins["block_tables"], ins["context_lens"], ins.get("q_seq_lens")

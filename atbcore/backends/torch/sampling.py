@@ -40,7 +40,7 @@ def _sample_sorted(sl: torch.Tensor, u: torch.Tensor, p) -> torch.Tensor:
 
 
 @kernel("TopkToppSampling", impl="torch sort + cumsum inverse-CDF sampling (float64)",
-        launches=8)
+        launches=23)
 def topk_topp_sampling(p, ins):
     x = ins["logits"]
     if p.temperature == 0.0:

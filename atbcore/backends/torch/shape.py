@@ -37,7 +37,7 @@ def reshape(p, ins):
         return [x.reshape(shape)]
 
 
-@kernel("Split", impl="torch.split + contiguous copies")
+@kernel("Split", impl="torch.split + contiguous copies (one per part)", launches=2)
 def split(p, ins):
     x = ins["x"]
     dim, sizes = split_sizes("Split", p, describe(x))
