@@ -9,12 +9,13 @@ compiler rebuilds and an unchanged one loads in microseconds. Concurrent
 processes each compile to a private temporary file and rename it into place
 (atomic), so nobody loads a half-written library.
 
-Instruction set: on x86-64 the build targets ``x86-64-v3`` (AVX2 + FMA + F16C)
-when ``/proc/cpuinfo`` (or the CPU flags) say the machine has it, ``x86-64-v4``
-(AVX-512) only when asked with ``ATB_CPU_ISA=avx512`` (these kernels are
-memory bound: 512-bit vectors measured no faster here), and the generic
-baseline otherwise or when the ISA build fails. ``ATB_CPU_ISA=generic`` forces
-the baseline. Threading: none (the kernels run on the caller's thread; decode
+Instruction set: on x86-64 the build targets ``x86-64-v4`` (AVX-512, 512-bit
+vectors) when ``/proc/cpuinfo`` lists its flags, else ``x86-64-v3`` (AVX2 + FMA +
+F16C), else the generic baseline, which is also the fallback when an ISA build
+fails. Measured here (2 cores, activations over 11008 floats, ns/element, v4 vs
+v3): SiLU 0.72 vs 1.38, GELU 2.0 vs 3.6; relu (memory bound) 0.10 vs 0.29.
+``ATB_CPU_ISA=avx2`` caps the build at v3, ``ATB_CPU_ISA=generic`` forces the
+baseline. Threading: none (the kernels run on the caller's thread; decode
 rows are one row, and a second OpenMP runtime next to torch's would fight it
 for the cores).
 """
@@ -82,7 +83,7 @@ def isa_flags() -> list[tuple[str, tuple[str, ...]]]:
     out = []
     v3 = {"avx2", "fma", "f16c", "bmi2", "movbe"} <= flags
     v4 = v3 and {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"} <= flags
-    if want == "avx512" and v4:
+    if v4 and want != "avx2":
         out.append(("x86-64-v4", ("-march=x86-64-v4", "-mprefer-vector-width=512")))
     if v3:
         out.append(("x86-64-v3", ("-march=x86-64-v3",)))

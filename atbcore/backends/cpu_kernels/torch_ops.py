@@ -54,36 +54,43 @@ def why_not(*tensors: Any) -> str | None:
     for t in tensors:
         if t is None:
             continue
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             return f"C kernels run on the CPU; tensor on {t.device}"
         if t.dtype not in DTYPE_CODES:
             return f"C kernels take fp32/bf16/fp16; given {str(t.dtype)[6:]}"
     return None
 
 
-def _rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
-    """``t`` as ``[rows, n]`` with unit inner stride (a view when possible), and its row stride."""
+# The per-call Python work below is kept to attribute reads (~0.1 us each): a
+# contiguous tensor is passed as is (rows n apart), only strided ones are viewed.
+def _rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int, int]:
+    """``(t2, rows, row stride)``: ``t`` as rows of ``n`` unit-stride elements (a view
+    when possible, else a contiguous copy the caller keeps alive for the call)."""
+    if t.is_contiguous():
+        return t, (t.numel() // n if n else 0), n
     try:
         t2 = t.view(-1, n)
     except RuntimeError:
         t2 = t.reshape(-1, n)
     if t2.shape[0] > 0 and t2.stride(1) != 1:
         t2 = t2.contiguous()
-    return t2, t2.stride(0)
+    return t2, t2.shape[0], t2.stride(0)
 
 
-def _out_rows(out: torch.Tensor | None, like: torch.Tensor, n: int
-              ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(tensor to return, its [rows, n] view, row stride) for an output shaped like ``like``."""
+def _out(out: torch.Tensor | None, like: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """``(y, row stride)``: ``out`` when it can take rows shaped like ``like``, else a new tensor."""
     if out is not None and out.dtype == like.dtype and out.shape == like.shape:
+        if out.is_contiguous():
+            return out, n
         try:
             o2 = out.view(-1, n)
             if o2.shape[0] == 0 or o2.stride(1) == 1:
-                return out, o2, o2.stride(0)
+                return out, o2.stride(0)
         except RuntimeError:
             pass
-    y = torch.empty(like.shape, dtype=like.dtype)
-    return y, y.view(-1, n), n
+    if like.is_contiguous():
+        return torch.empty_like(like), n
+    return torch.empty(like.shape, dtype=like.dtype), n
 
 
 def _check(status: int, what: str) -> None:
@@ -97,6 +104,15 @@ def _deliver(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
         out.copy_(y)
         return out
     return y
+
+
+def _vec(t: torch.Tensor | None) -> tuple[int, int, torch.Tensor | None]:
+    """(address, dtype code, tensor kept alive) of a weight/bias vector."""
+    if t is None:
+        return 0, 0, None
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.data_ptr(), DTYPE_CODES[t.dtype], t
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, n: int, eps: float, w_offset: float = 0.0,
@@ -114,21 +130,20 @@ def layer_norm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, 
 
 
 def _norm(name, x, w, b, n, eps, w_offset, residual, out, sum_out):
-    x2, xs = _rows(x, n)
-    y, y2, ys = _out_rows(out, x, n)
-    r2, rs, s, s2, ss = None, 0, None, None, 0
+    x2, rows, xs = _rows(x, n)
+    y, ys = _out(out, x, n)
+    r2, rs, s, ss = None, 0, None, 0
     if residual is not None:
-        r2, rs = _rows(residual, n)
-        s, s2, ss = _out_rows(sum_out, x, n)
-    wv = None if w is None else w.reshape(-1).contiguous()
-    bv = None if b is None else b.reshape(-1).contiguous()
+        r2, _, rs = _rows(residual, n)
+        s, ss = _out(sum_out, x, n)
+    wp, wdt, wk = _vec(w)
+    bp, bdt, bk = _vec(b)
     args = _NORM.pack(
-        x2.data_ptr(), 0 if r2 is None else r2.data_ptr(), 0 if s2 is None else s2.data_ptr(),
-        y2.data_ptr(), 0 if wv is None else wv.data_ptr(), 0 if bv is None else bv.data_ptr(),
-        DTYPE_CODES[x.dtype], 0 if wv is None else DTYPE_CODES[wv.dtype],
-        0 if bv is None else DTYPE_CODES[bv.dtype], x2.shape[0], n, xs, rs, ss, ys, 0,
-        float(eps), float(w_offset))
+        x2.data_ptr(), 0 if r2 is None else r2.data_ptr(), 0 if s is None else s.data_ptr(),
+        y.data_ptr(), wp, bp, DTYPE_CODES[x.dtype], wdt, bdt, rows, n, xs, rs, ss, ys, 0,
+        eps, w_offset)
     _check(_fn(name)(args), name)
+    del wk, bk
     return _deliver(out, y), (None if s is None else _deliver(sum_out, s))
 
 
@@ -204,35 +219,32 @@ def activation(x: torch.Tensor, act: str, *, up: torch.Tensor | None = None,
                bias_up: torch.Tensor | None = None, out: torch.Tensor | None = None
                ) -> torch.Tensor:
     """``act(x + bias) [* (up + bias_up)]``; ``split``: x is ``[..., 2n]`` = gate | up."""
-    n = x.shape[-1] // 2 if split else x.shape[-1]
     if split:
-        x2, xs = _rows(x, 2 * n)                                  # [rows, 2n]
-        g_ptr, u_ptr, us = x2.data_ptr(), x2.data_ptr() + n * x.element_size(), xs
-        like = x2[:, :n]
+        n = x.shape[-1] // 2
+        x2, rows, xs = _rows(x, 2 * n)                           # [rows, 2n]
+        g_ptr = x2.data_ptr()
+        u_ptr, us = g_ptr + n * x.element_size(), xs
         shape = (*x.shape[:-1], n)
+        y = out if (out is not None and out.dtype == x.dtype and out.shape == shape
+                    and out.is_contiguous()) else torch.empty(shape, dtype=x.dtype)
+        ys = n
     else:
-        x2, xs = _rows(x, n)
-        g_ptr, u_ptr, us = x2.data_ptr(), 0, 0
+        n = x.shape[-1]
+        x2, rows, xs = _rows(x, n)
+        g_ptr, u_ptr, us, u2 = x2.data_ptr(), 0, 0, None
         if up is not None:
-            u2, us = _rows(up, n)
+            u2, _, us = _rows(up, n)
             u_ptr = u2.data_ptr()
-        like, shape = x2, x.shape
-    rows = x2.shape[0]
-    if out is not None and out.dtype == x.dtype and tuple(out.shape) == tuple(shape):
-        y, y2, ys = _out_rows(out, out, n)
-    else:
-        y = torch.empty(shape, dtype=x.dtype)
-        y2, ys = y.view(-1, n), n
-    bv = None if bias is None else bias.reshape(-1).contiguous()
-    bu = None if bias_up is None else bias_up.reshape(-1).contiguous()
-    del like
-    args = _ACT.pack(g_ptr, u_ptr, y2.data_ptr(), 0 if bv is None else bv.data_ptr(),
-                     0 if bu is None else bu.data_ptr(), DTYPE_CODES[x.dtype],
-                     DTYPE_CODES[bv.dtype] if bv is not None else (
-                         DTYPE_CODES[bu.dtype] if bu is not None else 0),
+        y, ys = _out(out, x, n)
+    bp, bdt, bk = _vec(bias)
+    bup, budt, buk = _vec(bias_up)
+    args = _ACT.pack(g_ptr, u_ptr, y.data_ptr(), bp, bup, DTYPE_CODES[x.dtype], bdt or budt,
                      ACT_CODES[act], rows, n, xs, us, ys)
     _check(_fn("activation")(args), "activation")
     return _deliver(out, y)
+
+
+_NO_LEAD = (1,) * _SM_DIMS + (0,) * _SM_DIMS
 
 
 def softmax(x: torch.Tensor, *, scale: float = 1.0, mask: torch.Tensor | None = None,
@@ -240,24 +252,23 @@ def softmax(x: torch.Tensor, *, scale: float = 1.0, mask: torch.Tensor | None = 
             out: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax over the last axis of ``x * scale (+ mask)``, causal over the last two axes."""
     n = x.shape[-1]
-    x2, xs = _rows(x, n)
-    y, y2, ys = _out_rows(out, x, n)
-    lead = list(x.shape[:-1]) or [1]
-    mstr = [0] * len(lead)
-    mlast, mdt, mptr = 0, 0, 0
-    if mask is not None:
+    x2, rows, xs = _rows(x, n)
+    y, ys = _out(out, x, n)
+    if mask is None:
+        nd, geom, mlast, mdt, mptr = 1, _NO_LEAD, 0, 0, 0
+    else:
+        lead = list(x.shape[:-1]) or [1]
+        if len(lead) > _SM_DIMS:
+            raise ValueError(f"softmax C kernel takes at most {_SM_DIMS} leading dims")
         me = mask.expand(x.shape)                                 # a view: broadcast strides
-        if x.dim() > 1:
-            mstr = list(me.stride()[:-1])
+        mstr = list(me.stride()[:-1]) if x.dim() > 1 else [0]
+        pad = _SM_DIMS - len(lead)
+        nd, geom = len(lead), (*lead, *([1] * pad), *mstr, *([0] * pad))
         mlast, mptr = me.stride(-1), me.data_ptr()
         mdt = _BOOL if mask.dtype == torch.bool else DTYPE_CODES[mask.dtype]
-    if len(lead) > _SM_DIMS:  # fold the outer dims (a mask broadcast over them only)
-        raise ValueError(f"softmax C kernel takes at most {_SM_DIMS} leading dims")
-    pad = _SM_DIMS - len(lead)
-    args = _SOFTMAX.pack(x2.data_ptr(), y2.data_ptr(), mptr, DTYPE_CODES[x.dtype], mdt,
-                         x2.shape[0], n, xs, ys, int(causal),
-                         x.shape[-2] if causal else 0, int(empty_rows_zero), len(lead),
-                         *lead, *([1] * pad), *mstr, *([0] * pad), mlast, float(scale))
+    args = _SOFTMAX.pack(x2.data_ptr(), y.data_ptr(), mptr, DTYPE_CODES[x.dtype], mdt, rows, n,
+                         xs, ys, int(causal), x.shape[-2] if causal else 0, int(empty_rows_zero),
+                         nd, *geom, mlast, scale)
     _check(_fn("softmax")(args), "softmax")
     return _deliver(out, y)
 

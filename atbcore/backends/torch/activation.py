@@ -39,7 +39,19 @@ def c_activation(act: ActivationFn) -> tuple[str | None, str]:
     """(C activation name, '') when the C kernel computes ``act``, else (None, why).
 
     Only the built-in formulas qualify: a plugin that re-registers a name must
-    see its own function run."""
+    see its own function run. Memoised per registry entry (entries are immutable)."""
+    hit = _NAMES.get(id(act))
+    if hit is not None and hit[0] is act:
+        return hit[1]
+    res = _c_activation(act)
+    _NAMES[id(act)] = (act, res)
+    return res
+
+
+_NAMES: dict[int, tuple[ActivationFn, tuple[str | None, str]]] = {}
+
+
+def _c_activation(act: ActivationFn) -> tuple[str | None, str]:
     base = _gated_base(act) if act.gated else act
     name = None if base is None else _ELEMENTWISE.get(base.torch_fn)
     if name is None:

@@ -42,6 +42,18 @@ def softmax_fp32(z: torch.Tensor, axes: tuple[int, ...], empty_rows_zero: bool) 
     return e.div_(s)
 
 
+_AXES: dict[tuple, tuple[int, ...]] = {}
+
+
+def _axes(op: str, p, x) -> tuple[int, ...]:
+    """``softmax_axes`` memoised per (op, dim, rank): it only depends on those."""
+    key = (op, p.dim, x.dim())
+    axes = _AXES.get(key)
+    if axes is None:
+        axes = _AXES[key] = softmax_axes(op, p, describe(x))
+    return axes
+
+
 def _c_why(x, axes, mask=None) -> str | None:
     if axes != (x.dim() - 1,):
         return f"softmax over axes {list(axes)}, not the last one"
@@ -56,7 +68,7 @@ def _c_why(x, axes, mask=None) -> str | None:
         "(fp32 compute)", launches=ck.c_launches(1), writes_out=True)
 def softmax(p, ins, out=None):
     x = ins["x"]
-    axes = softmax_axes("Softmax", p, describe(x))
+    axes = _axes("Softmax", p, x)
     why = _c_why(x, axes)
     if why is None:
         return [ck.softmax(x, out=ck.out_at(out, 0))]
@@ -68,7 +80,7 @@ def softmax(p, ins, out=None):
         "scale+mask, torch.softmax (fp32 compute)", launches=ck.c_launches(9), writes_out=True)
 def scaled_masked_softmax(p, ins, out=None):
     x, mask = ins["x"], ins.get("mask")
-    axes = softmax_axes("ScaledMaskedSoftmax", p, describe(x))
+    axes = _axes("ScaledMaskedSoftmax", p, x)
     masked = mask is not None or p.causal
     why = _c_why(x, axes, mask)
     if why is None:

@@ -36,34 +36,36 @@ static inline float atb_erfcf(float z) {
     return z >= 0.0f ? r : 2.0f - r;
 }
 
-static void apply(int act, int64_t m, float *v) {
+/* v[i] = act(x[i]); x may be v */
+static void apply(int act, int64_t m, const float *x, float *v) {
     switch (act) {
     case ACT_SILU:
 #pragma omp simd
-        for (int64_t i = 0; i < m; ++i) v[i] = v[i] / (1.0f + atb_expf(-v[i]));
+        for (int64_t i = 0; i < m; ++i) v[i] = x[i] / (1.0f + atb_expf(-x[i]));
         break;
     case ACT_GELU:
         /* 0.5 x (1 + erf(x / sqrt2)) = 0.5 x erfc(-x / sqrt2): no cancellation for x < 0 */
 #pragma omp simd
-        for (int64_t i = 0; i < m; ++i) v[i] = 0.5f * v[i] * atb_erfcf(-v[i] * 0.70710678118654752f);
+        for (int64_t i = 0; i < m; ++i) v[i] = 0.5f * x[i] * atb_erfcf(-x[i] * 0.70710678118654752f);
         break;
     case ACT_GELU_TANH:
         /* 0.5 x (1 + tanh(u)) = x * sigmoid(2u) */
 #pragma omp simd
         for (int64_t i = 0; i < m; ++i) {
-            float x = v[i], u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-            v[i] = x / (1.0f + atb_expf(-2.0f * u));
+            float u = 0.7978845608028654f * (x[i] + 0.044715f * x[i] * x[i] * x[i]);
+            v[i] = x[i] / (1.0f + atb_expf(-2.0f * u));
         }
         break;
     case ACT_QUICK_GELU:
 #pragma omp simd
-        for (int64_t i = 0; i < m; ++i) v[i] = v[i] / (1.0f + atb_expf(-1.702f * v[i]));
+        for (int64_t i = 0; i < m; ++i) v[i] = x[i] / (1.0f + atb_expf(-1.702f * x[i]));
         break;
     case ACT_RELU:
 #pragma omp simd
-        for (int64_t i = 0; i < m; ++i) v[i] = v[i] < 0.0f ? 0.0f : v[i];
+        for (int64_t i = 0; i < m; ++i) v[i] = x[i] < 0.0f ? 0.0f : x[i];
         break;
     default:
+        if (v != x) memcpy(v, x, (size_t)m * 4);
         break;
     }
 }
@@ -79,25 +81,27 @@ ATB_API int64_t atb_activation(const void *args) {
         for (int64_t j = 0; j < a.n; j += ATB_BLOCK) {
             int64_t m = a.n - j < ATB_BLOCK ? a.n - j : ATB_BLOCK;
             const float *x = atb_load(P(a.x), dt, r * a.x_stride + j, m, bx);
-            if (x != bx) memcpy(bx, x, (size_t)m * 4); /* fp32 input: work in a scratch */
-            if (a.bias) {
+            if (a.bias) { /* into the scratch: never write the caller's input */
                 const float *b = atb_load(P(a.bias), bdt, j, m, bb);
 #pragma omp simd
-                for (int64_t i = 0; i < m; ++i) bx[i] += b[i];
+                for (int64_t i = 0; i < m; ++i) bx[i] = x[i] + b[i];
+                x = bx;
             }
-            apply((int)a.act, m, bx);
+            /* fp32 output: compute straight into it (elementwise, so y may alias x) */
+            float *o = dt == ATB_F32 ? (float *)P(a.y) + r * a.y_stride + j : bx;
+            apply((int)a.act, m, x, o);
             if (a.up) {
                 const float *u = atb_load(P(a.up), dt, r * a.up_stride + j, m, bu);
                 if (a.bias_up) {
                     const float *b = atb_load(P(a.bias_up), bdt, j, m, bb);
 #pragma omp simd
-                    for (int64_t i = 0; i < m; ++i) bx[i] *= u[i] + b[i];
+                    for (int64_t i = 0; i < m; ++i) o[i] *= u[i] + b[i];
                 } else {
 #pragma omp simd
-                    for (int64_t i = 0; i < m; ++i) bx[i] *= u[i];
+                    for (int64_t i = 0; i < m; ++i) o[i] *= u[i];
                 }
             }
-            atb_store(P(a.y), dt, r * a.y_stride + j, m, bx);
+            if (dt != ATB_F32) atb_store(P(a.y), dt, r * a.y_stride + j, m, o);
         }
     return 0;
 }

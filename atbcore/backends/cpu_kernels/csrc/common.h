@@ -148,12 +148,9 @@ static inline float atb_expf(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    /* 2^k split in two factors so k = 128 (x near hi) does not overflow the bits */
-    int32_t ki = (int32_t)k;
-    int32_t k1 = ki >> 1, k2 = ki - k1;
-    float s1 = atb_bits_to_f32((uint32_t)(k1 + 127) << 23);
-    float s2 = atb_bits_to_f32((uint32_t)(k2 + 127) << 23);
-    float y = p * s1 * s2;
+    /* p * 2^(k-1) * 2: k = 128 (x near hi) stays a normal float; k = -126 flushes
+     * to 0, which only the x < lo branch below could have produced anyway */
+    float y = p * atb_bits_to_f32((uint32_t)((int32_t)k + 126) << 23) * 2.0f;
     y = x > hi ? INFINITY : y;
     return x < lo ? 0.0f : y;
 }

@@ -50,7 +50,8 @@ static int rms_norm(const void *x, const void *res, void *sum, void *y, const vo
             if (!res) v = atb_load(x, dt, xo + j, m, bx);
             else if (sum) v = atb_load(sum, dt, so + j, m, bx);
             else v = add_block(x, res, NULL, dt, xo + j, ro + j, 0, m, bx, br);
-            float *o = bx; /* v is bx (in place, elementwise) or the fp32 source */
+            /* fp32: straight into y; else into bx (v is bx or the source: elementwise) */
+            float *o = dt == ATB_F32 ? (float *)y + r * y_stride + j : bx;
             if (w) {
                 const float *wf = atb_load(w, w_dt, j, m, bw);
 #pragma omp simd
@@ -59,7 +60,7 @@ static int rms_norm(const void *x, const void *res, void *sum, void *y, const vo
 #pragma omp simd
                 for (int64_t i = 0; i < m; ++i) o[i] = v[i] * inv;
             }
-            atb_store(y, dt, r * y_stride + j, m, o);
+            if (dt != ATB_F32) atb_store(y, dt, r * y_stride + j, m, o);
         }
     }
     return 0;
@@ -75,19 +76,25 @@ static int layer_norm(const void *x, const void *res, void *sum, void *y, const 
         /* the (rounded) input this row normalises: x, or the stored sum */
         const void *src = x;
         int64_t src_o = xo;
-        float acc = 0.0f;
+        /* the mean is summed relative to the row's first value: an fp32 sum of
+         * values with a large common offset (a mean of 100, say) would lose the
+         * digits that the normalised output is made of */
+        float acc = 0.0f, shift = 0.0f;
         for (int64_t j = 0; j < n; j += ATB_BLOCK) {
             int64_t m = n - j < ATB_BLOCK ? n - j : ATB_BLOCK;
             const float *v = res ? add_block(x, res, sum, dt, xo + j, ro + j, so + j, m, bx, br)
                                  : atb_load(x, dt, xo + j, m, bx);
+            if (j == 0) shift = v[0];
 #pragma omp simd reduction(+ : acc)
-            for (int64_t i = 0; i < m; ++i) acc += v[i];
+            for (int64_t i = 0; i < m; ++i) acc += v[i] - shift;
         }
         if (res && sum) {
             src = sum;
             src_o = so;
         }
-        const float mean = acc / (float)n;
+        /* deviations are taken as (v - shift) - md: v - shift is exact for values near
+         * the first one, so a large offset costs no digits here either */
+        const float md = acc / (float)n;
         /* second pass for the variance: exact for rows with a large mean */
         float var = 0.0f;
         for (int64_t j = 0; j < n; j += ATB_BLOCK) {
@@ -95,30 +102,33 @@ static int layer_norm(const void *x, const void *res, void *sum, void *y, const 
             const float *v = (res && !sum) ? add_block(x, res, NULL, dt, xo + j, ro + j, 0, m, bx, br)
                                            : atb_load(src, dt, src_o + j, m, bx);
 #pragma omp simd reduction(+ : var)
-            for (int64_t i = 0; i < m; ++i) var += (v[i] - mean) * (v[i] - mean);
+            for (int64_t i = 0; i < m; ++i) {
+                const float dv = (v[i] - shift) - md;
+                var += dv * dv;
+            }
         }
         const float inv = 1.0f / sqrtf(var / (float)n + eps);
         for (int64_t j = 0; j < n; j += ATB_BLOCK) {
             int64_t m = n - j < ATB_BLOCK ? n - j : ATB_BLOCK;
             const float *v = (res && !sum) ? add_block(x, res, NULL, dt, xo + j, ro + j, 0, m, bx, br)
                                            : atb_load(src, dt, src_o + j, m, bx);
-            float *o = bx;
+            float *o = dt == ATB_F32 ? (float *)y + r * y_stride + j : bx;
             const float *wf = w ? atb_load(w, w_dt, j, m, bw) : NULL;
             const float *bf = b ? atb_load(b, b_dt, j, m, bb) : NULL;
             if (wf && bf) {
 #pragma omp simd
-                for (int64_t i = 0; i < m; ++i) o[i] = (v[i] - mean) * inv * wf[i] + bf[i];
+                for (int64_t i = 0; i < m; ++i) o[i] = ((v[i] - shift) - md) * inv * wf[i] + bf[i];
             } else if (wf) {
 #pragma omp simd
-                for (int64_t i = 0; i < m; ++i) o[i] = (v[i] - mean) * inv * wf[i];
+                for (int64_t i = 0; i < m; ++i) o[i] = ((v[i] - shift) - md) * inv * wf[i];
             } else if (bf) {
 #pragma omp simd
-                for (int64_t i = 0; i < m; ++i) o[i] = (v[i] - mean) * inv + bf[i];
+                for (int64_t i = 0; i < m; ++i) o[i] = ((v[i] - shift) - md) * inv + bf[i];
             } else {
 #pragma omp simd
-                for (int64_t i = 0; i < m; ++i) o[i] = (v[i] - mean) * inv;
+                for (int64_t i = 0; i < m; ++i) o[i] = ((v[i] - shift) - md) * inv;
             }
-            atb_store(y, dt, r * y_stride + j, m, o);
+            if (dt != ATB_F32) atb_store(y, dt, r * y_stride + j, m, o);
         }
     }
     return 0;
