@@ -38,13 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="atb weight-only int8 per output channel")
     p.add_argument("--baseline", action="append", choices=BASELINES, default=[],
                    help="extra baseline: torch.compile (HF + static cache), llama.cpp "
-                   "(GGUF F32/BF16/Q8_0 via llama-cpp-python); onnxruntime (MiniLM) runs "
-                   "whenever it is installed")
+                   "(GGUF F32/BF16/Q8_0 via llama-cpp-python); onnxruntime (MiniLM's "
+                   "transformer-optimized export) runs whenever installed, in --quick "
+                   "only when named")
     p.add_argument("--quick", action="store_true",
                    help="small prompt/generation sizes and few repeats (a smoke run)")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (5; quick 3)")
     p.add_argument("--sentences", type=int, default=None,
-                   help="MiniLM sentences per run (256; quick 64)")
+                   help="MiniLM sentences per run (256; quick 32)")
     p.add_argument("--no-encoder", action="store_true", help="skip the MiniLM benchmark")
     p.add_argument("--no-decoder", action="store_true", help="skip the decoder benchmark")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")

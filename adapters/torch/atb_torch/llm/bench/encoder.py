@@ -80,7 +80,9 @@ def bench_encoder(path: str, s: EncoderSettings, progress: Progress | None = Non
 
     engines: dict[str, Callable[[], Any]] = {"hf_eager": enc(st), "atb": enc(fast)}
     runs: dict[str, dict] = {}
-    if s.onnxruntime:
+    if not s.onnxruntime:
+        runs["onnxruntime"] = {"status": "skipped (quick run: --baseline onnxruntime adds it)"}
+    else:
         from .onnx_encoder import OrtEncoder
 
         ort = OrtEncoder.create(st, path)

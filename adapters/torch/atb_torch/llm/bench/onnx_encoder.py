@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +60,14 @@ class OrtEncoder:
                 return self.m(input_ids=input_ids, attention_mask=attention_mask,
                               token_type_ids=token_type_ids).last_hidden_state
 
-        torch.onnx.export(Wrapped(bert).eval(), (ids, mask, tt), str(raw),
-                          input_names=["input_ids", "attention_mask", "token_type_ids"],
-                          output_names=["last_hidden_state"],
-                          dynamic_axes={"input_ids": axes, "attention_mask": axes,
-                                        "token_type_ids": axes, "last_hidden_state": axes},
-                          opset_version=17, dynamo=False)
+        with warnings.catch_warnings():  # tracer warnings about HF's shape checks
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Wrapped(bert).eval(), (ids, mask, tt), str(raw),
+                              input_names=["input_ids", "attention_mask", "token_type_ids"],
+                              output_names=["last_hidden_state"],
+                              dynamic_axes={"input_ids": axes, "attention_mask": axes,
+                                            "token_type_ids": axes, "last_hidden_state": axes},
+                              opset_version=17, dynamo=False)
         model = optimizer.optimize_model(str(raw), model_type="bert",
                                          num_heads=cfg.num_attention_heads,
                                          hidden_size=cfg.hidden_size)

@@ -24,7 +24,7 @@ from .report import table_rows
 __all__ = ["BenchSettings", "run_bench", "QUICK", "FULL"]
 
 # (prompt_len, new_tokens, repeats, sentences) of a quick and a full run
-QUICK = dict(prompt_len=32, new_tokens=16, repeats=3, sentences=64)
+QUICK = dict(prompt_len=32, new_tokens=16, repeats=3, sentences=32)
 FULL = dict(prompt_len=128, new_tokens=64, repeats=5, sentences=256)
 
 Progress = Callable[[str, int], Callable[[], None]]
@@ -136,7 +136,7 @@ def run_bench(s: BenchSettings, progress: Progress | None = None) -> dict[str, A
         else:
             enc_s = EncoderSettings(sentences=s.pick("sentences"), dtype=torch_dtype(
                 s.atb_dtype or s.dtype), repeats=s.pick("repeats"),
-                onnxruntime=True)
+                onnxruntime=not s.quick or "onnxruntime" in s.baselines)
             t1 = time.perf_counter()
             res["encoder"] = {"name": "MiniLM-L6", **bench_encoder(str(path), enc_s, progress),
                               "section_s": time.perf_counter() - t1}
