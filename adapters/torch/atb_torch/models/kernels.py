@@ -33,7 +33,7 @@ class Kern:
     """The torch kernel of one atb op with params bound once: ``k(x=..., weight=...)``
     returns the kernel's output list."""
 
-    __slots__ = ("op", "fn", "p", "names", "launches")
+    __slots__ = ("op", "fn", "p", "names", "launches", "writes_out")
 
     def __init__(self, op: str, **params: Any) -> None:
         opdef = get_op(op)
@@ -43,6 +43,8 @@ class Kern:
 
             raise CapabilityError(op, "no torch kernel", "a registered torch kernel", "none")
         self.op, self.fn, self.launches = opdef.name, kernel.fn, kernel.launches
+        # kernels declaring writes_out accept fn(params, ins, out=[...]) (planned buffers)
+        self.writes_out = bool(getattr(kernel, "writes_out", False))
         self.p = opdef.make_params(params)
         self.names = opdef.input_names
 

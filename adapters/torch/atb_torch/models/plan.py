@@ -165,7 +165,14 @@ class DecodePlan:
         if blk.q_norm is not None:  # per-head RmsNorm before RoPE (Qwen3)
             self._call(lambda: q.copy_(blk.q_norm(q)), blk.q_norm.launches + 1)
             self._call(lambda: k.copy_(blk.k_norm(k)), blk.k_norm.launches + 1)
-        if s.rope is not None:  # q and k heads are adjacent in qkv: one rotation
+        if s.rope is not None and blk.rope.writes_out:  # the RoPE kernel, in place in qkv
+            qv = qkv[:, :s.q_size].view(b, 1, s.q_size)                  # BSH, S = 1
+            kv_ = qkv[:, s.q_size:s.q_size + s.kv_size].view(b, 1, s.kv_size)
+            ins = dict.fromkeys(blk.rope.names)
+            ins.update(q=qv, k=kv_, cos=self.cos, sin=self.sin)          # per-token tables
+            self._call(functools.partial(blk.rope.fn, blk.rope.p, ins, out=[qv, kv_]),
+                       blk.rope.launches)
+        elif s.rope is not None:  # q and k heads are adjacent in qkv: one rotation
             self._rope(qkv[:, :s.q_size + s.kv_size].view(b, nh + nkv, hd))
         new_kv = qkv[:, s.q_size:].view(b, 2, nkv, hd).transpose(0, 1)  # [2, B, KV, D]
         kv = self.cache.layer(blk.idx)                                   # [2, B, cap, KV, D]
