@@ -17,22 +17,17 @@ typedef struct {
 
 #define P(v) ((void *)(intptr_t)(v))
 
-/* erfc(z), relative error < 1.2e-7 in exact arithmetic (Numerical Recipes'
- * Chebyshev fit); branch-free, so it vectorises. */
+/* erfc(z) = t P(t) exp(-z^2), t = 1 / (1 + p|z|) for z >= 0 (Abramowitz & Stegun
+ * 7.1.26, absolute error < 1.5e-7), 2 - erfc(-z) below: branch-free, vectorises. */
 static inline float atb_erfcf(float z) {
     float za = fabsf(z);
-    float t = 1.0f / (1.0f + 0.5f * za);
-    float p = 0.17087277f;
-    p = p * t - 0.82215223f;
-    p = p * t + 1.48851587f;
-    p = p * t - 1.13520398f;
-    p = p * t + 0.27886807f;
-    p = p * t - 0.18628806f;
-    p = p * t + 0.09678418f;
-    p = p * t + 0.37409196f;
-    p = p * t + 1.00002368f;
-    p = p * t - 1.26551223f;
-    float r = t * atb_expf(p - za * za);
+    float t = 1.0f / (1.0f + 0.3275911f * za);
+    float p = 1.061405429f;
+    p = p * t - 1.453152027f;
+    p = p * t + 1.421413741f;
+    p = p * t - 0.284496736f;
+    p = p * t + 0.254829592f;
+    float r = p * t * atb_expf(-za * za);
     return z >= 0.0f ? r : 2.0f - r;
 }
 

@@ -133,10 +133,14 @@ static inline void atb_round_trip(int dt, int64_t n, float *v) {
 static inline int64_t atb_dt_size(int dt) { return dt == ATB_F32 ? 4 : (dt == ATB_BOOL ? 1 : 2); }
 
 /* exp(x) in fp32 with ~1 ulp error (Cephes expf polynomial after a 2^k split);
- * branch-free so loops over it vectorise; exp(-inf) = 0, exp(+large) = +inf. */
+ * branch-free so loops over it vectorise. exp(x < -87.3) = 0 (so exp(-inf) = 0),
+ * NaN stays NaN; above 88.7 it saturates at exp(88.7) ~ 3.4e38 rather than
+ * overflowing, which no caller here can tell apart (they divide by 1 + exp or
+ * only take exp of non-positive numbers). */
 static inline float atb_expf(float x) {
     const float hi = 88.72283935546875f, lo = -87.33654022216797f;
-    float xc = x > hi ? hi : (x < lo ? lo : x);
+    float xc = x < lo ? lo : x;   /* maxps / minps; a NaN x passes through both */
+    xc = xc > hi ? hi : xc;
     /* k = round(x / ln2) with the 1.5 * 2^23 trick: no rint call needed */
     float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = xc - k * 0.693359375f;
@@ -148,10 +152,8 @@ static inline float atb_expf(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    /* p * 2^(k-1) * 2: k = 128 (x near hi) stays a normal float; k = -126 flushes
-     * to 0, which only the x < lo branch below could have produced anyway */
+    /* p * 2^(k-1) * 2: k = 128 (x near hi) stays a normal float */
     float y = p * atb_bits_to_f32((uint32_t)((int32_t)k + 126) << 23) * 2.0f;
-    y = x > hi ? INFINITY : y;
     return x < lo ? 0.0f : y;
 }
 

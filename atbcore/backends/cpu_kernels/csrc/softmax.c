@@ -79,20 +79,22 @@ ATB_API int64_t atb_softmax(const void *args) {
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < n; ++j) mx = z[j] > mx ? z[j] : mx;
+        /* fp32: exponentials go straight into y (x was read into z already) */
+        float *o = dt == ATB_F32 ? (float *)P(a.y) + r * a.y_stride : z;
         if (mx == -INFINITY && a.empty_rows_zero) {
-            memset(z, 0, (size_t)n * sizeof(float));
+            memset(o, 0, (size_t)n * sizeof(float));
         } else {
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int64_t j = 0; j < n; ++j) {
-                z[j] = atb_expf(z[j] - mx);
-                sum += z[j];
+                o[j] = atb_expf(z[j] - mx);
+                sum += o[j];
             }
             const float inv = 1.0f / sum;
 #pragma omp simd
-            for (int64_t j = 0; j < n; ++j) z[j] *= inv;
+            for (int64_t j = 0; j < n; ++j) o[j] *= inv;
         }
-        atb_store(P(a.y), dt, r * a.y_stride, n, z);
+        if (dt != ATB_F32) atb_store(P(a.y), dt, r * a.y_stride, n, z);
     }
     if (z != stack) free(z);
     return 0;
