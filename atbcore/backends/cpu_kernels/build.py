@@ -7,7 +7,8 @@ The sources in ``csrc/`` are plain C11 (no torch or Python headers), so one
 the compiler (path, size, mtime) and the flags, so a changed source or
 compiler rebuilds and an unchanged one loads in microseconds. Concurrent
 processes each compile to a private temporary file and rename it into place
-(atomic), so nobody loads a half-written library.
+(atomic), so nobody loads a half-written library. A failed build leaves its
+compiler output in ``build-error.txt`` instead, and that ISA is not retried.
 
 Instruction set: on x86-64 the build targets ``x86-64-v4`` (AVX-512, 512-bit
 vectors) when ``/proc/cpuinfo`` lists its flags, else ``x86-64-v3`` (AVX2 + FMA +
@@ -42,6 +43,7 @@ HEADERS = ("common.h",)
 BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-math-errno",
               "-fno-trapping-math", "-ffp-contract=fast", "-fopenmp-simd", "-Wall")
 LIB_NAME = "libatb_cpu_kernels.so" if sys.platform != "darwin" else "libatb_cpu_kernels.dylib"
+FAILED_NAME = "build-error.txt"  # a failed build's compiler output, so it is not retried
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,10 @@ def build_library() -> BuildResult:
         dest = cache_dir() / _key(cc, flags) / LIB_NAME
         if dest.exists():
             return BuildResult(dest, isa)
+        failed = dest.with_name(FAILED_NAME)
+        if failed.exists():  # this compiler cannot build this ISA: do not retry every process
+            errors.append(f"{isa}: {failed.read_text(errors='replace').strip()[-300:]}")
+            continue
         t0 = time.perf_counter()
         try:
             err = _compile(cc, flags, dest)
@@ -162,4 +168,8 @@ def build_library() -> BuildResult:
         if not err:
             return BuildResult(dest, isa, compiled=True, seconds=time.perf_counter() - t0)
         errors.append(f"{isa}: {err.splitlines()[-1] if err else 'failed'}")
+        try:
+            failed.write_text(err or "failed")
+        except OSError:
+            pass
     return BuildResult(None, "", "the C kernels did not compile (" + "; ".join(errors) + ")")

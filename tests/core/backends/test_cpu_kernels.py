@@ -303,3 +303,15 @@ def test_generic_build_compiles_and_exports_every_entry_point(monkeypatch, tmp_p
     assert res.isa == "generic" and res.compiled and res.path.parent.parent == tmp_path
     lib = ctypes.CDLL(str(res.path))
     assert all(hasattr(lib, n) for n in bindings.ENTRY_POINTS)
+
+
+def test_a_failing_isa_build_falls_back_and_is_not_retried(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATB_CPU_KERNELS_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "isa_flags", lambda: [("bogus", ("-mno-such-flag",)),
+                                                     ("generic", ())])
+    first = build.build_library()
+    assert first.isa == "generic" and first.compiled
+    markers = list(tmp_path.glob(f"*/{build.FAILED_NAME}"))
+    assert len(markers) == 1 and "no-such-flag" in markers[0].read_text()
+    again = build.build_library()
+    assert again.isa == "generic" and not again.compiled and again.path == first.path
