@@ -83,19 +83,24 @@ def test_paddle_backend_is_native_first_and_refuses_missing_devices():
 
 
 def test_plugin_entry_point_registers_backend_and_bridge(monkeypatch):
+    """What the entry point does, on a private manager (the process-wide one has
+    already loaded it through the installed entry point)."""
     from atbcore.backends import _BACKENDS
-    from atbcore.plugin import get_plugin_manager
+    from atbcore.plugin.manager import AtbPluginManager
 
     import atb_paddle.plugin as plug
 
     monkeypatch.delitem(_BACKENDS, "paddle")
-    pm = get_plugin_manager()
+    pm = AtbPluginManager()
     pm.register(plug, name="atb_paddle_test")
-    try:
-        assert get_backend("paddle").name == "paddle"
-        assert "atb_register_backends" in pm.hooks_of(plug)
-    finally:
-        pm.unregister(plug)
+    assert get_backend("paddle").name == "paddle"
+    assert "atb_register_backends" in pm.hooks_of(plug)
+
+
+def test_atb_paddle_is_loaded_through_the_installed_entry_point():
+    from atbcore.plugin import get_plugin_manager
+
+    assert get_plugin_manager().records["atb_paddle"].status == "loaded"
 
 
 def test_importing_atb_paddle_imports_no_paddle():
