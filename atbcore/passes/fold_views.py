@@ -34,7 +34,18 @@ def _swaps_last_two(perm: tuple[int, ...]) -> bool:
 
 
 def fold_views(graph: Graph) -> Graph:
-    """``graph`` with views and transposes folded (pure)."""
+    """``graph`` with views and transposes folded (pure), to a fixpoint: one sweep
+    folds each view into its producer as that producer was, so chains of views need
+    several sweeps (and the result must be stable under another run)."""
+    for _ in range(64):
+        folded = _fold_once(graph)
+        if folded is graph:
+            return graph
+        graph = folded
+    return graph
+
+
+def _fold_once(graph: Graph) -> Graph:
     try:
         descs = infer_descs(graph, partial=True)
     except AtbError:
