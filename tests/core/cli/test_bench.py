@@ -47,7 +47,8 @@ def test_bench_json_has_every_field(results):
     assert set(atb) >= {"max_abs_logits_diff", "logits_cosine_min", "tokens_match", "compile_s"}
     floor = dec["weight_matmul_floor"]
     assert all(finite(floor[k]) and floor[k] > 0 for k in ("seconds", "bytes", "gbps",
-                                                           "tokens_per_s"))
+                                                           "tokens_per_s", "read_gbps",
+                                                           "bandwidth_tokens_per_s"))
     assert floor["bytes"] == 4 * (54_927_872 - 32000 * 512 - 17 * 512)  # fp32 matmul weights
     assert out.with_suffix(".png").stat().st_size > 1000
 
@@ -74,5 +75,6 @@ def test_bench_numbers_are_sane(results):
     rows = res["rows"]
     assert {(r["engine"]) for r in rows} >= {"hf_eager", "atb"}
     assert all(set(r) >= {"workload", "engine", "throughput", "speedup", "launches_per_step",
-                          "peak_memory_bytes", "max_abs_diff", "floor_throughput", "status"}
+                          "peak_memory_bytes", "max_abs_diff", "floor_throughput",
+                          "bandwidth_throughput", "status"}
                for r in rows)

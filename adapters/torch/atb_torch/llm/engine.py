@@ -100,8 +100,8 @@ class Engine:
             while waiting or running:
                 admitted = self._admit(waiting, running)
                 if admitted:
+                    running.extend(admitted)  # first: a failing step must free them too
                     events = self._prefill(admitted, sampling, stats)
-                    running.extend(admitted)
                 else:
                     events = self._decode(running, waiting, sampling, stats)
                 stats.max_running = max(stats.max_running, len(running))
@@ -265,19 +265,25 @@ class Engine:
 
         seq_ids, ids, starts = [], [], []
         forks: dict[int, Hashable] = {}
-        for r in running:
-            step = [r.output[-1]] + drafts.get(r.index, [])
-            start = self.cache.manager.num_tokens(r.seq_id)
-            if r.index in drafts:
-                sid = forks[r.index] = open_fork(self.cache, r.seq_id, step)
-            else:
-                self.cache.append_tokens(r.seq_id, 1, step)
-                sid = r.seq_id
-            seq_ids.append(sid)
-            ids.extend(step)
-            starts.append(start)
-        batch = self._batch(seq_ids, starts, [0] * len(seq_ids))
-        logits = self._forward(ids, batch, stats, all_logits=True)
+        try:
+            for r in running:
+                step = [r.output[-1]] + drafts.get(r.index, [])
+                start = self.cache.manager.num_tokens(r.seq_id)
+                if r.index in drafts:
+                    sid = forks[r.index] = open_fork(self.cache, r.seq_id, step)
+                else:
+                    self.cache.append_tokens(r.seq_id, 1, step)
+                    sid = r.seq_id
+                seq_ids.append(sid)
+                ids.extend(step)
+                starts.append(start)
+            batch = self._batch(seq_ids, starts, [0] * len(seq_ids))
+            logits = self._forward(ids, batch, stats, all_logits=True)
+        except BaseException:  # forks hold blocks: give them back before the error goes up
+            for f in forks.values():
+                if f in self.cache.manager:
+                    self.cache.free_sequence(f)
+            raise
         stats.spec_steps += 1
         events, row = [], 0
         for r in running:

@@ -17,8 +17,8 @@ from typing import Any, Callable
 import torch
 
 from .hf import DecodeRun, StaticCompiled, hf_greedy
-from .measure import allocator_peak, count_ops, interleaved, median, resident_bytes, \
-    weight_matmul_floor
+from .measure import allocator_peak, count_ops, interleaved, median, read_bandwidth, \
+    resident_bytes, weight_matmul_floor
 
 __all__ = ["DecoderSettings", "AtbDecoder", "bench_decoder", "decode_weights"]
 
@@ -222,6 +222,8 @@ def bench_decoder(model: Any, s: DecoderSettings, progress: Progress | None = No
                                 repeats=3 if s.repeats <= 3 else 5)
     step()
     floor["tokens_per_s"] = s.batch / floor["seconds"]
+    floor["read_gbps"] = read_bandwidth()
+    floor["bandwidth_tokens_per_s"] = s.batch * floor["read_gbps"] * 1e9 / floor["bytes"]
     hf, ours = runs["hf_eager"], runs["atb"]
     return {
         "params": sum(p.numel() for p in model.parameters()),

@@ -14,8 +14,11 @@ What each number means (the bench prints and stores them as is):
   Process RSS is not used: it carries other allocations and the parent's history.
 * **weight-matmul floor** — the time of the weight matmuls of one decode step alone
   (each weight once, at the batch's row count, best of ``F.linear`` and a matmul
-  against a pre-transposed copy): what a step costs when everything else is free;
-  on CPU decode this is the memory-bandwidth limit.
+  against a pre-transposed copy, whole passes so weights come from memory, not
+  cache): what a step costs with torch's matmul kernels when everything else is free.
+* **bandwidth floor** — the weight bytes over the machine's measured read bandwidth
+  (:func:`read_bandwidth`): the hardware limit of decoding, which better GEMV kernels
+  (llama.cpp's, say) approach more closely than torch's.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["OpCounter", "count_ops", "allocator_peak", "resident_bytes", "interleaved",
-           "median", "weight_matmul_floor", "quiet_stderr"]
+           "median", "weight_matmul_floor", "read_bandwidth", "quiet_stderr"]
 
 
 class OpCounter(TorchDispatchMode):
@@ -240,3 +243,11 @@ def weight_matmul_floor(weights: Iterable[torch.Tensor], rows: int, dtype: torch
                 c()
         total = _time_best(step, repeats)
     return {"seconds": total, "bytes": nbytes, "gbps": nbytes / total / 1e9 if total else 0.0}
+
+
+def read_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Memory read bandwidth in GB/s: a reduction over a buffer far larger than the
+    caches (best of ``repeats``, all torch threads)."""
+    x = torch.ones(nbytes // 4)
+    best = _time_best(lambda: x.max(), repeats, warmup=1)
+    return nbytes / best / 1e9

@@ -13,11 +13,12 @@ __all__ = ["ROW_FIELDS", "table_rows", "print_table", "write_json", "write_chart
 
 # Every row of the table has these keys (None where a number does not apply).
 ROW_FIELDS = ("workload", "engine", "throughput", "unit", "speedup", "launches_per_step",
-              "peak_memory_bytes", "max_abs_diff", "floor_throughput", "status")
+              "peak_memory_bytes", "max_abs_diff", "floor_throughput", "bandwidth_throughput",
+              "status")
 
 
 def _row(workload: str, engine: str, run: dict, unit: str, key: str, base: float | None,
-         floor: float | None) -> dict:
+         floor: float | None, bw_floor: float | None = None) -> dict:
     thr = run.get(key)
     ok = run.get("status", "ok") == "ok" and thr is not None
     return {"workload": workload, "engine": engine, "throughput": thr if ok else None,
@@ -27,7 +28,8 @@ def _row(workload: str, engine: str, run: dict, unit: str, key: str, base: float
             "peak_memory_bytes": run.get("peak_memory_bytes"),
             "max_abs_diff": None if engine == "hf_eager" else  # the reference itself
             run.get("max_abs_logits_diff", run.get("max_abs_diff")),
-            "floor_throughput": floor, "status": run.get("status", "ok")}
+            "floor_throughput": floor, "bandwidth_throughput": bw_floor,
+            "status": run.get("status", "ok")}
 
 
 def _ordered(runs: dict) -> list[tuple[str, dict]]:
@@ -44,9 +46,11 @@ def table_rows(results: dict) -> list[dict]:
         runs = dec["runs"]
         base = runs["hf_eager"].get("decode_tokens_per_s")
         floor = dec["weight_matmul_floor"]["tokens_per_s"]
+        bw = dec["weight_matmul_floor"].get("bandwidth_tokens_per_s")
         for name, run in _ordered(runs):
             rows.append(_row(dec["name"], name, run, "tok/s", "decode_tokens_per_s", base,
-                             floor if name == "atb" else None))
+                             floor if name == "atb" else None,
+                             bw if name == "atb" else None))
     enc = results.get("encoder")
     if enc and enc.get("status") == "ok":
         runs = enc["runs"]
@@ -83,7 +87,7 @@ def print_table(results: dict, console: Any = None) -> None:
                     f"prompt {results['config']['prompt_len']}, {results['config']['new_tokens']} "
                     f"new tokens, {results['env']['threads']} threads; medians)")
     for col in ("workload", "engine", "throughput", "speedup", "launches/step", "peak mem",
-                "max |Δ|", "matmul floor", "status"):
+                "max |Δ|", "floor: matmul / bandwidth", "status"):
         t.add_column(col, justify="left" if col in ("workload", "engine", "status") else "right")
     for r in results["rows"]:
         unit = r["unit"]
@@ -91,7 +95,8 @@ def print_table(results: dict, console: Any = None) -> None:
                   "-" if r["throughput"] is None else f"{_fmt(r['throughput'])} {unit}",
                   _fmt(r["speedup"], "x"), _fmt(r["launches_per_step"]),
                   _fmt(r["peak_memory_bytes"], "bytes"), _fmt(r["max_abs_diff"], "sci"),
-                  "-" if r["floor_throughput"] is None else f"{_fmt(r['floor_throughput'])} {unit}",
+                  "-" if r["floor_throughput"] is None else
+                  f"{_fmt(r['floor_throughput'])} / {_fmt(r['bandwidth_throughput'])} {unit}",
                   r["status"])
     con.print(t)
     for note in results.get("notes", []):

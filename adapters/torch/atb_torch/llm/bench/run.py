@@ -86,8 +86,9 @@ _NOTES = [
     "peak memory: resident bytes of the engine's tensors (weights, preallocated caches, "
     "plan buffers) + the allocator-level transient peak of one run (torch.profiler "
     "memory events), not process RSS.",
-    "matmul floor: the weight matmuls of one decode step alone, at atb's dtype/"
-    "quantization (the memory-bandwidth limit of decoding).",
+    "floor: 'matmul' = the weight matmuls of one decode step alone with torch's kernels, "
+    "at atb's dtype/quantization; 'bandwidth' = weight bytes / the measured memory read "
+    "bandwidth, the hardware limit of decoding.",
 ]
 
 
