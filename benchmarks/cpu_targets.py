@@ -183,7 +183,7 @@ def compile_time(args: argparse.Namespace) -> dict:
         atb_compile(model)
         warm.append(time.perf_counter() - t0)
     res = {"cold_s": cold, "warm_s": median(warm)}
-    log(f"  cold {cold:.2f}s (fresh process, imports included), warm {res['warm_s']:.2f}s")
+    log(f"  cold {cold:.2f}s (fresh process, atb imports included), warm {res['warm_s']:.2f}s")
     return res
 
 

@@ -17,6 +17,7 @@ independent of which other prompts share the batch.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -76,7 +77,7 @@ class LLM:
                  enable_speculative: bool = False, *, tokenizer: Any = None,
                  opt_level: int = 2, max_batch_size: int = 32, max_prefill_tokens: int = 4096,
                  block_size: int = 16, num_blocks: int | None = None,
-                 kv_cache_memory: int = 512 * 2**20, num_speculative_tokens: int = 4,
+                 kv_cache_memory: int = 256 * 2**20, num_speculative_tokens: int = 4,
                  max_model_len: int | None = None) -> None:
         if quantize not in (None, "w8"):
             raise ParamsError("LLM", "quantize", "None or 'w8'", repr(quantize))
@@ -106,6 +107,8 @@ class LLM:
         self.cache = PagedKVCache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads,
                                   spec.head_dim, dtype=self.dtype, device=str(self.device),
                                   enable_prefix_caching=enable_prefix_caching)
+        # the cache's memory comes from atb's pool: give it back when the LLM goes away
+        self._finalizer = weakref.finalize(self, self.cache.destroy)
         self.enable_speculative = enable_speculative
         self.engine = Engine(self.runner, self.cache, max_batch_size, max_prefill_tokens,
                              self.max_model_len,
@@ -202,6 +205,16 @@ class LLM:
                                      stop, ignore_eos)
         texts = [o.text for o in outs]
         return texts[0] if single else texts
+
+    def close(self) -> None:
+        """Free the KV cache now (also done when the LLM is garbage-collected)."""
+        self._finalizer()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     @property
     def stats(self) -> GenerationStats:

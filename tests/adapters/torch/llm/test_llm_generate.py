@@ -129,9 +129,10 @@ def test_bf16_and_w8_run(ckpt, llm):
 
     ref = llm.generate_outputs(PROMPTS, max_new_tokens=8, ignore_eos=True)
     for kw in ({"dtype": "bf16"}, {"quantize": "w8"}):
-        other = LLM(ckpt, **kw)
-        assert other.dtype == (torch.bfloat16 if "dtype" in kw else torch.float32)
-        outs = other.generate_outputs(PROMPTS, max_new_tokens=8, ignore_eos=True)
+        with LLM(ckpt, **kw) as other:
+            assert other.dtype == (torch.bfloat16 if "dtype" in kw else torch.float32)
+            outs = other.generate_outputs(PROMPTS, max_new_tokens=8, ignore_eos=True)
+        assert other.cache.freed  # the KV cache went back to the pool on exit
         assert [len(o.token_ids) for o in outs] == [8] * len(PROMPTS)
         # same first token as fp32 for most prompts (lower precision, same model)
         assert sum(o.token_ids[0] == r.token_ids[0] for o, r in zip(outs, ref)) >= 3
