@@ -44,6 +44,8 @@ def _as_f64(x: Any) -> np.ndarray:
     from .tensor import is_tensor, to_numpy
 
     if is_tensor(x) and not isinstance(x, np.ndarray):
+        if hasattr(x, "device") and getattr(x.device, "type", "cpu") not in ("cpu",):
+            x = x.detach().cpu()  # comparing is a host-side check: copying is fine here
         x = to_numpy(x)
     return np.asarray(x).astype(np.float64)
 
