@@ -317,12 +317,19 @@ class ModelRunner:
         m = None if attention_mask is None else attention_mask.to(dev).bool()
         if m is not None and bool(m.all()):
             m = None
+        from .encoder_fast import PACK_BELOW, FastEncoder
+
+        fast = self.__dict__.get("_fast_encoder", False)
+        if fast is False:  # built on the first call: None when the fast path cannot run
+            fast = self.__dict__["_fast_encoder"] = FastEncoder.build(self)
         if m is None:
             lens = torch.full((b,), s, dtype=torch.int32, device=dev)
             sel = None
         else:
             lens = m.sum(dim=1).to(torch.int32)
             sel = m.reshape(-1).nonzero().squeeze(1)                     # real tokens, row-major
+            if fast is not None and sel.numel() >= PACK_BELOW * b * s:
+                sel = None  # few padding tokens: run them padded, no re-layout per layer
 
         def take(t: torch.Tensor) -> torch.Tensor:                       # [B, S, ...] -> [T, ...]
             t = t.reshape(b * s, *t.shape[2:])
@@ -332,11 +339,16 @@ class ModelRunner:
                        take(token_type_ids), None if inputs_embeds is None else take(inputs_embeds))
         if self.embed_norm is not None:
             x = self.embed_norm(x)
-        pad, unpad = _varlen(m, lens, b, s)
-        for blk in self.blocks:
-            x = blk.forward(x, pad, unpad, lens)
+        if fast is not None:
+            x = fast.run(x, m, lens, b, s, sel)
+        else:
+            pad, unpad = _varlen(m, lens, b, s)
+            for blk in self.blocks:
+                x = blk.forward(x, pad, unpad, lens)
         if sel is None:
             last = x.reshape(b, s, -1)
+            if m is not None:  # padded rows ran through the layers: zeros, as packed ones
+                last = last.masked_fill(~m[..., None], 0)
         else:
             last = x.new_zeros(b * s, x.shape[-1])
             last[sel] = x

@@ -48,21 +48,35 @@ def test_bert_hidden_states_and_pooler(bert, opt, padding):
         assert_close(out.pooler_output, ref.pooler_output, "fp32", "pooler")
 
 
-def test_bert_skips_padding_compute(bert):
-    """Linears see only real tokens: count rows through the QKV kernel."""
-    c = compile(bert, opt_level=2)
-    blk = c.atb_runner.blocks[0]
+@pytest.mark.parametrize("opt", [0, 1])
+def test_bert_skips_padding_compute(bert, opt, monkeypatch):
+    """Linears see only real tokens when padding is heavy: count the rows through
+    the first layer (opt 0: the QKV kernel; opt >= 1: the fast path's LayerNorms)."""
+    from atb_torch.models import encoder_fast
+
+    c = compile(bert, opt_level=opt)
     seen = []
-    inner = blk.qkv.k.fn
+    if opt == 0:
+        blk = c.atb_runner.blocks[0]
+        inner = blk.q.k.fn
 
-    def spy(p, ins):
-        seen.append(ins["x"].shape[0])
-        return inner(p, ins)
+        def spy(p, ins):
+            seen.append(ins["x"].shape[0])
+            return inner(p, ins)
 
-    blk.qkv.k.fn = spy
+        blk.q.k.fn = spy
+    else:
+        ln = encoder_fast._layer_norm
+        monkeypatch.setattr(encoder_fast, "_layer_norm",
+                            lambda x, norm: seen.append(x.shape[0]) or ln(x, norm))
     ids = torch.randint(0, 256, (3, 12))
-    c(ids, attention_mask=_masks(3, 12)["right"])
-    assert seen == [12 + 5 + 9]
+    c(ids, attention_mask=_masks(3, 12)["right"])                       # 26 of 36 tokens real
+    assert seen[0] == 12 + 5 + 9
+    if opt:
+        assert 26 < encoder_fast.PACK_BELOW * 36  # ... so this batch ran packed
+        seen.clear()
+        c(ids, attention_mask=_masks(3, 12)["ragged"])                  # 34 of 36: padded
+        assert seen[0] == 36
 
 
 def _sentences(n=100, seed=0):
