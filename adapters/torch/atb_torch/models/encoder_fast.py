@@ -119,6 +119,45 @@ class FastEncoder:
         self.heads, self.head_dim, self.hidden = s.num_heads, s.head_dim, s.hidden_size
         self.layers = [_Layer(blk, s.activation, s.scales[i], s.num_heads)
                        for i, blk in enumerate(runner.blocks)]
+        self.runner = runner
+        # position + token-type embeddings summed once into one table indexed by
+        # type * P + position: one gather instead of two gathers and an add per batch
+        self.pos_type = None
+        if runner.pos_w is not None and runner.type_w is not None and \
+                runner.embed_norm is not None:
+            p, t = runner.pos_w.float(), runner.type_w.float()
+            self.pos_type = (t[:, None, :] + p[None]).reshape(-1, p.shape[1]).to(runner.dtype)
+        self.pooler = None
+        if runner.pooler is not None and runner.pooler.mode == "t":
+            self.pooler = (runner.pooler.w.t(), runner.pooler.b)
+
+    def embed(self, ids: torch.Tensor, pos: torch.Tensor, tt: torch.Tensor) -> torch.Tensor | None:
+        """LayerNorm(word + position + token type) of flat ``ids``/``pos``/``tt`` [N]
+        -> [N, H] (ids and positions range-checked as the general path does), or
+        None when the model has no such embeddings."""
+        r = self.runner
+        if self.pos_type is None:
+            return None
+        r._check_ids(ids)
+        r._check_positions(pos, r.pos_w, "position_ids")
+        if tt.numel() and (int(tt.min()) < 0 or int(tt.max()) >= r.type_w.shape[0]):
+            from atbcore.errors import InputError
+
+            raise InputError("compile", "token_type_ids out of range",
+                             f"ids in [0, {r.type_w.shape[0]})", f"[{int(tt.min())}, {int(tt.max())}]")
+        word = F.embedding(ids, r.embed_w)                               # [N, H]
+        pt = F.embedding(tt.long() * r.pos_w.shape[0] + pos.long(), self.pos_type)
+        from atbcore.backends.cpu_kernels import torch_ops as ck
+
+        norm = r.embed_norm
+        if ck.why_not(word, pt, norm.w, norm.b) is None:
+            return ck.layer_norm(word, norm.w, norm.b, word.shape[-1], norm.eps, residual=pt)[0]
+        return _layer_norm(word + pt, norm)
+
+    def pool(self, first: torch.Tensor) -> torch.Tensor:
+        """BERT's pooler on the first tokens [B, H]: tanh(dense) as one oneDNN op."""
+        w, b = self.pooler
+        return torch.ops.mkldnn._linear_pointwise(first.contiguous(), w, b, "tanh", [], "")
 
     @classmethod
     def build(cls, runner: Any) -> "FastEncoder | None":

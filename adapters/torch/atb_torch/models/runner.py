@@ -58,8 +58,11 @@ class PagedCtx:
 
     paged = True
 
-    def __init__(self, cos: Any, sin: Any, cache: Any, batch: Any) -> None:
+    def __init__(self, cos: Any, sin: Any, cache: Any, batch: Any,
+                 fresh_lens: list[int] | None = None) -> None:
         self.cos, self.sin, self.cache, self.batch = cos, sin, cache, batch
+        # new tokens per sequence when each context is exactly its new tokens
+        self.fresh_lens = fresh_lens
 
 
 class ModelRunner:
@@ -290,14 +293,17 @@ class ModelRunner:
         pos = batch.positions.to(self.device).long()
         x = self.embed(input_ids.reshape(-1)[None].to(self.device), pos[None])   # [1, T, H]
         cos, sin = self._cos_sin(pos[None])
-        ctx = PagedCtx(cos, sin, cache, batch)
+        # a prefill with no cached context attends over its packed tokens directly
+        ql = [int(n) for n in batch.q_seq_lens.tolist()]
+        fresh = ql if max(ql) > 1 and ql == [int(n) for n in batch.context_lens.tolist()] else None
+        ctx = PagedCtx(cos, sin, cache, batch, fresh)
         res = None
         for blk in self.blocks:
             x, res = blk.forward(x, res, ctx)
-        h = self.final_norm.add(x, res)[0][0]                            # [T, H]
-        if not all_logits:
+        if not all_logits and len(ql) != x.shape[1]:  # norms are per row: keep the last first
             last = batch.q_seq_lens.to(self.device).long().cumsum(0) - 1
-            h = h[last]
+            x, res = x[:, last], res[:, last]
+        h = self.final_norm.add(x, res)[0][0]                            # [B|T, H]
         return h if self.lm_head is None else self.lm_head(h)
 
     # ------------------------------------------------------------------ encoder
@@ -335,10 +341,15 @@ class ModelRunner:
             t = t.reshape(b * s, *t.shape[2:])
             return t if sel is None else t[sel]
 
-        x = self.embed(None if input_ids is None else take(input_ids), take(position_ids),
-                       take(token_type_ids), None if inputs_embeds is None else take(inputs_embeds))
-        if self.embed_norm is not None:
-            x = self.embed_norm(x)
+        x = None
+        if fast is not None and inputs_embeds is None:
+            x = fast.embed(take(input_ids), take(position_ids), take(token_type_ids))
+        if x is None:
+            x = self.embed(None if input_ids is None else take(input_ids), take(position_ids),
+                           take(token_type_ids),
+                           None if inputs_embeds is None else take(inputs_embeds))
+            if self.embed_norm is not None:
+                x = self.embed_norm(x)
         if fast is not None:
             x = fast.run(x, m, lens, b, s, sel)
         else:
@@ -355,7 +366,8 @@ class ModelRunner:
             last = last.reshape(b, s, -1)                                # zeros at padding
         pooled = None
         if self.pooler is not None:
-            pooled = torch.tanh(self.pooler(last[:, 0]))
+            pooled = (fast.pool(last[:, 0]) if fast is not None and fast.pooler is not None
+                      else torch.tanh(self.pooler(last[:, 0])))
         return last, pooled
 
     # ------------------------------------------------------------------ info
