@@ -86,6 +86,10 @@ class PagedKVCache:
         self.device = self.pool.device
         self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self._rac: Any = None
+        # Bumped by every edit made through this object (writes, block copies, sequences
+        # added / freed / forked), so a reader keeping a copy of some KV (the torch
+        # runner's decode copy) knows when to refresh it. Appends alone do not bump it.
+        self.version = 0
 
     # ------------------------------------------------------------------ storage
     def _alive(self) -> Any:
@@ -112,6 +116,8 @@ class PagedKVCache:
 
     def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         kv = self._alive()
+        if copies:
+            self.version += 1
         for src, dst in copies:  # every layer, keys and values
             kv[:, :, dst] = kv[:, :, src]
 
@@ -124,6 +130,7 @@ class PagedKVCache:
 
             self._rac = Builder().build_operation("ReshapeAndCache", {})
         kc, vc = self.key_cache(layer), self.value_cache(layer)
+        self.version += 1
         name = self.pool.backing.name
         self._rac.execute([to_backing(key, name, kc), to_backing(value, name, kc), kc, vc,
                            to_backing(slot_mapping, name, kc)])
@@ -141,6 +148,7 @@ class PagedKVCache:
                      num_tokens: int | None = None) -> int:
         """Allocate a prompt; returns the number of leading tokens already cached."""
         self._alive()
+        self.version += 1
         return self.manager.allocate(seq_id, token_ids, num_tokens)
 
     def append_tokens(self, seq_id: Hashable, num_tokens: int = 1,
@@ -154,10 +162,12 @@ class PagedKVCache:
     def fork(self, parent: Hashable, child: Hashable) -> None:
         """``child`` continues from ``parent``'s tokens, sharing its blocks."""
         self._alive()
+        self.version += 1
         self.manager.fork(parent, child)
 
     def free_sequence(self, seq_id: Hashable) -> None:
         self._alive()
+        self.version += 1
         self.manager.free(seq_id)
 
     def mark_computed(self, seq_ids: Sequence[Hashable] | Hashable) -> None:
@@ -193,6 +203,7 @@ class PagedKVCache:
         metadata; the new tokens are those past each sequence's cached prefix."""
         self._alive()
         seq_ids = list(seq_ids)
+        self.version += 1
         cached = self.manager.allocate_batch(seq_ids, token_ids, num_tokens)
         return self._batch(seq_ids, cached, cached)
 
@@ -223,6 +234,7 @@ class PagedKVCache:
     def destroy(self) -> None:
         """Return the memory to the pool; the cache cannot be used afterwards."""
         if self._block is not None:
+            self.version += 1
             blk, self._block, self._kv = self._block, None, None
             blk.free()
             if getattr(self.pool, "private", False):

@@ -1,19 +1,27 @@
 """Torch kernels of the paged KV cache ops.
 
-ReshapeAndCache is one indexed write per cache, in place. PagedAttention gathers
-the blocks of each sequence into a contiguous key/value run and reuses the
-FlashAttention core (SDPA); decode batches (one query per sequence) are gathered
-together, padded to the longest context, and run as one SDPA call.
+ReshapeAndCache is one indexed write per cache, in place. PagedAttention has two
+paths:
+
+* decode (one query per sequence, the continuous-batching hot loop): one block
+  gather per cache for the whole batch, padded to the longest context, then one
+  SDPA call in which the ``H / Hkv`` query heads sharing a kv head are folded into
+  query rows (``[B, Hkv, G, D]`` against ``[B, Hkv, N, D]``), so K/V are never
+  expanded for GQA; a ``[B, 1, 1, N]`` mask hides keys past each context (and
+  outside a sliding window);
+* several queries per sequence (``q_seq_lens``): each sequence's blocks are
+  gathered and attended on their own through the FlashAttention core.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .attention import sdpa_attention
 from . import kernel
 
-__all__ = ["reshape_and_cache", "paged_attention"]
+__all__ = ["reshape_and_cache", "paged_attention", "paged_decode_attention", "decode_mask"]
 
 
 @kernel("ReshapeAndCache", impl="torch indexed write into the block caches (in place)",
@@ -35,8 +43,34 @@ def _gather(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return g.flatten(-4, -3)
 
 
-@kernel("PagedAttention", impl="block gather + torch scaled_dot_product_attention "
-        "(fp32 compute)", launches=18)
+def decode_mask(lens: torch.Tensor, n: int, window: int | None = None) -> torch.Tensor:
+    """bool [B, n]: key ``j`` is visible to sequence ``b``'s query (at position
+    ``lens[b] - 1``) when ``j < lens[b]`` and, with a sliding window, within it."""
+    keys = torch.arange(n, device=lens.device)
+    allow = keys[None] < lens[:, None]
+    if window is not None:
+        allow = allow & (keys[None] >= lens[:, None] - window)
+    return allow
+
+
+def paged_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                           allow: torch.Tensor) -> torch.Tensor:
+    """One query per sequence over padded keys/values: ``q`` [B, H, D], ``k``/``v``
+    [B, N, Hkv, D] (any strides), ``allow`` bool [B, N] (:func:`decode_mask`; every
+    row must allow some key) or an additive fp32 mask. Returns [B, H, D] in q's
+    dtype, computed in fp32."""
+    b, h, d = q.shape
+    hkv = k.shape[2]
+    # the G = H / Hkv query heads sharing a kv head become G query rows: no K/V expansion
+    qf = q.reshape(b, hkv, h // hkv, d).float()                      # [B, Hkv, G, D]
+    o = F.scaled_dot_product_attention(qf, k.transpose(1, 2).float(), v.transpose(1, 2).float(),
+                                       attn_mask=allow[:, None, None, :], scale=scale)
+    return o.reshape(b, h, d).to(q.dtype)                            # [B, Hkv, G, D] -> [B, H, D]
+
+
+@kernel("PagedAttention", impl="batched block gather + torch scaled_dot_product_attention "
+        "(GQA folded into query rows; per-sequence for multi-token queries; fp32 compute)",
+        launches=8)
 def paged_attention(p, ins):
     q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
     bt, ctx, qsl = ins["block_tables"], ins["context_lens"], ins.get("q_seq_lens")
@@ -44,17 +78,14 @@ def paged_attention(p, ins):
     nb, bs = kc.shape[0], kc.shape[1]
     scale = p.scale if p.scale is not None else d ** -0.5
     lens = ctx.long()
-    qlens = None if qsl is None else [int(x) for x in qsl.tolist()]
-    if qlens is None or all(n == 1 for n in qlens):
-        # decode: one padded gather for the batch; keys past each context are masked.
+    if qsl is None or t == bt.shape[0]:  # one query per sequence (sum(q_seq_lens) == B)
         nblk = -(-int(lens.max()) // bs)
         table = bt[:, :nblk].long().clamp(0, nb - 1)  # entries past a context may be padding
-        k = _gather(kc, table).transpose(1, 2).float()  # [B, Hkv, nblk*BS, D]
-        v = _gather(vc, table).transpose(1, 2).float()
-        q4 = q.reshape(t, 1, h, d).transpose(1, 2).float()  # [B, H, 1, D]
-        o = sdpa_attention(q4, k, v, scale=scale, causal=p.causal, window=p.window,
-                           kv_lens=lens)
-        return [o.transpose(1, 2).reshape(t, h, d).to(q.dtype)]
+        # [B, nblk*BS, Hkv, D] gathered copies
+        n = table.shape[1] * bs
+        return [paged_decode_attention(q, _gather(kc, table), _gather(vc, table), scale,
+                                       decode_mask(lens, n, p.window))]
+    qlens = [int(x) for x in qsl.tolist()]
     out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     start = 0
     for b, (n, ql) in enumerate(zip(lens.tolist(), qlens)):

@@ -128,7 +128,10 @@ class DecoderBlock:
         return self.o(o)
 
     def attention_paged(self, h: torch.Tensor, ctx: Any) -> torch.Tensor:
-        """Packed tokens ``h`` [1, T, H] of several sequences over a paged cache."""
+        """Packed tokens ``h`` [1, T, H] of several sequences over a paged cache.
+        When every sequence's context is exactly its new tokens (a prefill without
+        prefix-cache hits, ``ctx.fresh_lens``), attention runs per sequence on the
+        packed q/k/v slices themselves: nothing is gathered back from the cache."""
         s = self.spec
         q, k, v = self.qkv_proj(h)                                       # [1, T, Q|KV]
         if self.rope is not None:
@@ -139,10 +142,29 @@ class DecoderBlock:
         self.rac(key=k.reshape(t, s.num_kv_heads, s.head_dim),
                  value=v.reshape(t, s.num_kv_heads, s.head_dim), key_cache=kc, value_cache=vc,
                  slot_mapping=b.slot_mapping)
-        o = self.pa(query=q.reshape(t, s.num_heads, s.head_dim), key_cache=kc, value_cache=vc,
-                    block_tables=b.block_tables, context_lens=b.context_lens,
-                    q_seq_lens=b.q_seq_lens)[0]                          # [T, H, D]
+        if ctx.fresh_lens is not None:
+            o = self._attend_packed(q, k, v, ctx.fresh_lens)            # [1, T, Q]
+        elif ctx.decode is not None:  # one token per sequence: the kept decode copy
+            o = ctx.decode.attend(self.idx, q.reshape(t, s.num_heads, s.head_dim),
+                                  k.reshape(t, s.num_kv_heads, s.head_dim),
+                                  v.reshape(t, s.num_kv_heads, s.head_dim), kc, vc,
+                                  self.scale if self.scale is not None else s.head_dim ** -0.5,
+                                  self.window)                           # [B, H, D]
+        else:
+            o = self.pa(query=q.reshape(t, s.num_heads, s.head_dim), key_cache=kc,
+                        value_cache=vc, block_tables=b.block_tables,
+                        context_lens=b.context_lens, q_seq_lens=b.q_seq_lens)[0]  # [T, H, D]
         return self.o(o.reshape(1, t, s.q_size))
+
+    def _attend_packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       lens: list[int]) -> torch.Tensor:
+        """Causal attention of each sequence over its own tokens: q/k/v [1, T, Q|KV]
+        packed, ``lens`` tokens per sequence; returns [1, T, Q]."""
+        fa, outs, a = self.fa[True], [], 0
+        for n in lens:
+            outs.append(fa(q=q[:, a:a + n], k=k[:, a:a + n], v=v[:, a:a + n])[0])
+            a += n
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         if self.router is not None:

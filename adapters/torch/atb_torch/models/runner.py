@@ -59,10 +59,11 @@ class PagedCtx:
     paged = True
 
     def __init__(self, cos: Any, sin: Any, cache: Any, batch: Any,
-                 fresh_lens: list[int] | None = None) -> None:
+                 fresh_lens: list[int] | None = None, decode: Any = None) -> None:
         self.cos, self.sin, self.cache, self.batch = cos, sin, cache, batch
         # new tokens per sequence when each context is exactly its new tokens
         self.fresh_lens = fresh_lens
+        self.decode = decode  # a DecodeStep when the step is one token per sequence
 
 
 class ModelRunner:
@@ -94,6 +95,7 @@ class ModelRunner:
                                                               [weights.pooler_b], prep)
         self._cos = self._sin = None
         self.stats = {"plans_built": 0, "plan_steps": 0, "general_steps": 0}
+        self._decode_kv: Any = None  # forward_paged's kept decode KV (see .decode_kv)
 
     @classmethod
     def from_hf(cls, model: Any, **kw: Any) -> "ModelRunner":
@@ -295,8 +297,9 @@ class ModelRunner:
         cos, sin = self._cos_sin(pos[None])
         # a prefill with no cached context attends over its packed tokens directly
         ql = [int(n) for n in batch.q_seq_lens.tolist()]
-        fresh = ql if max(ql) > 1 and ql == [int(n) for n in batch.context_lens.tolist()] else None
-        ctx = PagedCtx(cos, sin, cache, batch, fresh)
+        lens = [int(n) for n in batch.context_lens.tolist()]
+        fresh = ql if max(ql) > 1 and ql == lens else None
+        ctx = PagedCtx(cos, sin, cache, batch, fresh, self._decode_step(cache, batch, ql, lens))
         res = None
         for blk in self.blocks:
             x, res = blk.forward(x, res, ctx)
@@ -305,6 +308,19 @@ class ModelRunner:
             x, res = x[:, last], res[:, last]
         h = self.final_norm.add(x, res)[0][0]                            # [B|T, H]
         return h if self.lm_head is None else self.lm_head(h)
+
+    def _decode_step(self, cache: Any, batch: Any, ql: list[int], lens: list[int]) -> Any:
+        """The kept decode copy's step (:mod:`.decode_kv`) when every sequence has one
+        new token, else None (the PagedAttention kernel gathers the blocks)."""
+        if max(ql) != 1 or getattr(cache, "version", None) is None:
+            return None
+        if self._decode_kv is None:
+            from .decode_kv import DecodeKV
+
+            s = self.spec
+            self._decode_kv = DecodeKV(s.num_layers, s.num_kv_heads, s.head_dim,
+                                       cache.key_cache(0).dtype, self.device)
+        return self._decode_kv.begin(cache, batch, lens)
 
     # ------------------------------------------------------------------ encoder
     @torch.no_grad()
@@ -333,9 +349,9 @@ class ModelRunner:
             sel = None
         else:
             lens = m.sum(dim=1).to(torch.int32)
-            sel = m.reshape(-1).nonzero().squeeze(1)                     # real tokens, row-major
-            if fast is not None and sel.numel() >= PACK_BELOW * b * s:
-                sel = None  # few padding tokens: run them padded, no re-layout per layer
+            sel = None  # few padding tokens on the fast path: run them padded, no re-layout
+            if fast is None or int(lens.sum()) < PACK_BELOW * b * s:
+                sel = m.reshape(-1).nonzero().squeeze(1)                 # real tokens, row-major
 
         def take(t: torch.Tensor) -> torch.Tensor:                       # [B, S, ...] -> [T, ...]
             t = t.reshape(b * s, *t.shape[2:])
