@@ -109,7 +109,7 @@ class DecodeKV:
         table = None
         if not same:
             bs = cache.block_size
-            cap = -(-(n + max(64, n // 4)) // bs) * bs  # headroom: rebuilt every ~64 steps at most
+            cap = -(-(n + max(16, n // 4)) // bs) * bs  # headroom: a rebuild per >= 16 steps
             shape = (self.num_layers, 2, b, self.num_kv_heads, cap, self.head_dim)
             nbytes = torch.Size(shape).numel() * torch.empty((), dtype=self.dtype).element_size()
             if nbytes > cache.nbytes // 2:
