@@ -208,6 +208,7 @@ class LLM:
 
     def close(self) -> None:
         """Free the KV cache now (also done when the LLM is garbage-collected)."""
+        self.runner.release_decode_kv()
         self._finalizer()
 
     def __enter__(self) -> "LLM":

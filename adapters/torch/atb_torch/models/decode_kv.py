@@ -117,9 +117,11 @@ class DecodeKV:
                 return None
             if self.buf is None or self.buf.shape != shape:
                 self.buf = None  # let the old copy go before the new one is taken
-                # zeros: slots no step has written yet are masked, but 0 * NaN would leak
-                self.buf = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                self.buf = torch.empty(shape, dtype=self.dtype, device=self.device)
             nblk = -(-n // bs)
+            # the layers copy slots < nblk*BS; the rest is written token by token, and
+            # until then masked, but fresh memory may hold NaN and 0 * NaN would leak
+            self.buf[:, :, :, :, nblk * bs:].zero_()
             nb = cache.num_blocks
             table = batch.block_tables[:, :nblk].to(self.device).long().clamp(0, nb - 1)
             self._cache = weakref.ref(cache)

@@ -322,6 +322,12 @@ class ModelRunner:
                                        cache.key_cache(0).dtype, self.device)
         return self._decode_kv.begin(cache, batch, lens)
 
+    def release_decode_kv(self) -> None:
+        """Drop :meth:`forward_paged`'s kept decode KV (its memory goes now; the next
+        decode step rebuilds it from the paged cache)."""
+        if self._decode_kv is not None:
+            self._decode_kv.reset()
+
     # ------------------------------------------------------------------ encoder
     @torch.no_grad()
     def encode(self, input_ids: torch.Tensor | None = None, attention_mask: Any = None,

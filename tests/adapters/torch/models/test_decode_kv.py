@@ -157,3 +157,8 @@ def test_forward_paged_matches_hf_per_sequence(llama, prefix):
         cache.mark_computed(ids)
     assert r._decode_kv.rebuilds == 2  # once at the first decode step, once when "c" left
     assert np.isfinite(logits.numpy()).all()
+    r.release_decode_kv()  # LLM.close() does this: the kept copy's memory goes now
+    assert r._decode_kv.buf is None
+    batch = cache.prepare_decode(ids, [[t] for t in logits.argmax(-1).tolist()])
+    r.forward_paged(logits.argmax(-1), batch, cache)  # and comes back at the next step
+    assert r._decode_kv.rebuilds == 3 and r._decode_kv.buf is not None
