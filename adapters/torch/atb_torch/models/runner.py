@@ -333,7 +333,11 @@ class ModelRunner:
     def encode(self, input_ids: torch.Tensor | None = None, attention_mask: Any = None,
                token_type_ids: Any = None, position_ids: Any = None,
                inputs_embeds: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Encoder forward; see the module docstring."""
+        """Encoder forward; see the module docstring. On the CPU fast path
+        (:mod:`.encoder_fast`: opt >= 1, fp32/bf16, not quantized) a batch with at
+        least ``PACK_BELOW`` real tokens runs padded (rows ``[B*S, H]``, key-padding
+        mask in the attention) and padding is dropped only below that; either way
+        padding positions of the output are zeros."""
         src = input_ids if input_ids is not None else inputs_embeds
         b, s = src.shape[0], src.shape[1]
         dev = self.device
