@@ -74,6 +74,14 @@ def fast_encoder_reason(runner: Any) -> str | None:
     return None
 
 
+def _check_range(t: torch.Tensor, n: int, what: str) -> None:
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= n):
+        from atbcore.errors import InputError
+
+        raise InputError("compile", f"{what} out of range", f"values in [0, {n})",
+                         f"[{int(t.min())}, {int(t.max())}]")
+
+
 def _layer_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
     """LayerNorm of rows ``x`` [N, H]: the C kernel (one pass, fp32 compute) when it
     can run, else ``F.layer_norm`` in fp32."""
@@ -120,7 +128,6 @@ class FastEncoder:
         self.heads, self.head_dim, self.hidden = s.num_heads, s.head_dim, s.hidden_size
         self.layers = [_Layer(blk, s.activation, s.scales[i], s.num_heads)
                        for i, blk in enumerate(runner.blocks)]
-        self.runner = runner
         # position + token-type embeddings summed once into one table indexed by
         # type * P + position: one gather instead of two gathers and an add per batch
         self.pos_type = None
@@ -128,29 +135,27 @@ class FastEncoder:
                 runner.embed_norm is not None:
             p, t = runner.pos_w.float(), runner.type_w.float()
             self.pos_type = (t[:, None, :] + p[None]).reshape(-1, p.shape[1]).to(runner.dtype)
+        self.word, self.embed_norm = runner.embed_w, runner.embed_norm
+        self.n_pos = 0 if runner.pos_w is None else runner.pos_w.shape[0]
+        self.n_type = 0 if runner.type_w is None else runner.type_w.shape[0]
         self.pooler = None
         if runner.pooler is not None and runner.pooler.mode == "t":
             self.pooler = (runner.pooler.w.t(), runner.pooler.b)
 
     def embed(self, ids: torch.Tensor, pos: torch.Tensor, tt: torch.Tensor) -> torch.Tensor | None:
         """LayerNorm(word + position + token type) of flat ``ids``/``pos``/``tt`` [N]
-        -> [N, H] (ids and positions range-checked as the general path does), or
-        None when the model has no such embeddings."""
-        r = self.runner
+        -> [N, H] (each range-checked, InputError naming it), or None when the
+        model has no such embeddings."""
         if self.pos_type is None:
             return None
-        r._check_ids(ids)
-        r._check_positions(pos, r.pos_w, "position_ids")
-        if tt.numel() and (int(tt.min()) < 0 or int(tt.max()) >= r.type_w.shape[0]):
-            from atbcore.errors import InputError
-
-            raise InputError("compile", "token_type_ids out of range",
-                             f"ids in [0, {r.type_w.shape[0]})", f"[{int(tt.min())}, {int(tt.max())}]")
-        word = F.embedding(ids, r.embed_w)                               # [N, H]
-        pt = F.embedding(tt.long() * r.pos_w.shape[0] + pos.long(), self.pos_type)
+        _check_range(ids, self.word.shape[0], "input_ids")
+        _check_range(pos, self.n_pos, "position_ids")
+        _check_range(tt, self.n_type, "token_type_ids")
+        word = F.embedding(ids, self.word)                               # [N, H]
+        pt = F.embedding(tt.long() * self.n_pos + pos.long(), self.pos_type)
         from atbcore.backends.cpu_kernels import torch_ops as ck
 
-        norm = r.embed_norm
+        norm = self.embed_norm
         if ck.why_not(word, pt, norm.w, norm.b) is None:
             return ck.layer_norm(word, norm.w, norm.b, word.shape[-1], norm.eps, residual=pt)[0]
         return _layer_norm(word + pt, norm)

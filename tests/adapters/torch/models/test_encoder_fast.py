@@ -133,11 +133,15 @@ def test_empty_row_gives_zeros_and_leaves_others_exact():
     assert_close(out[keep][real], ref[real], "fp32", "other rows")
 
 
-def test_token_type_out_of_range_raises():
+def test_embedding_indices_out_of_range_raise():
     c = compile(tiny("bert"))
     ids, tt, mask = _batch()
     with pytest.raises(InputError, match="token_type_ids"):
         c(ids, attention_mask=mask, token_type_ids=tt + 5)
+    with pytest.raises(InputError, match="input_ids"):
+        c(ids + 256, attention_mask=mask, token_type_ids=tt)
+    with pytest.raises(InputError, match="position_ids"):
+        c(ids, attention_mask=mask, position_ids=torch.arange(16)[None] + 120)
 
 
 def test_general_path_cases():
