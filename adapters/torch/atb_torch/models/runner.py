@@ -385,7 +385,7 @@ class ModelRunner:
         if sel is None:
             last = x.reshape(b, s, -1)
             if m is not None:  # padded rows ran through the layers: zeros, as packed ones
-                last = last.masked_fill(~m[..., None], 0)
+                last = last.masked_fill_(~m[..., None], 0)                # x is ours: in place
         else:
             last = x.new_zeros(b * s, x.shape[-1])
             last[sel] = x
