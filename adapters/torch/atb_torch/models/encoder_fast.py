@@ -3,7 +3,8 @@ C LayerNorms per layer.
 
 Built lazily by :meth:`.runner.ModelRunner.encode` from the runner's own prepared
 blocks (opt >= 1, no quantization, fp32/bf16 on a CPU with oneDNN); it keeps no
-weight copies: the GEMMs read transposed views of the blocks' ``[in, out]`` weights.
+weight copies: the GEMMs read the blocks' weights as ``[out, in]`` views (transposed
+views of the ``[in, out]`` copies fused Linears keep).
 Per layer (post-norm BERT)::
 
     qkv = x @ Wqkv + b                        oneDNN linear             [N, 3H]
@@ -44,6 +45,15 @@ PACK_BELOW = 0.9
 _PW_ACT = {"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
 
 
+# Lin.mode -> its weight as oneDNN's [out, in] operand (a view: "t" holds [in, out])
+_LAYOUT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "t": lambda w: w.t(), "rows": lambda w: w, "dense": lambda w: w}
+
+
+def _weight(lin: Any) -> torch.Tensor:
+    return _LAYOUT[lin.mode](lin.w)
+
+
 def _pw_available() -> bool:
     try:
         return bool(torch.backends.mkldnn.is_available()) and \
@@ -69,8 +79,12 @@ def fast_encoder_reason(runner: Any) -> str | None:
         return "grouped KV heads"
     if not _pw_available():
         return "torch built without oneDNN (mkldnn)"
-    if any(getattr(blk, "qkv", None) is None or blk.qkv.mode != "t" for blk in runner.blocks):
-        return "blocks without merged, transposed QKV weights"
+    for blk in runner.blocks:
+        if getattr(blk, "qkv", None) is None:
+            return "blocks without a merged QKV Linear"
+        lins = (blk.qkv, blk.o, blk.up, blk.down)
+        if any(getattr(lin, "mode", None) not in _LAYOUT for lin in lins):
+            return "Linear weights in a layout oneDNN linear does not take"
     return None
 
 
@@ -97,10 +111,10 @@ class _Layer:
     """One encoder block's weights as oneDNN-linear operands (views, no copies)."""
 
     def __init__(self, blk: Any, act: str, scale: float, heads: int) -> None:
-        self.wqkv, self.bqkv = blk.qkv.w.t(), blk.qkv.b                # [3H, H] view
-        self.wo, self.bo = blk.o.w.t(), blk.o.b
-        self.wup, self.bup = blk.up.w.t(), blk.up.b
-        self.wdown, self.bdown = blk.down.w.t(), blk.down.b
+        self.wqkv, self.bqkv = _weight(blk.qkv), blk.qkv.b              # [3H, H]
+        self.wo, self.bo = _weight(blk.o), blk.o.b
+        self.wup, self.bup = _weight(blk.up), blk.up.b
+        self.wdown, self.bdown = _weight(blk.down), blk.down.b
         self.n1, self.n2 = blk.attn_norm, blk.mlp_norm
         self.post = _PW_ACT.get(act)
         self.act = None if self.post is not None else blk.act
@@ -139,8 +153,8 @@ class FastEncoder:
         self.n_pos = 0 if runner.pos_w is None else runner.pos_w.shape[0]
         self.n_type = 0 if runner.type_w is None else runner.type_w.shape[0]
         self.pooler = None
-        if runner.pooler is not None and runner.pooler.mode == "t":
-            self.pooler = (runner.pooler.w.t(), runner.pooler.b)
+        if runner.pooler is not None and getattr(runner.pooler, "mode", None) in _LAYOUT:
+            self.pooler = (_weight(runner.pooler), runner.pooler.b)
 
     def embed(self, ids: torch.Tensor, pos: torch.Tensor, tt: torch.Tensor) -> torch.Tensor | None:
         """LayerNorm(word + position + token type) of flat ``ids``/``pos``/``tt`` [N]

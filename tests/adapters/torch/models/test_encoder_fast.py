@@ -163,3 +163,14 @@ def test_inputs_embeds_take_the_general_embedding_then_the_fast_layers():
     assert c.atb_runner._fast_encoder is not None
     real = mask.bool()
     assert_close(out[real], ref[real], "fp32", "inputs_embeds")
+
+
+def test_fast_layers_share_the_blocks_weights():
+    c = compile(tiny("bert"))
+    r = c.atb_runner
+    fe = FastEncoder.build(r)
+    for layer, blk in zip(fe.layers, r.blocks):
+        for w, lin in ((layer.wqkv, blk.qkv), (layer.wo, blk.o), (layer.wup, blk.up),
+                       (layer.wdown, blk.down)):
+            assert w.shape == (lin.out_features, lin.in_features)
+            assert w.untyped_storage().data_ptr() == lin.w.untyped_storage().data_ptr()
