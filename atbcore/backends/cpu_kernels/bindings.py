@@ -22,7 +22,8 @@ from .build import BuildResult, build_library
 
 __all__ = ["library", "unavailable_reason", "build_info", "entry", "SINKS", "ENTRY_POINTS"]
 
-ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", "atb_softmax")
+ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", "atb_softmax",
+                "atb_linear_rows")
 
 # Lists that record C kernel calls while a LaunchCounter is active (a stack:
 # counters may nest). Kernel wrappers append their name to the innermost one.

@@ -16,9 +16,11 @@ F16C), else the generic baseline, which is also the fallback when an ISA build
 fails. Measured here (2 cores, activations over 11008 floats, ns/element, v4 vs
 v3): SiLU 0.72 vs 1.38, GELU 2.0 vs 3.6; relu (memory bound) 0.10 vs 0.29.
 ``ATB_CPU_ISA=avx2`` caps the build at v3, ``ATB_CPU_ISA=generic`` forces the
-baseline. Threading: none (the kernels run on the caller's thread; decode
-rows are one row, and a second OpenMP runtime next to torch's would fight it
-for the cores).
+baseline. Threading: the row kernels (norms, RoPE, activations, softmax) run
+on the caller's thread (decode rows are one row); the few-row matmul
+(``linear.c``) splits its weight rows over a small pthread pool of its own
+(``pool.c``; not OpenMP: a second OpenMP runtime next to torch's would keep
+its own spinning workers and fight torch's for the cores).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from pathlib import Path
 __all__ = ["BuildResult", "build_library", "SOURCES", "cache_dir", "isa_flags"]
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c")
-HEADERS = ("common.h",)
+SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "pool.c")
+HEADERS = ("common.h", "pool.h")
 # -ffp-contract=fast: -std=c11 turns FMA contraction off, which costs the
 # polynomial loops (exp, erfc) ~30 % here; contraction only makes them more exact.
 BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-math-errno",
@@ -124,7 +126,7 @@ def _compile(cc: str, flags: tuple[str, ...], dest: Path) -> str:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=dest.parent)
     os.close(fd)
-    cmd = [cc, *BASE_FLAGS, *flags, *(str(CSRC / s) for s in SOURCES), "-o", tmp, "-lm"]
+    cmd = [cc, *BASE_FLAGS, *flags, *(str(CSRC / s) for s in SOURCES), "-o", tmp, "-lm", "-lpthread"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if r.returncode != 0:

@@ -22,7 +22,8 @@ import torch
 from .bindings import entry, unavailable_reason
 
 __all__ = ["why_not", "rms_norm", "layer_norm", "rope", "activation", "softmax", "DTYPE_CODES",
-           "ACT_CODES", "MAX_ROTARY_DIM", "c_launches", "log_fallback", "into", "out_at"]
+           "ACT_CODES", "MAX_ROTARY_DIM", "c_launches", "log_fallback", "into", "out_at",
+           "linear_rows", "linear_rows_args", "linear_rows_call", "LINEAR_WEIGHT_DTYPES"]
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _BOOL = 3
@@ -35,6 +36,9 @@ _NORM = struct.Struct("<16q2d")
 _ROPE = struct.Struct("<44q")
 _ACT = struct.Struct("<13q")
 _SOFTMAX = struct.Struct(f"<13q{2 * _SM_DIMS}qqd")
+_LINEAR = struct.Struct("<17q")
+# weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
+LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
 
 _calls: dict[str, Any] = {}
 
@@ -270,6 +274,62 @@ def softmax(x: torch.Tensor, *, scale: float = 1.0, mask: torch.Tensor | None = 
                          xs, ys, int(causal), x.shape[-2] if causal else 0, int(empty_rows_zero),
                          nd, *geom, mlast, scale)
     _check(_fn("softmax")(args), "softmax")
+    return _deliver(out, y)
+
+
+def linear_rows_args(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, *,
+                     scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                     accumulate: bool = False, threads: int | None = None) -> bytes:
+    """The packed argument block of one few-row matmul ``y (+)= x @ w.T * scale + bias``.
+
+    ``x`` [M, K] and ``y`` [M, N] with unit-stride rows, ``w`` [N, K] contiguous
+    (fp32/bf16/fp16/int8), ``scale`` fp32 [N] (int8 weights), ``bias`` [N]. The
+    block holds addresses: the caller keeps every tensor alive (and in place) for
+    as long as it calls :func:`linear_rows_call` with it (a decode plan packs once).
+    """
+    if threads is None:
+        threads = torch.get_num_threads()
+    m, k = x.shape
+    n = w.shape[0]
+    return _LINEAR.pack(
+        x.data_ptr(), w.data_ptr(), 0 if scale is None else scale.data_ptr(),
+        0 if bias is None else bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype],
+        LINEAR_WEIGHT_DTYPES[w.dtype], 0 if bias is None else DTYPE_CODES[bias.dtype],
+        DTYPE_CODES[y.dtype], m, k, n, x.stride(0), w.stride(0), y.stride(0), threads,
+        int(accumulate))
+
+
+def linear_rows_call(args: bytes) -> None:
+    """Run a packed few-row matmul (one launch)."""
+    _check(_fn("linear_rows")(args), "linear_rows")
+
+
+def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                accumulate: bool = False) -> torch.Tensor:
+    """``x @ w.T * scale + bias`` for few rows of ``x`` [..., K] (``w`` [N, K]); with
+    ``accumulate`` the result is added into ``out``. fp32 sums, one rounding."""
+    k, n = x.shape[-1], w.shape[0]
+    x2, rows, xs = _rows(x, k)
+    shape = (*x.shape[:-1], n)
+    if accumulate and out is None:
+        raise ValueError("linear_rows: accumulate needs out")
+    y = out if (out is not None and out.shape == shape and out.dtype in DTYPE_CODES
+                and out.is_contiguous()) else None
+    if y is None:
+        if accumulate:
+            y = out.contiguous()
+        else:
+            y = torch.empty(shape, dtype=x.dtype)
+    if not w.is_contiguous():
+        w = w.contiguous()
+    args = _LINEAR.pack(
+        x2.data_ptr(), w.data_ptr(), 0 if scale is None else scale.data_ptr(),
+        0 if bias is None else bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype],
+        LINEAR_WEIGHT_DTYPES[w.dtype], 0 if bias is None else DTYPE_CODES[bias.dtype],
+        DTYPE_CODES[y.dtype], rows, k, n, xs, w.stride(0), n, torch.get_num_threads(),
+        int(accumulate))
+    _check(_fn("linear_rows")(args), "linear_rows")
     return _deliver(out, y)
 
 

@@ -8,6 +8,7 @@ activations, attention), which is then consumed in the same closure — so a fas
 kernel registered for the op later is picked up unchanged. Per layer:
 
     mm(norm(x), W_qkv_t, out=qkv)                   # RmsNorm kernel + one GEMV
+                                                    # (the C few-row matmul on CPU)
     RoPE of q|k in place in qkv (3 ops + 1 copy)    # the q and k heads are adjacent
     kv_cache[layer, :, :, t] = qkv[k|v]             # one copy, keys and values
     x.addmm_(attention(q, K[:t+1], V[:t+1]), W_o_t) # residual add inside the GEMM
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 from atbcore.log import logger
 
 from .cache import ContiguousKVCache
+from .kernels import ROWS_MAX
 
 __all__ = ["DecodePlan", "plan_for", "count_ops"]
 
@@ -107,7 +109,9 @@ class DecodePlan:
     def _into(self, lin: Any, norm: Any, out: torch.Tensor) -> None:
         """``out = lin(norm(x))``: the norm kernel's fresh output feeds the GEMV."""
         x, n = self.x, norm.launches
-        if lin.mode == "t" and lin.b is None:
+        if lin.rows and x.shape[0] <= ROWS_MAX:  # the C few-row matmul, bias inside
+            self._call(lambda: lin.into(norm(x), out), n + 1)
+        elif lin.mode == "t" and lin.b is None:
             self._call(lambda: torch.mm(norm(x), lin.w, out=out), n + 1)
         elif lin.mode == "t":
             self._call(lambda: torch.addmm(lin.b, norm(x), lin.w, out=out), n + 1)
@@ -117,7 +121,9 @@ class DecodePlan:
     def _acc(self, lin: Any, src: Callable[[], torch.Tensor], launches: int) -> None:
         """``x += lin(src())``: the residual add rides in the GEMM (beta = 1)."""
         x = self.x
-        if lin.mode == "t" and lin.b is None:
+        if lin.rows and x.shape[0] <= ROWS_MAX:  # C few-row matmul accumulating into x
+            self._call(lambda: lin.acc(src(), x), launches + 1)
+        elif lin.mode == "t" and lin.b is None:
             self._call(lambda: x.addmm_(src(), lin.w), launches + 1)
         elif lin.mode == "t":
             self._call(lambda: x.addmm_(src(), lin.w).add_(lin.b), launches + 2)

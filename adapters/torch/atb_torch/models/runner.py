@@ -77,7 +77,8 @@ class ModelRunner:
         device = torch.device(device) if device is not None else weights.embed.device
         self.spec, self.dtype, self.device = spec, dtype, device
         self.opt_level, self.quantize = int(opt_level), quantize
-        self.prep = prep = Prep(self.opt_level, dtype, quantize, device)
+        self.prep = prep = Prep(self.opt_level, dtype, quantize, device,
+                                rows_kernel=spec.kind == "decoder")
         self.embed_w = detach(weights.embed, dtype).to(device)
         self.pos_w = detach(weights.pos_embed, dtype)
         self.type_w = detach(weights.type_embed, dtype)

@@ -1,0 +1,157 @@
+/* The thread pool of pool.h.
+ *
+ * Workers start on first use (grown when a later call asks for more), wait for
+ * a new job generation (polling with sched_yield for a short while, then on a
+ * condition variable), and claim chunks from g_work = (generation << 32) |
+ * next chunk with a compare-and-swap, so a worker that wakes late can never
+ * claim a chunk of a finished job: the generation in the word has moved on.
+ * The caller claims chunks too and returns when g_done reaches the chunk count.
+ * A job's fn/ctx stay valid while any of its chunks is unclaimed or running,
+ * because the next job cannot start before this one's chunks are all done.
+ * A fork() child starts with no workers (pthread_atfork resets the pool).
+ */
+#define _GNU_SOURCE
+#include "pool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "common.h"
+
+/* how long an idle worker polls before it sleeps: a decode step calls a matmul
+ * every few tens of microseconds, so a short poll keeps the hand-off cheap */
+#define ATB_SPIN_NS 200000
+/* A worker that claimed a chunk and then lost its core (the machine is busy)
+ * makes the caller wait for a whole time slice. When the caller waits longer
+ * than ATB_LATE_NS for others' chunks, the next ATB_BACKOFF_CALLS jobs run on
+ * the caller alone, then threads are tried again (measured on a 2-core machine
+ * with two other busy processes: 60 ms decode steps with two threads, 6 ms
+ * with this back-off). */
+#define ATB_LATE_NS 300000
+#define ATB_BACKOFF_CALLS 512
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static pthread_mutex_t g_call_mu = PTHREAD_MUTEX_INITIALIZER; /* one job at a time */
+static atomic_uint_fast64_t g_gen;    /* job generation, bumped per job */
+static atomic_uint_fast64_t g_work;   /* (generation << 32) | next unclaimed chunk */
+static atomic_int_fast64_t g_done;    /* chunks finished in the current job */
+static int64_t g_total;               /* chunks in the current job */
+static atb_chunk_fn g_fn;
+static void *g_ctx;
+static int g_workers;
+static int g_atfork;
+static int g_backoff;                 /* jobs left to run single-threaded */
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* claim and run chunks of job `gen` until none is left */
+static void run_chunks(uint_fast64_t gen) {
+    for (;;) {
+        uint_fast64_t w = atomic_load_explicit(&g_work, memory_order_acquire);
+        if ((w >> 32) != (gen & 0xffffffffu)) return;          /* a finished job */
+        int64_t c = (int64_t)(w & 0xffffffffu);
+        if (c >= g_total) return;
+        if (!atomic_compare_exchange_weak_explicit(&g_work, &w, w + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        g_fn(g_ctx, c);
+        atomic_fetch_add_explicit(&g_done, 1, memory_order_release);
+    }
+}
+
+static void *worker(void *arg) {
+    (void)arg;
+    uint_fast64_t seen = 0;
+    for (;;) {
+        uint_fast64_t gen = atomic_load_explicit(&g_gen, memory_order_acquire);
+        if (gen == seen) {
+            int64_t t0 = now_ns();
+            while ((gen = atomic_load_explicit(&g_gen, memory_order_acquire)) == seen &&
+                   now_ns() - t0 < ATB_SPIN_NS)
+                sched_yield();
+            if (gen == seen) {
+                pthread_mutex_lock(&g_mu);
+                while ((gen = atomic_load(&g_gen)) == seen) pthread_cond_wait(&g_cv, &g_mu);
+                pthread_mutex_unlock(&g_mu);
+            }
+        }
+        seen = gen;
+        run_chunks(gen);
+    }
+    return NULL;
+}
+
+static void after_fork_child(void) {
+    /* the workers did not survive the fork: start afresh */
+    pthread_mutex_init(&g_mu, NULL);
+    pthread_cond_init(&g_cv, NULL);
+    pthread_mutex_init(&g_call_mu, NULL);
+    g_workers = 0;
+}
+
+static int grow(int want) {
+    if (!g_atfork) {
+        pthread_atfork(NULL, NULL, after_fork_child);
+        g_atfork = 1;
+    }
+    while (g_workers < want) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&th, &attr, worker, NULL);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break;
+        ++g_workers;
+    }
+    return g_workers;
+}
+
+void atb_parallel_chunks(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
+    if (nchunks <= 0) return;
+    if (nth > ATB_POOL_MAX) nth = ATB_POOL_MAX;
+    if (nth <= 1 || nchunks == 1) {
+        for (int64_t c = 0; c < nchunks; ++c) fn(ctx, c);
+        return;
+    }
+    pthread_mutex_lock(&g_call_mu);
+    if (g_backoff > 0 || grow(nth - 1) == 0) {
+        if (g_backoff > 0) --g_backoff;
+        pthread_mutex_unlock(&g_call_mu);
+        for (int64_t c = 0; c < nchunks; ++c) fn(ctx, c);
+        return;
+    }
+    g_fn = fn;
+    g_ctx = ctx;
+    g_total = nchunks;
+    atomic_store_explicit(&g_done, 0, memory_order_relaxed);
+    pthread_mutex_lock(&g_mu);
+    uint_fast64_t gen = atomic_load(&g_gen) + 1;
+    /* publish the job's chunks (release: fn/ctx/total above are visible first) */
+    atomic_store_explicit(&g_work, (gen & 0xffffffffu) << 32, memory_order_release);
+    atomic_store_explicit(&g_gen, gen, memory_order_release);
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+    run_chunks(gen);
+    int64_t t0 = 0;
+    for (unsigned spins = 0; atomic_load_explicit(&g_done, memory_order_acquire) < nchunks;
+         ++spins) {
+        if ((spins & 63u) == 63u) {
+            sched_yield();  /* the worker running a chunk may need this core */
+            int64_t t = now_ns();
+            if (!t0) t0 = t;
+            else if (t - t0 > ATB_LATE_NS) g_backoff = ATB_BACKOFF_CALLS;
+        }
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+    }
+    pthread_mutex_unlock(&g_call_mu);
+}

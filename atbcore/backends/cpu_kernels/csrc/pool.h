@@ -1,0 +1,28 @@
+/* A tiny persistent thread pool for the few kernels that need every core (the
+ * few-row matmuls of decoding, which are memory bound: one core cannot pull the
+ * weights at the machine's read bandwidth).
+ *
+ * Why not OpenMP: torch ships its own OpenMP runtime; a second one in the same
+ * process keeps its own spinning workers and the two fight for the cores.
+ *
+ * Work is handed out in chunks that threads claim one at a time, and the caller
+ * claims chunks too: when the machine is busy and a worker is not scheduled, the
+ * caller simply does all the chunks instead of waiting a whole time slice for
+ * the worker's static share (measured: a static split ran 6x slower than one
+ * thread on an oversubscribed 2-core machine).
+ */
+#ifndef ATB_POOL_H
+#define ATB_POOL_H
+
+#include <stdint.h>
+
+typedef void (*atb_chunk_fn)(void *ctx, int64_t chunk);
+
+/* Run fn(ctx, c) for every c in [0, nchunks) on up to nth threads (the caller
+ * is one of them) and return when all are done. nth is clamped to
+ * [1, ATB_POOL_MAX]; calls from several threads are serialised. */
+void atb_parallel_chunks(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth);
+
+#define ATB_POOL_MAX 64
+
+#endif
