@@ -49,24 +49,12 @@ from atbcore.errors import CapabilityError, InputError
 from .arch import ModelSpec, ModelWeights, resolve_architecture
 from .cache import ContiguousKVCache
 from .layers import AttnCtx, DecoderBlock, EncoderBlock, Kern, Lin, Norm, Prep, detach
+from .runner_paged import PagedCtx, PagedMixin
 
 __all__ = ["ModelRunner", "PagedCtx"]
 
 
-class PagedCtx:
-    """Per-step inputs of :meth:`ModelRunner.forward_paged` shared by the layers."""
-
-    paged = True
-
-    def __init__(self, cos: Any, sin: Any, cache: Any, batch: Any,
-                 fresh_lens: list[int] | None = None, decode: Any = None) -> None:
-        self.cos, self.sin, self.cache, self.batch = cos, sin, cache, batch
-        # new tokens per sequence when each context is exactly its new tokens
-        self.fresh_lens = fresh_lens
-        self.decode = decode  # a DecodeStep when the step is one token per sequence
-
-
-class ModelRunner:
+class ModelRunner(PagedMixin):
     """See the module docstring. ``opt_level`` 0..3, ``dtype`` (compute and weight
     dtype; None = the weights'), ``quantize`` None | "w8", ``device``."""
 
@@ -281,53 +269,6 @@ class ModelRunner:
         if cache.key_mask is None:
             return torch.full((cache.batch,), n, dtype=torch.long, device=self.device)
         return cache.key_mask[:, :n].sum(dim=1)
-
-    # ------------------------------------------------------------------ paged
-    @torch.no_grad()
-    def forward_paged(self, input_ids: torch.Tensor, batch: Any, cache: Any,
-                      all_logits: bool = False) -> torch.Tensor:
-        """Packed new tokens ``input_ids`` [T] of ``batch.seq_ids`` (a ``PagedBatch``
-        from ``cache.prepare_prefill`` / ``prepare_decode``); writes their keys and
-        values into the paged ``cache`` and returns logits ``[B, V]`` of each
-        sequence's last new token (``[T, V]`` with ``all_logits``)."""
-        if self.spec.kind != "decoder":
-            raise CapabilityError("compile", "forward_paged() of an encoder", "encode()",
-                                  self.spec.arch)
-        pos = batch.positions.to(self.device).long()
-        x = self.embed(input_ids.reshape(-1)[None].to(self.device), pos[None])   # [1, T, H]
-        cos, sin = self._cos_sin(pos[None])
-        # a prefill with no cached context attends over its packed tokens directly
-        ql = [int(n) for n in batch.q_seq_lens.tolist()]
-        lens = [int(n) for n in batch.context_lens.tolist()]
-        fresh = ql if max(ql) > 1 and ql == lens else None
-        ctx = PagedCtx(cos, sin, cache, batch, fresh, self._decode_step(cache, batch, ql, lens))
-        res = None
-        for blk in self.blocks:
-            x, res = blk.forward(x, res, ctx)
-        if not all_logits and len(ql) != x.shape[1]:  # norms are per row: keep the last first
-            last = batch.q_seq_lens.to(self.device).long().cumsum(0) - 1
-            x, res = x[:, last], res[:, last]
-        h = self.final_norm.add(x, res)[0][0]                            # [B|T, H]
-        return h if self.lm_head is None else self.lm_head(h)
-
-    def _decode_step(self, cache: Any, batch: Any, ql: list[int], lens: list[int]) -> Any:
-        """The kept decode copy's step (:mod:`.decode_kv`) when every sequence has one
-        new token, else None (the PagedAttention kernel gathers the blocks)."""
-        if max(ql) != 1 or getattr(cache, "version", None) is None:
-            return None
-        if self._decode_kv is None:
-            from .decode_kv import DecodeKV
-
-            s = self.spec
-            self._decode_kv = DecodeKV(s.num_layers, s.num_kv_heads, s.head_dim,
-                                       cache.key_cache(0).dtype, self.device)
-        return self._decode_kv.begin(cache, batch, lens)
-
-    def release_decode_kv(self) -> None:
-        """Drop :meth:`forward_paged`'s kept decode KV (its memory goes now; the next
-        decode step rebuilds it from the paged cache)."""
-        if self._decode_kv is not None:
-            self._decode_kv.reset()
 
     # ------------------------------------------------------------------ encoder
     @torch.no_grad()
