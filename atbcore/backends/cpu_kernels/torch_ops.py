@@ -23,7 +23,7 @@ from .bindings import entry, unavailable_reason
 
 __all__ = ["why_not", "rms_norm", "layer_norm", "rope", "activation", "softmax", "DTYPE_CODES",
            "ACT_CODES", "MAX_ROTARY_DIM", "c_launches", "log_fallback", "into", "out_at",
-           "linear_rows", "linear_rows_args", "linear_rows_call", "LINEAR_WEIGHT_DTYPES"]
+           "linear_rows", "LINEAR_WEIGHT_DTYPES"]
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _BOOL = 3
@@ -275,33 +275,6 @@ def softmax(x: torch.Tensor, *, scale: float = 1.0, mask: torch.Tensor | None = 
                          nd, *geom, mlast, scale)
     _check(_fn("softmax")(args), "softmax")
     return _deliver(out, y)
-
-
-def linear_rows_args(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, *,
-                     scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                     accumulate: bool = False, threads: int | None = None) -> bytes:
-    """The packed argument block of one few-row matmul ``y (+)= x @ w.T * scale + bias``.
-
-    ``x`` [M, K] and ``y`` [M, N] with unit-stride rows, ``w`` [N, K] contiguous
-    (fp32/bf16/fp16/int8), ``scale`` fp32 [N] (int8 weights), ``bias`` [N]. The
-    block holds addresses: the caller keeps every tensor alive (and in place) for
-    as long as it calls :func:`linear_rows_call` with it (a decode plan packs once).
-    """
-    if threads is None:
-        threads = torch.get_num_threads()
-    m, k = x.shape
-    n = w.shape[0]
-    return _LINEAR.pack(
-        x.data_ptr(), w.data_ptr(), 0 if scale is None else scale.data_ptr(),
-        0 if bias is None else bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype],
-        LINEAR_WEIGHT_DTYPES[w.dtype], 0 if bias is None else DTYPE_CODES[bias.dtype],
-        DTYPE_CODES[y.dtype], m, k, n, x.stride(0), w.stride(0), y.stride(0), threads,
-        int(accumulate))
-
-
-def linear_rows_call(args: bytes) -> None:
-    """Run a packed few-row matmul (one launch)."""
-    _check(_fn("linear_rows")(args), "linear_rows")
 
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None = None,
