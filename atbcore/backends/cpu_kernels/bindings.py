@@ -20,10 +20,11 @@ from typing import Callable
 from ...log import logger
 from .build import BuildResult, build_library
 
-__all__ = ["library", "unavailable_reason", "build_info", "entry", "SINKS", "ENTRY_POINTS"]
+__all__ = ["library", "unavailable_reason", "build_info", "entry", "pool_stats", "SINKS",
+           "ENTRY_POINTS"]
 
 ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", "atb_softmax",
-                "atb_linear_rows")
+                "atb_linear_rows", "atb_decode_attention")
 
 # Lists that record C kernel calls while a LaunchCounter is active (a stack:
 # counters may nest). Kernel wrappers append their name to the innermost one.
@@ -50,6 +51,8 @@ def _load() -> None:
             fn = getattr(lib, name)
             fn.argtypes = [ctypes.c_char_p]
             fn.restype = ctypes.c_int64
+        lib.atb_pool_stats.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+        lib.atb_pool_stats.restype = ctypes.c_int64
     except (OSError, AttributeError) as e:
         _STATE.update(lib=None, reason=f"the built C kernels did not load ({e})")
         logger.info("CPU kernels unavailable: %s", _STATE["reason"])
@@ -78,6 +81,19 @@ def build_info() -> BuildResult:
     """How the library was obtained (ISA, path, whether this process compiled it)."""
     library()
     return _STATE["build"]  # type: ignore[return-value]
+
+
+def pool_stats() -> dict[str, int]:
+    """Counters of the C kernels' thread pool since the library loaded: jobs split
+    across threads, jobs run on the caller alone because of a back-off, back-offs
+    (a worker came late, so the next jobs ran single-threaded), workers started."""
+    lib = library()
+    if lib is None:
+        return {"parallel_jobs": 0, "backoff_jobs": 0, "backoffs": 0, "workers": 0}
+    out = (ctypes.c_int64 * 4)()
+    lib.atb_pool_stats(out)
+    return {"parallel_jobs": out[0], "backoff_jobs": out[1], "backoffs": out[2],
+            "workers": out[3]}
 
 
 def entry(name: str) -> Callable[[bytes], int]:

@@ -15,15 +15,18 @@ Imported only by the torch backend (it imports torch).
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import torch
+
+from atbcore.errors import DtypeError, ShapeError
 
 from .bindings import entry, unavailable_reason
 
 __all__ = ["why_not", "rms_norm", "layer_norm", "rope", "activation", "softmax", "DTYPE_CODES",
            "ACT_CODES", "MAX_ROTARY_DIM", "c_launches", "log_fallback", "into", "out_at",
-           "linear_rows", "LINEAR_WEIGHT_DTYPES"]
+           "linear_rows", "LINEAR_WEIGHT_DTYPES", "parked_torch_threads", "decode_attention",
+           "decode_attention_bound", "rope_cache_bound"]
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _BOOL = 3
@@ -37,6 +40,7 @@ _ROPE = struct.Struct("<44q")
 _ACT = struct.Struct("<13q")
 _SOFTMAX = struct.Struct(f"<13q{2 * _SM_DIMS}qqd")
 _LINEAR = struct.Struct("<17q")
+_ATTN = struct.Struct("<25qd2q")
 # weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
 LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
 
@@ -167,6 +171,52 @@ def _unit_last(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.contiguous()
 
 
+def _rope_fields(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, *,
+                 layout: str, head_dim: int, rotary_dim: int, q_heads: int, k_heads: int,
+                 interleave: bool, batch: int, seq: int, table_len: int,
+                 pos: torch.Tensor | None = None, tab_offset: int = 0,
+                 q_out: torch.Tensor | None = None, k_out: torch.Tensor | None = None,
+                 v: torch.Tensor | None = None, v_out: torch.Tensor | None = None,
+                 cache_len: int = 0) -> tuple[tuple, tuple]:
+    """The packed RoPE arguments but the last (cache_offset), and the tensors they
+    point into (kept alive by the caller for the call)."""
+    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    cs_sb = cos.stride(0) if cos.dim() == 3 and cos.shape[0] > 1 else 0
+    pos_sb = 0
+    if pos is not None:
+        pos = _unit_last(pos)
+        pos_sb = pos.stride(0) if pos.dim() == 2 and pos.shape[0] > 1 else 0
+    qo = q if q_out is None else q_out
+    cache_lay = "BSND" if cache_len else layout
+    z3 = (0, 0, 0)
+    fields = (
+        q.data_ptr(), qo.data_ptr(), 0 if k is None else k.data_ptr(),
+        0 if k_out is None else k_out.data_ptr(), 0 if v is None else v.data_ptr(),
+        0 if v_out is None else v_out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        0 if pos is None else pos.data_ptr(),
+        DTYPE_CODES[q.dtype], DTYPE_CODES[cos.dtype], int(pos is not None and pos.dtype == torch.int32),
+        int(interleave), batch, seq, head_dim, rotary_dim, q_heads, k_heads or 0,
+        *_bshd(q, layout, head_dim), *_bshd(qo, layout, head_dim),
+        *(z3 if k is None else _bshd(k, layout, head_dim)),
+        *(z3 if k_out is None else _bshd(k_out, cache_lay, head_dim)),
+        *(z3 if v is None else _bshd(v, layout, head_dim)),
+        *(z3 if v_out is None else _bshd(v_out, cache_lay, head_dim)),
+        cs_sb, cos.stride(-2), table_len, tab_offset, pos_sb, cache_len)
+    return fields, (q, qo, k, k_out, v, v_out, cos, sin, pos)
+
+
+def _rope_status(status: int, cache_len: int) -> int:
+    if status == -2:
+        raise ValueError("negative position id")
+    if status == -3:
+        raise ValueError(f"position past the cache length {cache_len}")
+    if status < 0:
+        _check(status, "rope")
+    return status
+
+
 def rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, *,
          layout: str, head_dim: int, rotary_dim: int, q_heads: int, k_heads: int,
          interleave: bool, batch: int, seq: int, table_len: int, pos: torch.Tensor | None = None,
@@ -184,38 +234,41 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.
     (nothing is written then; grow the table and call again). Raises ValueError
     for a negative position or one past the cache.
     """
-    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-    if cos.stride() != sin.stride() or cos.stride(-1) != 1:
-        cos, sin = cos.contiguous(), sin.contiguous()
-    cs_sb = cos.stride(0) if cos.dim() == 3 and cos.shape[0] > 1 else 0
-    pos_sb = 0
-    if pos is not None:
-        pos = _unit_last(pos)
-        pos_sb = pos.stride(0) if pos.dim() == 2 and pos.shape[0] > 1 else 0
-    qo = q if q_out is None else q_out
-    cache_lay = "BSND" if cache_len else layout
-    z3 = (0, 0, 0)
-    args = _ROPE.pack(
-        q.data_ptr(), qo.data_ptr(), 0 if k is None else k.data_ptr(),
-        0 if k_out is None else k_out.data_ptr(), 0 if v is None else v.data_ptr(),
-        0 if v_out is None else v_out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-        0 if pos is None else pos.data_ptr(),
-        DTYPE_CODES[q.dtype], DTYPE_CODES[cos.dtype], int(pos is not None and pos.dtype == torch.int32),
-        int(interleave), batch, seq, head_dim, rotary_dim, q_heads, k_heads or 0,
-        *_bshd(q, layout, head_dim), *_bshd(qo, layout, head_dim),
-        *(z3 if k is None else _bshd(k, layout, head_dim)),
-        *(z3 if k_out is None else _bshd(k_out, cache_lay, head_dim)),
-        *(z3 if v is None else _bshd(v, layout, head_dim)),
-        *(z3 if v_out is None else _bshd(v_out, cache_lay, head_dim)),
-        cs_sb, cos.stride(-2), table_len, tab_offset, pos_sb, cache_len, cache_offset)
-    status = _fn("rope")(args)
-    if status == -2:
-        raise ValueError("negative position id")
-    if status == -3:
-        raise ValueError(f"position past the cache length {cache_len}")
-    if status < 0:
-        _check(status, "rope")
-    return status
+    fields, keep = _rope_fields(q, k, cos, sin, layout=layout, head_dim=head_dim,
+                                rotary_dim=rotary_dim, q_heads=q_heads, k_heads=k_heads,
+                                interleave=interleave, batch=batch, seq=seq,
+                                table_len=table_len, pos=pos, tab_offset=tab_offset,
+                                q_out=q_out, k_out=k_out, v=v, v_out=v_out, cache_len=cache_len)
+    status = _fn("rope")(_ROPE.pack(*fields, cache_offset))
+    del keep
+    return _rope_status(status, cache_len)
+
+
+def rope_cache_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
+                     head_dim: int, rotary_dim: int) -> Callable[[int], None]:
+    """Bind the decode step's RoPE: ``q`` [B, Hq*D] rotated in place, ``k`` rotated and
+    ``v`` copied into the caches [B, cap, Hk, D] at slot ``call(slot)``. ``cos``/``sin``
+    are the step's per-row tables [B, 1, rd] (fp32). The tensors must stay alive and
+    in place while the call is used (their addresses are packed once)."""
+    b = q.shape[0]
+    hq, hk = q.shape[-1] // head_dim, k.shape[-1] // head_dim
+    q3, k3, v3 = q.view(b, 1, -1), k.view(b, 1, -1), v.view(b, 1, -1)
+    cap = k_cache.shape[1]
+    fields, keep = _rope_fields(q3, k3, cos, sin, layout="BSH", head_dim=head_dim,
+                                rotary_dim=rotary_dim, q_heads=hq, k_heads=hk, interleave=False,
+                                batch=b, seq=1, table_len=1, k_out=k_cache, v=v3,
+                                v_out=v_cache, cache_len=cap)
+    if keep[0] is not q3 or keep[2] is not k3 or keep[4] is not v3 or keep[6] is not cos:
+        raise ShapeError("rope_cache_bound", "q/k/v/cos/sin", "unit-stride last dims",
+                         "a strided tensor")
+    fn, pack = _fn("rope"), _ROPE.pack
+
+    def call(slot: int) -> None:
+        _rope_status(fn(pack(*fields, slot)), cap)
+        return None
+    call.keep = keep  # type: ignore[attr-defined]
+    return call
 
 
 def activation(x: torch.Tensor, act: str, *, up: torch.Tensor | None = None,
@@ -277,11 +330,44 @@ def softmax(x: torch.Tensor, *, scale: float = 1.0, mask: torch.Tensor | None = 
     return _deliver(out, y)
 
 
+# The C pool's thread count while torch's own intra-op pool is parked at one thread
+# (see parked_torch_threads); 0 = follow torch.get_num_threads().
+_POOL_THREADS = [0]
+
+
+class parked_torch_threads:
+    """``with parked_torch_threads(): ...`` runs the block with torch's intra-op pool at
+    one thread while the C kernels' pool keeps the count torch had.
+
+    torch's OpenMP workers spin for a while after each parallel region; on a machine
+    with as many cores as threads a spinning worker holds the core the C pool's worker
+    needs, so a few-row matmul that follows any parallel torch op ran at one core's
+    bandwidth (measured: the 32000x512 fp32 LM head 3.1 ms after an SDPA, 1.9 ms
+    alone). Decode steps made of C matmuls and small torch ops run parked."""
+
+    __slots__ = ("n",)
+
+    def __enter__(self) -> "parked_torch_threads":
+        self.n = torch.get_num_threads()
+        if self.n > 1 and not _POOL_THREADS[0]:
+            _POOL_THREADS[0] = self.n
+            torch.set_num_threads(1)
+        else:
+            self.n = 0                      # nested or single-threaded: nothing to undo
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.n:
+            torch.set_num_threads(self.n)
+            _POOL_THREADS[0] = 0
+
+
 def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                accumulate: bool = False) -> torch.Tensor:
+                accumulate: bool = False, threads: int | None = None) -> torch.Tensor:
     """``x @ w.T * scale + bias`` for few rows of ``x`` [..., K] (``w`` [N, K]); with
-    ``accumulate`` the result is added into ``out``. fp32 sums, one rounding."""
+    ``accumulate`` the result is added into ``out``. fp32 sums, one rounding. ``threads``
+    (default torch's intra-op count) is the most pool threads the weight rows split over."""
     k, n = x.shape[-1], w.shape[0]
     x2, rows, xs = _rows(x, k)
     shape = (*x.shape[:-1], n)
@@ -300,10 +386,80 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
         x2.data_ptr(), w.data_ptr(), 0 if scale is None else scale.data_ptr(),
         0 if bias is None else bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype],
         LINEAR_WEIGHT_DTYPES[w.dtype], 0 if bias is None else DTYPE_CODES[bias.dtype],
-        DTYPE_CODES[y.dtype], rows, k, n, xs, w.stride(0), n, torch.get_num_threads(),
+        DTYPE_CODES[y.dtype], rows, k, n, xs, w.stride(0), n,
+        threads or _POOL_THREADS[0] or torch.get_num_threads(),
         int(accumulate))
     _check(_fn("linear_rows")(args), "linear_rows")
     return _deliver(out, y)
+
+
+def decode_attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                           key_mask: torch.Tensor | None = None,
+                           out: torch.Tensor | None = None) -> Callable[[int, int], torch.Tensor]:
+    """Bind one-token attention over a KV cache; returns ``call(lo, n) -> out``.
+
+    ``q`` [B, H, D]; ``k``/``v`` caches [B, cap, KV, D] (H a multiple of KV; any
+    strides with D unit-stride); ``key_mask`` bool [B, cap] (keys attended where
+    True); ``out`` [B, H, D] (a new one in q's dtype when None). ``call(lo, n)``
+    attends to cache positions ``lo <= s < n`` and writes ``out``: fp32 scores and
+    softmax, one rounding; a row with every key masked gives zeros. The tensors are
+    bound (their addresses packed once): they must stay alive and in place."""
+    op = "decode_attention"
+    if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
+        raise ShapeError(op, "q / k / v shapes", "q [B, H, D], k and v [B, cap, KV, D]",
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, h, d = q.shape
+    kv = k.shape[2]
+    if k.shape[0] != b or k.shape[3] != d or h % kv or d > 512:
+        raise ShapeError(op, "q against the cache", "the same batch and head_dim (<= 512), "
+                         "query heads a multiple of KV heads", f"q {tuple(q.shape)}, cache "
+                         f"{tuple(k.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in DTYPE_CODES:
+            raise DtypeError(op, name, "float32, bfloat16 or float16", str(t.dtype))
+    if k.dtype != v.dtype:
+        raise DtypeError(op, "v", f"the key cache's dtype {k.dtype}", str(v.dtype))
+    if out is None:
+        out = torch.empty(b, h, d, dtype=q.dtype)
+    if out.shape != q.shape or out.dtype not in DTYPE_CODES:
+        raise ShapeError(op, "out", f"{tuple(q.shape)} fp32/bf16/fp16",
+                         f"{tuple(out.shape)} {out.dtype}")
+    if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.dim() != 2 or
+                                 key_mask.shape[0] != b or key_mask.shape[1] < k.shape[1]):
+        raise ShapeError(op, "key_mask", f"bool [{b}, >= {k.shape[1]}]",
+                         f"{key_mask.dtype} {tuple(key_mask.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if t.stride(-1) != 1:
+            raise ShapeError(op, name, "a unit-stride last dim", f"strides {t.stride()}")
+    cap = k.shape[1]
+    m = key_mask
+    pre = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+           0 if m is None else m.data_ptr(), DTYPE_CODES[q.dtype], DTYPE_CODES[k.dtype],
+           DTYPE_CODES[out.dtype], b, h, kv, d, q.stride(0), q.stride(1),
+           k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+           out.stride(0), out.stride(1), 0 if m is None else m.stride(0),
+           0 if m is None else m.stride(1))
+    fn, pack, scale = _fn("decode_attention"), _ATTN.pack, float(scale)
+    keep = (q, k, v, out, m)  # the packed addresses stay valid while the call lives
+
+    def call(lo: int, n: int) -> torch.Tensor:
+        if not 0 <= lo < n <= cap:
+            raise ShapeError(op, "key range", f"0 <= lo < n <= {cap}", f"[{lo}, {n})")
+        th = _POOL_THREADS[0] or torch.get_num_threads()
+        _check(fn(pack(*pre, th, scale, lo, n)), "decode_attention")
+        return keep[3]
+    return call
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n: int, lo: int = 0,
+                     scale: float, key_mask: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """One-token attention of ``q`` [B, H, D] over cache positions ``[lo, n)`` of
+    ``k``/``v`` [B, cap, KV, D]; see :func:`decode_attention_bound`."""
+    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    y = None if out is None or out.stride(-1) != 1 else out
+    res = decode_attention_bound(q, k, v, scale=scale, key_mask=key_mask, out=y)(lo, n)
+    return _deliver(out, res)
 
 
 # ---------------------------------------------------------------- for the torch kernels

@@ -37,6 +37,8 @@ import torch.nn.functional as F
 
 from atbcore.log import logger
 
+from atbcore.backends.cpu_kernels.torch_ops import parked_torch_threads
+
 from .cache import ContiguousKVCache
 from .kernels import ROWS_MAX
 
@@ -89,6 +91,8 @@ class DecodePlan:
         self.logits = torch.empty(b, runner.lm_head.out_features, device=dev, dtype=dt)
         self.calls: list[Callable[[], Any]] = []
         self.launches = 0
+        self.parked = False  # True once a C few-row matmul is bound: see step()
+        self.c_attn = not static and self._c_attn_reason() == ""
         if static:  # [B, 1, 1, cap]: slots attended (real and already written)
             self.mbuf = torch.zeros(b, 1, 1, cache.capacity, dtype=torch.bool, device=dev)
             n = cache.length
@@ -102,6 +106,21 @@ class DecodePlan:
             self._capture()
 
     # ------------------------------------------------------------------ building
+    def _c_attn_reason(self) -> str:
+        """Why the step's RoPE/cache write/attention cannot run as the C kernels ('' = they can)."""
+        from atbcore.backends.cpu_kernels.torch_ops import why_not
+
+        r = self.runner
+        probe = torch.empty(0, device=r.device, dtype=r.dtype)
+        why = why_not(probe, torch.empty(0, device=r.device, dtype=self.cache.dtype))
+        if why:
+            return why
+        if not r.opt_level:
+            return "opt_level 0"
+        if r.spec.head_dim > 512:
+            return f"head_dim {r.spec.head_dim} > 512"
+        return ""
+
     def _call(self, fn: Callable[[], Any], launches: int = 1) -> None:
         self.calls.append(fn)
         self.launches += launches
@@ -110,6 +129,7 @@ class DecodePlan:
         """``out = lin(norm(x))``: the norm kernel's fresh output feeds the GEMV."""
         x, n = self.x, norm.launches
         if lin.rows and x.shape[0] <= ROWS_MAX:  # the C few-row matmul, bias inside
+            self.parked = True
             self._call(lambda: lin.into(norm(x), out), n + 1)
         elif lin.mode == "t" and lin.b is None:
             self._call(lambda: torch.mm(norm(x), lin.w, out=out), n + 1)
@@ -122,6 +142,7 @@ class DecodePlan:
         """``x += lin(src())``: the residual add rides in the GEMM (beta = 1)."""
         x = self.x
         if lin.rows and x.shape[0] <= ROWS_MAX:  # C few-row matmul accumulating into x
+            self.parked = True
             self._call(lambda: lin.acc(src(), x), launches + 1)
         elif lin.mode == "t" and lin.b is None:
             self._call(lambda: x.addmm_(src(), lin.w), launches + 1)
@@ -171,22 +192,11 @@ class DecodePlan:
         if blk.q_norm is not None:  # per-head RmsNorm before RoPE (Qwen3)
             self._call(lambda: q.copy_(blk.q_norm(q)), blk.q_norm.launches + 1)
             self._call(lambda: k.copy_(blk.k_norm(k)), blk.k_norm.launches + 1)
-        if s.rope is not None and blk.rope.writes_out:  # the RoPE kernel, in place in qkv
-            qv = qkv[:, :s.q_size].view(b, 1, s.q_size)                  # BSH, S = 1
-            kv_ = qkv[:, s.q_size:s.q_size + s.kv_size].view(b, 1, s.kv_size)
-            ins = dict.fromkeys(blk.rope.names)
-            ins.update(q=qv, k=kv_, cos=self.cos, sin=self.sin)          # per-token tables
-            self._call(functools.partial(blk.rope.fn, blk.rope.p, ins, out=[qv, kv_]),
-                       blk.rope.launches)
-        elif s.rope is not None:  # q and k heads are adjacent in qkv: one rotation
-            self._rope(qkv[:, :s.q_size + s.kv_size].view(b, nh + nkv, hd))
-        new_kv = qkv[:, s.q_size:].view(b, 2, nkv, hd).transpose(0, 1)  # [2, B, KV, D]
         kv = self.cache.layer(blk.idx)                                   # [2, B, cap, KV, D]
-        if self.static:
-            self._call(functools.partial(kv.index_copy_, 2, self.t_buf, new_kv[:, :, None]))
+        if self.c_attn:  # C kernels: RoPE writing the cache slot, then cache attention
+            self._c_layer_attention(blk, qkv, kv)
         else:
-            self._call(lambda: kv[:, :, self.t].copy_(new_kv))
-        self._acc(blk.o, self._attention(blk, q, kv), 1)
+            self._torch_layer_attention(blk, qkv, kv)
         mlp = blk
         if mlp.router is not None:
             self._moe(blk)
@@ -200,6 +210,56 @@ class DecodePlan:
             self._into(mlp.up, blk.mlp_norm, gu)
         act = mlp.act
         self._acc(mlp.down, lambda: act(gu), act.k.launches if act.k is not None else 3)
+
+    def _torch_layer_attention(self, blk: Any, qkv: torch.Tensor, kv: torch.Tensor) -> None:
+        """RoPE, cache write and attention with torch ops (and the RoPE op's kernel)."""
+        s, b = self.runner.spec, self.b
+        nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
+        q = qkv[:, :s.q_size].view(b, nh, hd)
+        if s.rope is not None and blk.rope.writes_out:  # the RoPE kernel, in place in qkv
+            qv = qkv[:, :s.q_size].view(b, 1, s.q_size)                  # BSH, S = 1
+            kv_ = qkv[:, s.q_size:s.q_size + s.kv_size].view(b, 1, s.kv_size)
+            ins = dict.fromkeys(blk.rope.names)
+            ins.update(q=qv, k=kv_, cos=self.cos, sin=self.sin)          # per-token tables
+            self._call(functools.partial(blk.rope.fn, blk.rope.p, ins, out=[qv, kv_]),
+                       blk.rope.launches)
+        elif s.rope is not None:  # q and k heads are adjacent in qkv: one rotation
+            self._rope(qkv[:, :s.q_size + s.kv_size].view(b, nh + nkv, hd))
+        new_kv = qkv[:, s.q_size:].view(b, 2, nkv, hd).transpose(0, 1)  # [2, B, KV, D]
+        if self.static:
+            self._call(functools.partial(kv.index_copy_, 2, self.t_buf, new_kv[:, :, None]))
+        else:
+            self._call(lambda: kv[:, :, self.t].copy_(new_kv))
+        self._acc(blk.o, self._attention(blk, q, kv), 1)
+
+    def _c_layer_attention(self, blk: Any, qkv: torch.Tensor, kv: torch.Tensor) -> None:
+        """Two C calls: RoPE of q in place with k (rotated) and v stored into the cache
+        slot, then one-token attention over the cache into a preallocated buffer."""
+        from atbcore.backends.cpu_kernels.torch_ops import (decode_attention_bound,
+                                                            rope_cache_bound)
+
+        s, b, cache = self.runner.spec, self.b, self.cache
+        qs, ks, hd = s.q_size, s.kv_size, s.head_dim
+        q, k, v = qkv[:, :qs], qkv[:, qs:qs + ks], qkv[:, qs + ks:]
+        if s.rope is not None:
+            write = rope_cache_bound(q, k, v, self.cos, self.sin, kv[0], kv[1], head_dim=hd,
+                                     rotary_dim=s.rope.rotary_dim)
+            self._call(lambda: write(self.t))
+        else:
+            new_kv = qkv[:, qs:].view(b, 2, s.num_kv_heads, hd).transpose(0, 1)
+            self._call(lambda: kv[:, :, self.t].copy_(new_kv))
+        out = torch.empty(b, s.num_heads, hd, device=qkv.device, dtype=qkv.dtype)
+        q3, win = q.view(b, s.num_heads, hd), blk.window
+        bound = {"mask": None, "call": None}
+
+        def attend() -> torch.Tensor:
+            m = cache.key_mask
+            if bound["call"] is None or bound["mask"] is not m:  # the mask tensor moved
+                bound["mask"], bound["call"] = m, decode_attention_bound(
+                    q3, kv[0], kv[1], scale=blk.scale, key_mask=m, out=out)
+            end = self.t + 1
+            return bound["call"](max(0, end - win) if win is not None else 0, end).view(b, qs)
+        self._acc(blk.o, attend, 1)
 
     def _attention(self, blk: Any, q: torch.Tensor, kv: torch.Tensor) -> Callable[[], torch.Tensor]:
         """A function running attention of the step's query over the cache, as ``[B, Q]``."""
@@ -264,6 +324,9 @@ class DecodePlan:
             self.mbuf[:, 0, 0, t] = True if cache.key_mask is None else cache.key_mask[:, t]
         if self.graph is not None:
             self.graph.replay()
+        elif self.parked:  # torch's pool parked so its spinning workers leave the C pool the cores
+            with parked_torch_threads():
+                self._run()
         else:
             self._run()
         cache.length = t + 1

@@ -44,6 +44,8 @@ static void *g_ctx;
 static int g_workers;
 static int g_atfork;
 static int g_backoff;                 /* jobs left to run single-threaded */
+/* counters for atb_pool_stats (read without the lock: diagnostics only) */
+static int64_t g_n_parallel, g_n_backoff_jobs, g_n_backoffs;
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -123,11 +125,15 @@ void atb_parallel_chunks(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
     }
     pthread_mutex_lock(&g_call_mu);
     if (g_backoff > 0 || grow(nth - 1) == 0) {
-        if (g_backoff > 0) --g_backoff;
+        if (g_backoff > 0) {
+            --g_backoff;
+            ++g_n_backoff_jobs;
+        }
         pthread_mutex_unlock(&g_call_mu);
         for (int64_t c = 0; c < nchunks; ++c) fn(ctx, c);
         return;
     }
+    ++g_n_parallel;
     g_fn = fn;
     g_ctx = ctx;
     g_total = nchunks;
@@ -147,11 +153,23 @@ void atb_parallel_chunks(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
             sched_yield();  /* the worker running a chunk may need this core */
             int64_t t = now_ns();
             if (!t0) t0 = t;
-            else if (t - t0 > ATB_LATE_NS) g_backoff = ATB_BACKOFF_CALLS;
+            else if (t - t0 > ATB_LATE_NS && g_backoff == 0) {
+                g_backoff = ATB_BACKOFF_CALLS;
+                ++g_n_backoffs;
+            }
         }
 #if defined(__x86_64__)
         __builtin_ia32_pause();
 #endif
     }
     pthread_mutex_unlock(&g_call_mu);
+}
+
+ATB_API int64_t atb_pool_stats(int64_t *out) {
+    if (!out) return ATB_ERR_ARGS;
+    out[0] = g_n_parallel;
+    out[1] = g_n_backoff_jobs;
+    out[2] = g_n_backoffs;
+    out[3] = g_workers;
+    return 0;
 }

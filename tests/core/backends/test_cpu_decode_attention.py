@@ -1,0 +1,159 @@
+"""The C decode kernels: one-token cache attention and RoPE with the cache write,
+against float64 NumPy references and torch's scaled_dot_product_attention."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from atbcore.backends.cpu_kernels import available
+from atbcore.errors import DtypeError, ShapeError
+from atbcore.numerics import assert_close
+
+pytestmark = pytest.mark.skipif(not available(), reason="no C compiler here: C kernels absent")
+
+NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _ref_attention(q, k, v, lo, n, scale, mask=None):
+    """float64 NumPy: q [B, H, D], k/v [B, cap, KV, D] -> [B, H, D]; zeros where all masked."""
+    q, k, v = (t.double().numpy() for t in (q, k, v))
+    b, h, d = q.shape
+    g = h // k.shape[2]
+    out = np.zeros((b, h, d))
+    for bi in range(b):
+        for hi in range(h):
+            keys, vals = k[bi, lo:n, hi // g], v[bi, lo:n, hi // g]
+            z = keys @ q[bi, hi] * scale
+            if mask is not None:
+                z = np.where(mask[bi, lo:n].numpy(), z, -np.inf)
+            if np.isneginf(z).all():
+                continue
+            p = np.exp(z - z.max())
+            out[bi, hi] = (p / p.sum()) @ vals
+    return out
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("b,h,kv,d,lo,n", [(1, 8, 2, 64, 0, 129), (3, 4, 4, 32, 5, 40),
+                                           (2, 6, 1, 80, 0, 1), (2, 16, 8, 128, 100, 700)])
+def test_decode_attention_matches_references(dt, b, h, kv, d, lo, n):
+    from atbcore.backends.cpu_kernels.torch_ops import decode_attention
+
+    g = torch.Generator().manual_seed(b * 100 + h + d + n)
+    cap = n + 7
+    q = torch.randn(b, h, d, generator=g).to(dt)
+    k = torch.randn(b, cap, kv, d, generator=g).to(dt)
+    v = torch.randn(b, cap, kv, d, generator=g).to(dt)
+    scale = d ** -0.5
+    y = decode_attention(q, k, v, n=n, lo=lo, scale=scale)
+    assert y.shape == q.shape and y.dtype == dt
+    assert_close(y, _ref_attention(q, k, v, lo, n, scale).astype(np.float32), NAMES[dt],
+                 "decode_attention")
+    sdpa = F.scaled_dot_product_attention(q.float()[:, :, None], k[:, lo:n].float().transpose(1, 2),
+                                          v[:, lo:n].float().transpose(1, 2), scale=scale,
+                                          enable_gqa=True)[:, :, 0]
+    assert_close(y.float(), sdpa, NAMES[dt], "decode_attention vs SDPA")
+
+
+def test_decode_attention_mask_and_fully_masked_row():
+    from atbcore.backends.cpu_kernels.torch_ops import decode_attention
+
+    g = torch.Generator().manual_seed(3)
+    b, h, kv, d, cap = 3, 4, 2, 16, 50
+    q, k, v = (torch.randn(*s, generator=g) for s in ((b, h, d), (b, cap, kv, d), (b, cap, kv, d)))
+    mask = torch.rand(b, cap, generator=g) > 0.4
+    mask[2] = False                                    # a row with no real key
+    y = decode_attention(q, k, v, n=45, scale=0.3, key_mask=mask)
+    ref = _ref_attention(q, k, v, 0, 45, 0.3, mask)
+    assert_close(y, ref.astype(np.float32), "fp32", "masked decode_attention")
+    assert torch.equal(y[2], torch.zeros(h, d))
+    m4 = mask[:2, None, None, :45]
+    sdpa = F.scaled_dot_product_attention(q[:2, :, None], k[:2, :45].transpose(1, 2),
+                                          v[:2, :45].transpose(1, 2), attn_mask=m4, scale=0.3,
+                                          enable_gqa=True)[:, :, 0]
+    assert_close(y[:2], sdpa, "fp32", "masked decode_attention vs SDPA")
+
+
+def test_decode_attention_strided_views_threads_and_bound_out():
+    from atbcore.backends.cpu_kernels.torch_ops import (decode_attention_bound,
+                                                        parked_torch_threads)
+
+    g = torch.Generator().manual_seed(5)
+    b, h, kv, d, cap = 2, 8, 2, 64, 4096
+    qkv = torch.randn(b, (h + 2 * kv) * d, generator=g)     # q is a strided view of it
+    q = qkv[:, :h * d].view(b, h, d)
+    cache = torch.randn(2, b, cap, kv, d, generator=g)      # [2, B, cap, KV, D] like the plan's
+    out = torch.full((b, h, d), 7.0)
+    call = decode_attention_bound(q, cache[0], cache[1], scale=0.125, out=out)
+    ref = _ref_attention(q, cache[0], cache[1], 10, 4000, 0.125).astype(np.float32)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):                              # large enough to split across threads
+            torch.set_num_threads(threads)
+            out.fill_(7.0)
+            assert call(10, 4000) is out
+            assert_close(out, ref, "fp32", f"bound decode_attention, {threads} threads")
+        with parked_torch_threads():
+            assert torch.get_num_threads() == 1
+            out.fill_(7.0)
+            call(10, 4000)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert_close(out, ref, "fp32", "decode_attention with torch parked")
+
+
+def test_decode_attention_errors_name_the_problem_and_write_nothing():
+    from atbcore.backends.cpu_kernels.torch_ops import decode_attention, decode_attention_bound
+
+    q, k = torch.randn(1, 6, 16), torch.randn(1, 10, 4, 16)
+    out = torch.zeros(1, 6, 16)
+    with pytest.raises(ShapeError, match="multiple of KV heads"):
+        decode_attention(q, k, k, n=5, scale=1.0, out=out)
+    with pytest.raises(DtypeError, match="v"):
+        decode_attention(torch.randn(1, 4, 16), k, k.half(), n=5, scale=1.0)
+    call = decode_attention_bound(torch.randn(1, 4, 16), k, k, scale=1.0)
+    with pytest.raises(ShapeError, match="key range"):
+        call(0, 11)
+    with pytest.raises(ShapeError, match="key_mask"):
+        decode_attention(torch.randn(1, 4, 16), k, k, n=5, scale=1.0,
+                         key_mask=torch.ones(1, 4, dtype=torch.bool))
+    assert torch.equal(out, torch.zeros(1, 6, 16))
+
+
+def _ref_rope(x, cos, sin):
+    """rotate-half RoPE in float64: x [..., D], cos/sin [..., D] broadcastable."""
+    x = x.double().numpy()
+    h = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., h:], x[..., :h]], -1)
+    return x * cos + rot * sin
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_rope_cache_bound_rotates_q_and_writes_the_cache_slot(dt):
+    from atbcore.backends.cpu_kernels.torch_ops import rope_cache_bound
+
+    g = torch.Generator().manual_seed(11)
+    b, hq, hk, d, cap = 2, 4, 2, 32, 20
+    qkv = torch.randn(b, (hq + 2 * hk) * d, generator=g).to(dt)
+    q, k, v = qkv[:, :hq * d], qkv[:, hq * d:(hq + hk) * d], qkv[:, (hq + hk) * d:]
+    q0, k0, v0 = q.clone(), k.clone(), v.clone()
+    ang = torch.rand(b, 1, d // 2, generator=g, dtype=torch.float64) * 6
+    ang = torch.cat([ang, ang], -1)
+    cos, sin = ang.cos().float(), ang.sin().float()       # per-row tables [B, 1, D]
+    cache = torch.zeros(2, b, cap, hk, d, dtype=dt)
+    write = rope_cache_bound(q, k, v, cos, sin, cache[0], cache[1], head_dim=d, rotary_dim=d)
+    write(13)
+    c, s = cos.double().numpy(), sin.double().numpy()     # [B, 1, D] against [B, H, D]
+    want_q = _ref_rope(q0.view(b, hq, d), c, s).reshape(b, hq * d)
+    want_k = _ref_rope(k0.view(b, hk, d), c, s)
+    assert_close(q, want_q.astype(np.float32), NAMES[dt], "q rotated in place")
+    assert_close(cache[0, :, 13], want_k.astype(np.float32), NAMES[dt], "rotated k in the cache")
+    assert torch.equal(cache[1, :, 13], v0.view(b, hk, d))
+    assert torch.equal(k, k0)                             # k itself is read, not rotated
+    others = torch.ones(cap, dtype=torch.bool)
+    others[13] = False
+    assert not cache[:, :, others].any()                  # only slot 13 written
+    with pytest.raises(ValueError, match="cache length"):
+        write(cap)
