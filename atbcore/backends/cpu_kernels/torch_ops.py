@@ -26,7 +26,7 @@ from .bindings import entry, unavailable_reason
 __all__ = ["why_not", "rms_norm", "layer_norm", "rope", "activation", "softmax", "DTYPE_CODES",
            "ACT_CODES", "MAX_ROTARY_DIM", "c_launches", "log_fallback", "into", "out_at",
            "linear_rows", "LINEAR_WEIGHT_DTYPES", "parked_torch_threads", "decode_attention",
-           "decode_attention_bound", "rope_cache_bound"]
+           "decode_attention_bound", "rope_cache_bound", "paged_decode_attention"]
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _BOOL = 3
@@ -40,7 +40,7 @@ _ROPE = struct.Struct("<44q")
 _ACT = struct.Struct("<13q")
 _SOFTMAX = struct.Struct(f"<13q{2 * _SM_DIMS}qqd")
 _LINEAR = struct.Struct("<17q")
-_ATTN = struct.Struct("<25qd2q")
+_ATTN = struct.Struct("<32qd2q")
 # weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
 LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
 
@@ -438,7 +438,7 @@ def decode_attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
            DTYPE_CODES[out.dtype], b, h, kv, d, q.stride(0), q.stride(1),
            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
            out.stride(0), out.stride(1), 0 if m is None else m.stride(0),
-           0 if m is None else m.stride(1))
+           0 if m is None else m.stride(1), 0, 0, 0, 0, 0, 0, 0)
     fn, pack, scale = _fn("decode_attention"), _ATTN.pack, float(scale)
     keep = (q, k, v, out, m)  # the packed addresses stay valid while the call lives
 
@@ -449,6 +449,62 @@ def decode_attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         _check(fn(pack(*pre, th, scale, lo, n)), "decode_attention")
         return keep[3]
     return call
+
+
+def paged_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, *,
+                           scale: float, window: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """PagedAttention for one query token per sequence, reading the blocks in place.
+
+    ``q`` [B, H, D]; caches [num_blocks, block_size, KV, D] (D unit-stride);
+    ``block_tables`` int32/int64 [B, max_blocks]; ``context_lens`` int32/int64 [B]
+    (the keys of row b are its first ``context_lens[b]`` positions, the last
+    ``window`` of them with a sliding window). fp32 scores and softmax, one
+    rounding into ``out`` [B, H, D] (new when None); a row with no key gives zeros.
+    Table entries are trusted: the caller's block manager owns them."""
+    op = "PagedAttention"
+    b, h, d = q.shape
+    nb, bs, kv, dk = key_cache.shape
+    if value_cache.shape != key_cache.shape or dk != d or h % kv or d > 512:
+        raise ShapeError(op, "q against the caches", "caches [blocks, block_size, KV, D] "
+                         "with q's D (<= 512), query heads a multiple of KV heads",
+                         f"q {tuple(q.shape)}, caches {tuple(key_cache.shape)}, "
+                         f"{tuple(value_cache.shape)}")
+    for name, t in (("q", q), ("key_cache", key_cache), ("value_cache", value_cache)):
+        if t.dtype not in DTYPE_CODES:
+            raise DtypeError(op, name, "float32, bfloat16 or float16", str(t.dtype))
+    if value_cache.dtype != key_cache.dtype:
+        raise DtypeError(op, "value_cache", f"the key cache's dtype {key_cache.dtype}",
+                         str(value_cache.dtype))
+    ints = (torch.int32, torch.int64)
+    if (block_tables.dim() != 2 or block_tables.shape[0] != b or block_tables.dtype not in ints
+            or context_lens.shape != (b,) or context_lens.dtype not in ints):
+        raise ShapeError(op, "block_tables / context_lens", f"int32/int64 [{b}, *] and [{b}]",
+                         f"{block_tables.dtype} {tuple(block_tables.shape)}, "
+                         f"{context_lens.dtype} {tuple(context_lens.shape)}")
+    q = _unit_last(q)
+    bt, cl = block_tables.contiguous(), context_lens.contiguous()
+    n = bt.shape[1] * bs                  # the tables' reach; the kernel checks each length
+    y = out if (out is not None and out.shape == q.shape and out.dtype in DTYPE_CODES
+                and out.stride(-1) == 1) else torch.empty(b, h, d, dtype=q.dtype)
+    if b == 0 or n == 0:
+        y.zero_()
+        return _deliver(out, y)
+    kc, vc = _unit_last(key_cache), _unit_last(value_cache)
+    args = _ATTN.pack(
+        q.data_ptr(), kc.data_ptr(), vc.data_ptr(), y.data_ptr(), 0, DTYPE_CODES[q.dtype],
+        DTYPE_CODES[kc.dtype], DTYPE_CODES[y.dtype], b, h, kv, d, q.stride(0), q.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+        y.stride(0), y.stride(1), 0, 0, cl.data_ptr(), int(cl.dtype == torch.int32),
+        int(window or 0), bt.data_ptr(), int(bt.dtype == torch.int32), bt.stride(0), bs,
+        _POOL_THREADS[0] or torch.get_num_threads(), float(scale), 0, n)
+    status = _fn("decode_attention")(args)
+    if status == -3:
+        raise ShapeError(op, "context_lens", f"0 <= length <= {n} (the block table's reach)",
+                         context_lens.tolist())
+    _check(status, "decode_attention")
+    return _deliver(out, y)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n: int, lo: int = 0,

@@ -3,12 +3,14 @@
 ReshapeAndCache is one indexed write per cache, in place. PagedAttention has two
 paths:
 
-* decode (one query per sequence, the continuous-batching hot loop): one block
-  gather per cache for the whole batch, padded to the longest context, then one
-  SDPA call in which the ``H / Hkv`` query heads sharing a kv head are folded into
-  query rows (``[B, Hkv, G, D]`` against ``[B, Hkv, N, D]``), so K/V are never
-  expanded for GQA; a ``[B, 1, 1, N]`` mask hides keys past each context (and
-  outside a sliding window);
+* decode (one query per sequence, the continuous-batching hot loop): on the CPU
+  one C kernel reads each sequence's blocks in place through its block table
+  (fp32 scores and softmax, the query heads of a kv head sharing each key read);
+  elsewhere one block gather per cache for the whole batch, padded to the longest
+  context, then one SDPA call in which the ``H / Hkv`` query heads sharing a kv
+  head are folded into query rows (``[B, Hkv, G, D]`` against ``[B, Hkv, N, D]``),
+  so K/V are never expanded for GQA; a ``[B, 1, 1, N]`` mask hides keys past each
+  context (and outside a sliding window);
 * several queries per sequence (``q_seq_lens``): each sequence's blocks are
   gathered and attended on their own through the FlashAttention core.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..cpu_kernels import torch_ops as ck
 from .attention import sdpa_attention
 from . import kernel
 
@@ -68,9 +71,9 @@ def paged_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     return o.reshape(b, h, d).to(q.dtype)                            # [B, Hkv, G, D] -> [B, H, D]
 
 
-@kernel("PagedAttention", impl="batched block gather + torch scaled_dot_product_attention "
-        "(GQA folded into query rows; per-sequence for multi-token queries; fp32 compute)",
-        launches=8)
+@kernel("PagedAttention", impl="decode: C kernel reading the blocks in place (CPU), else "
+        "batched block gather + torch scaled_dot_product_attention (GQA folded into query "
+        "rows); per-sequence for multi-token queries; fp32 compute", launches=ck.c_launches(8))
 def paged_attention(p, ins):
     q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
     bt, ctx, qsl = ins["block_tables"], ins["context_lens"], ins.get("q_seq_lens")
@@ -79,6 +82,10 @@ def paged_attention(p, ins):
     scale = p.scale if p.scale is not None else d ** -0.5
     lens = ctx.long()
     if qsl is None or t == bt.shape[0]:  # one query per sequence (sum(q_seq_lens) == B)
+        why = ck.why_not(q, kc, vc)
+        if why is None and kc.dtype == vc.dtype and d <= 512:
+            return [ck.paged_decode_attention(q, kc, vc, bt, ctx, scale=scale, window=p.window)]
+        ck.log_fallback("PagedAttention", why or "head_dim > 512 or mixed cache dtypes")
         nblk = -(-int(lens.max()) // bs)
         table = bt[:, :nblk].long().clamp(0, nb - 1)  # entries past a context may be padding
         # [B, nblk*BS, Hkv, D] gathered copies

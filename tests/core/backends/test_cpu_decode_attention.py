@@ -157,3 +157,46 @@ def test_rope_cache_bound_rotates_q_and_writes_the_cache_slot(dt):
     assert not cache[:, :, others].any()                  # only slot 13 written
     with pytest.raises(ValueError, match="cache length"):
         write(cap)
+
+
+@pytest.mark.parametrize("dt,tdt,window", [(torch.float32, torch.int32, None),
+                                           (torch.bfloat16, torch.int64, 5),
+                                           (torch.float16, torch.int32, 40)])
+def test_paged_decode_attention_reads_blocks_in_place(dt, tdt, window):
+    from atbcore.backends.cpu_kernels.torch_ops import paged_decode_attention
+
+    g = torch.Generator().manual_seed(21)
+    nb, bs, kv, d, h = 40, 4, 2, 64, 8
+    kc = torch.randn(nb, bs, kv, d, generator=g).to(dt)
+    vc = torch.randn(nb, bs, kv, d, generator=g).to(dt)
+    lens = torch.tensor([1, 9, 23], dtype=tdt)
+    tables = torch.randperm(nb, generator=g)[:3 * 6].view(3, 6).to(tdt)  # scattered blocks
+    q = torch.randn(3, h, d, generator=g).to(dt)
+    y = paged_decode_attention(q, kc, vc, tables, lens, scale=0.125, window=window)
+    for b, n in enumerate(lens.tolist()):
+        k = kc[tables[b].long()].flatten(0, 1)[None]                  # [1, 6*bs, KV, D]
+        v = vc[tables[b].long()].flatten(0, 1)[None]
+        lo = max(0, n - window) if window else 0
+        ref = _ref_attention(q[b:b + 1], k, v, lo, n, 0.125).astype(np.float32)
+        assert_close(y[b:b + 1], ref, NAMES[dt], f"paged row {b}")
+
+
+def test_paged_decode_attention_mqa_and_bad_lengths():
+    from atbcore.backends.cpu_kernels.torch_ops import paged_decode_attention
+
+    g = torch.Generator().manual_seed(2)
+    kc, vc = torch.randn(8, 4, 1, 16, generator=g), torch.randn(8, 4, 1, 16, generator=g)
+    q = torch.randn(2, 2, 16, generator=g)
+    tables = torch.tensor([[3, 1], [0, 7]], dtype=torch.int32)
+    lens = torch.tensor([5, 8], dtype=torch.int32)
+    ref = torch.cat([F.scaled_dot_product_attention(
+        q[b, :, None], kc[tables[b].long()].flatten(0, 1)[:n].transpose(0, 1),
+        vc[tables[b].long()].flatten(0, 1)[:n].transpose(0, 1), scale=0.25,
+        enable_gqa=True)[None, :, 0] for b, n in enumerate(lens.tolist())])
+    y = paged_decode_attention(q, kc, vc, tables, lens, scale=0.25)
+    assert_close(y, ref, "fp32", "paged decode attention (MQA) vs SDPA")
+    out = torch.zeros(2, 2, 16)
+    with pytest.raises(ShapeError, match="context_lens"):
+        paged_decode_attention(q, kc, vc, tables, torch.tensor([5, 9], dtype=torch.int32),
+                               scale=0.25, out=out)
+    assert torch.equal(out, torch.zeros(2, 2, 16))                    # nothing written

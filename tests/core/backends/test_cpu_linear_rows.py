@@ -23,7 +23,7 @@ def _ref(x, w, scale=None, bias=None, acc=None):
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 512, 768), (3, 77, 50), (4, 1376, 129), (9, 16, 17),
-                                   (2, 130, 2000)])
+                                   (2, 130, 2000), (16, 77, 64), (32, 512, 1030), (5, 8, 3)])
 @pytest.mark.parametrize("wdt", [torch.float32, torch.bfloat16, torch.float16])
 def test_linear_rows_float_weights(m, k, n, wdt):
     from atbcore.backends.cpu_kernels.torch_ops import linear_rows
@@ -39,7 +39,7 @@ def test_linear_rows_float_weights(m, k, n, wdt):
     assert_close(y.float(), F.linear(x.float(), w.float(), b.float()), dt, "vs F.linear")
 
 
-@pytest.mark.parametrize("m", [1, 4, 7])
+@pytest.mark.parametrize("m", [1, 4, 7, 20])
 def test_linear_rows_int8_scale_and_accumulate(m):
     from atbcore.backends.cpu_kernels.torch_ops import linear_rows
 

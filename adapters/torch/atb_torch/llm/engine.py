@@ -15,6 +15,8 @@ sampled one, which is the next step's input.
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -102,8 +104,9 @@ class Engine:
                 if admitted:
                     running.extend(admitted)  # first: a failing step must free them too
                     events = self._prefill(admitted, sampling, stats)
-                else:
-                    events = self._decode(running, waiting, sampling, stats)
+                else:  # forward and sampling with torch's pool parked for C matmuls
+                    with self._parked(len(running)):
+                        events = self._decode(running, waiting, sampling, stats)
                 stats.max_running = max(stats.max_running, len(running))
                 for r in [r for r in running if r.finish_reason is not None]:
                     running.remove(r)
@@ -114,6 +117,10 @@ class Engine:
             for r in running:
                 if r.seq_id in self.cache.manager:
                     self.cache.free_sequence(r.seq_id)
+
+    def _parked(self, rows: int) -> Any:
+        parked = getattr(self.runner, "parked", None)
+        return parked(rows) if parked is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ admission
     def _admit(self, waiting: deque, running: list) -> list[Request]:

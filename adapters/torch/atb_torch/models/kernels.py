@@ -73,12 +73,15 @@ class Prep:
         return self.opt_level >= 1
 
 
-# Row counts up to which the C few-row matmul runs instead of torch's GEMM. Measured
-# here (2 cores, default model, one decode step): batch 1 fp32 8.7 vs 10.1 ms, bf16
-# 4.6 vs 7.0 ms against torch.mm on pre-transposed weights; at 16 rows an earlier
-# version of the kernel was slower than torch, so larger batches keep torch's GEMM
-# until that is re-measured.
-ROWS_MAX = 4
+# Row counts up to which the C few-row matmul runs instead of torch's GEMM (steps
+# that use it park torch's pool: see torch_ops.parked_torch_threads). Measured here
+# (2 cores, fp32, default model shapes, C vs F.linear): 32000x512 LM head 3.0 vs
+# 11.2 ms at 4 rows, 5.3 vs 11.9 at 16, 8.7 vs 15.4 at 32; 2752x512 gate/up 0.11
+# vs 0.32 ms at 4 rows, 0.30 vs 0.41 at 16, 0.60 vs 0.67 at 32 (the 4 x 4 tiles
+# of more than 4 rows are compute bound). C was still ahead at 64 rows (LM head
+# 15.1 vs 26.1 ms), but the margin shrinks with rows; 32 covers the engine's default
+# batch of decode rows, and prefills of more tokens take torch's blocked GEMM.
+ROWS_MAX = 32
 
 
 def _rows_reason(prep: Prep) -> str:

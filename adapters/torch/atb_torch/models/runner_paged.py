@@ -8,13 +8,24 @@ and encoders there, paged serving here); it uses the runner's ``spec``, ``device
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
+from atbcore.backends.cpu_kernels import torch_ops as ck
+from atbcore.backends.cpu_kernels.torch_ops import parked_torch_threads
 from atbcore.errors import CapabilityError
 
-__all__ = ["PagedCtx", "PagedMixin"]
+from .kernels import ROWS_MAX
+
+__all__ = ["PagedCtx", "PagedMixin", "c_paged_decode"]
+
+
+def c_paged_decode(cache: Any, spec: Any) -> bool:
+    """True when PagedAttention's C kernel serves this cache's decode steps (CPU,
+    fp32/bf16/fp16, head_dim <= 512): it reads the blocks in place, so no kept copy."""
+    return ck.why_not(cache.key_cache(0), cache.value_cache(0)) is None and spec.head_dim <= 512
 
 
 class PagedCtx:
@@ -51,19 +62,34 @@ class PagedMixin:
         lens = [int(n) for n in batch.context_lens.tolist()]
         fresh = ql if max(ql) > 1 and ql == lens else None
         ctx = PagedCtx(cos, sin, cache, batch, fresh, self._decode_step(cache, batch, ql, lens))
-        res = None
-        for blk in self.blocks:
-            x, res = blk.forward(x, res, ctx)
-        if not all_logits and len(ql) != x.shape[1]:  # norms are per row: keep the last first
-            last = batch.q_seq_lens.to(self.device).long().cumsum(0) - 1
-            x, res = x[:, last], res[:, last]
-        h = self.final_norm.add(x, res)[0][0]                            # [B|T, H]
-        return h if self.lm_head is None else self.lm_head(h)
+        with self.parked(x.shape[1]):
+            res = None
+            for blk in self.blocks:
+                x, res = blk.forward(x, res, ctx)
+            if not all_logits and len(ql) != x.shape[1]:  # norms are per row: the last first
+                last = batch.q_seq_lens.to(self.device).long().cumsum(0) - 1
+                x, res = x[:, last], res[:, last]
+            h = self.final_norm.add(x, res)[0][0]                        # [B|T, H]
+            return h if self.lm_head is None else self.lm_head(h)
+
+    def parked(self, tokens: int) -> Any:
+        """A context for a step of ``tokens`` rows: when its Linears run as the C
+        matmuls (few rows), torch's pool is parked meanwhile (its spinning OpenMP
+        workers would hold the cores the C pool needs: see
+        ``torch_ops.parked_torch_threads``); else nothing. Callers extend it over the
+        sampling that follows a decode step, whose torch ops would wake the pool."""
+        if self.lm_head is not None and self.lm_head.rows and tokens <= ROWS_MAX:
+            return parked_torch_threads()
+        return contextlib.nullcontext()
 
     def _decode_step(self, cache: Any, batch: Any, ql: list[int], lens: list[int]) -> Any:
         """The kept decode copy's step (:mod:`.decode_kv`) when every sequence has one
-        new token, else None (the PagedAttention kernel gathers the blocks)."""
+        new token and the blocks would otherwise be gathered, else None (then the
+        PagedAttention kernel runs: on the CPU a C kernel that reads the blocks in
+        place, which needs no copy)."""
         if max(ql) != 1 or getattr(cache, "version", None) is None:
+            return None
+        if c_paged_decode(cache, self.spec):
             return None
         if self._decode_kv is None:
             from .decode_kv import DecodeKV

@@ -3,7 +3,12 @@
  *   y[b, h] = sum_s softmax_s(scale * q[b, h] . k[b, s, h / G]) v[b, s, h / G]
  *
  * over the cache positions s in [lo, n) whose key_mask[b, s] is set (no mask:
- * all of them); G = H / KV query heads share a KV head (GQA/MQA). q, the caches
+ * all of them); G = H / KV query heads share a KV head (GQA/MQA). With `ends`
+ * (int64/int32 [B]) row b attends [lo, ends[b]) instead, narrowed to the last
+ * `window` positions when window > 0. With a block `table` (int64/int32 [B, *],
+ * rows table_sb apart) the cache is paged: position s of row b is slot s %
+ * block_size of block table[b, s / block_size], and k_sb/v_sb are the block
+ * strides (PagedAttention reading the blocks in place). q, the caches
  * and y are fp32/bf16/fp16 (each its own dtype, D unit-stride, the rest any
  * strides), sums and softmax are fp32 and y is rounded once. A row with every
  * key masked gives zeros.
@@ -15,6 +20,7 @@
  */
 #include "common.h"
 #include "pool.h"
+#include "simd.h"
 
 #define ATB_ATTN_MAX_D 512
 
@@ -27,6 +33,8 @@ typedef struct {
     int64_t v_sb, v_ss, v_sh;
     int64_t y_sb, y_sh;
     int64_t mask_sb, mask_ss;
+    int64_t ends, ends_i32, window;          /* per-row key ends (0 = absent: n) */
+    int64_t table, table_i32, table_sb, block_size;   /* paged cache (0 = contiguous) */
     int64_t threads;
     double scale;
     int64_t lo, n;                           /* keys [lo, n): last, as they change per step */
@@ -46,13 +54,68 @@ static inline float dot(const float *x, const float *y, int64_t D) {
     return s;
 }
 
+static inline int64_t ival(int64_t addr, int i32, int64_t i) {
+    return i32 ? ((const int32_t *)P(addr))[i] : ((const int64_t *)P(addr))[i];
+}
+
+/* element offset of cache position s of row b (before the head offset) */
+static inline int64_t row_at(const DecAttnArgs *a, int64_t b, int64_t s, int64_t sb, int64_t ss) {
+    if (!a->table) return b * sb + s * ss;
+    int64_t blk = ival(a->table, (int)a->table_i32, b * a->table_sb + s / a->block_size);
+    return blk * sb + (s % a->block_size) * ss;
+}
+
+/* sc[j * L + s] = qf[j] . k(lo + s) for the G heads of kv head kh of row b (masked
+ * keys too: the caller overwrites them); rows: scratch for 16 keys as fp32 */
+static void scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int64_t L,
+                   const float *qf, int64_t G, float *sc, float *rows) {
+    const int64_t D = a->D;
+#ifdef ATB_AVX512
+    if (D % 16 == 0 && D <= 256) {
+        /* 16 keys at a time: 16 accumulators per head, one tree reduction for all
+         * 16 scores (a reduction per key costs more than the dot itself at D = 64) */
+        for (int64_t s0 = 0; s0 < L; s0 += 16) {
+            const int cnt = L - s0 < 16 ? (int)(L - s0) : 16;
+            const float *kr[16];
+            for (int i = 0; i < 16; ++i)
+                kr[i] = i < cnt ? atb_load(P(a->k), (int)a->kv_dt,
+                                           row_at(a, b, lo + s0 + i, a->k_sb, a->k_ss) +
+                                               kh * a->k_sh, D, rows + i * D)
+                                : kr[0];
+            for (int64_t j = 0; j < G; ++j) {
+                __m512 acc[16];
+                for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+                for (int64_t c = 0; c < D; c += 16) {
+                    __m512 qv = _mm512_loadu_ps(qf + j * D + c);
+                    for (int i = 0; i < 16; ++i)
+                        acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kr[i] + c), acc[i]);
+                }
+                _mm512_mask_storeu_ps(sc + j * L + s0, (__mmask16)((1u << cnt) - 1u),
+                                      atb_reduce16(acc));
+            }
+        }
+        return;
+    }
+#endif
+    for (int64_t s = 0; s < L; ++s) {
+        const float *kr = atb_load(P(a->k), (int)a->kv_dt,
+                                   row_at(a, b, lo + s, a->k_sb, a->k_ss) + kh * a->k_sh, D, rows);
+        for (int64_t j = 0; j < G; ++j) sc[j * L + s] = dot(qf + j * D, kr, D);
+    }
+}
+
 static void run_group(void *ctx, int64_t chunk) {
     AttnJob *job = (AttnJob *)ctx;
     const DecAttnArgs *a = job->a;
-    const int64_t D = a->D, G = a->H / a->KV, L = a->n - a->lo;
     const int64_t b = chunk / a->KV, kh = chunk % a->KV;
+    int64_t lo = a->lo, end = a->n;
+    if (a->ends) {
+        end = ival(a->ends, (int)a->ends_i32, b);
+        if (a->window > 0 && end - a->window > lo) lo = end - a->window;
+    }
+    const int64_t D = a->D, G = a->H / a->KV, L = end > lo ? end - lo : 0;
     const uint8_t *mask = a->mask ? (const uint8_t *)P(a->mask) + b * a->mask_sb : NULL;
-    float *buf = (float *)malloc((size_t)(G * L + 2 * G * D + D) * sizeof(float));
+    float *buf = (float *)malloc((size_t)(G * L + 2 * G * D + 16 * D) * sizeof(float));
     if (!buf) {
         job->nomem = 1;
         return;
@@ -73,19 +136,13 @@ static void run_group(void *ctx, int64_t chunk) {
         return;
     }
     for (int64_t j = 0; j < G; ++j) mxp[j] = -INFINITY;
+    scores(a, b, kh, lo, L, qf, G, sc, row);
     for (int64_t s = 0; s < L; ++s) {
-        const int64_t pos = a->lo + s;
-        if (mask && !mask[pos * a->mask_ss]) {
+        if (mask && !mask[(lo + s) * a->mask_ss]) {
             for (int64_t j = 0; j < G; ++j) sc[j * L + s] = -INFINITY;
             continue;
         }
-        const float *kr = atb_load(P(a->k), (int)a->kv_dt, b * a->k_sb + pos * a->k_ss + kh * a->k_sh,
-                                   D, row);
-        for (int64_t j = 0; j < G; ++j) {
-            float z = dot(qf + j * D, kr, D);
-            sc[j * L + s] = z;
-            mxp[j] = z > mxp[j] ? z : mxp[j];
-        }
+        for (int64_t j = 0; j < G; ++j) mxp[j] = sc[j * L + s] > mxp[j] ? sc[j * L + s] : mxp[j];
     }
     /* softmax numerators in place; the sums normalise once at the end */
     for (int64_t j = 0; j < G; ++j) {
@@ -104,10 +161,10 @@ static void run_group(void *ctx, int64_t chunk) {
     /* pass 2: weighted sum of the value rows */
     memset(acc, 0, (size_t)(G * D) * sizeof(float));
     for (int64_t s = 0; s < L; ++s) {
-        const int64_t pos = a->lo + s;
+        const int64_t pos = lo + s;
         if (mask && !mask[pos * a->mask_ss]) continue;
-        const float *vr = atb_load(P(a->v), (int)a->kv_dt, b * a->v_sb + pos * a->v_ss + kh * a->v_sh,
-                                   D, row);
+        const float *vr = atb_load(P(a->v), (int)a->kv_dt,
+                                   row_at(a, b, pos, a->v_sb, a->v_ss) + kh * a->v_sh, D, row);
         for (int64_t j = 0; j < G; ++j) {
             const float p = sc[j * L + s];
             float *o = acc + j * D;
@@ -126,20 +183,27 @@ static void run_group(void *ctx, int64_t chunk) {
     free(buf);
 }
 
-/* Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_NOMEM (y partly written). */
+/* Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_CACHE_OVERFLOW when a row's end
+ * is negative or past n (nothing written), ATB_ERR_NOMEM (y partly written). */
 ATB_API int64_t atb_decode_attention(const void *args) {
     DecAttnArgs a;
     memcpy(&a, args, sizeof a);
     if (!a.q || !a.k || !a.v || !a.y || a.B < 0 || a.H <= 0 || a.KV <= 0 || a.H % a.KV ||
-        a.D <= 0 || a.D > ATB_ATTN_MAX_D || a.lo < 0 || a.n <= a.lo)
+        a.D <= 0 || a.D > ATB_ATTN_MAX_D || a.lo < 0 || (!a.ends && a.n <= a.lo) ||
+        (a.table && a.block_size <= 0))
         return ATB_ERR_ARGS;
     if (a.q_dt < 0 || a.q_dt > ATB_F16 || a.kv_dt < 0 || a.kv_dt > ATB_F16 || a.y_dt < 0 ||
         a.y_dt > ATB_F16)
         return ATB_ERR_ARGS;
+    if (a.ends) /* every row's keys inside [0, n) before anything is written */
+        for (int64_t b = 0; b < a.B; ++b) {
+            int64_t e = ival(a.ends, (int)a.ends_i32, b);
+            if (e < 0 || e > a.n) return ATB_ERR_CACHE_OVERFLOW;
+        }
     AttnJob job = {&a, 0};
     const int64_t chunks = a.B * a.KV;
     /* threads only when the cache read is worth a hand-off (a few microseconds) */
-    int64_t bytes = chunks * (a.n - a.lo) * a.D * 2 * atb_dt_size((int)a.kv_dt);
+    int64_t bytes = chunks * (a.n > a.lo ? a.n - a.lo : 1) * a.D * 2 * atb_dt_size((int)a.kv_dt);
     int nth = bytes < (256 << 10) ? 1 : (int)(a.threads > 0 ? a.threads : 1);
     atb_parallel_chunks(run_group, &job, chunks, nth);
     return job.nomem ? ATB_ERR_NOMEM : 0;

@@ -12,13 +12,17 @@
  */
 #include "common.h"
 #include "pool.h"
+#include "simd.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#include <immintrin.h>
+#ifdef ATB_AVX512
 #define ATB_LIN_AVX512 1
 #endif
 
 enum { W_F32 = 0, W_BF16 = 1, W_F16 = 2, W_I8 = 4 };
+
+/* up to this many x rows every weight row streams alone (bandwidth bound); more
+ * rows take the 4 x 4 tiles (compute bound) */
+#define ATB_GEMV_ROWS 4
 
 typedef struct {
     int64_t x, w, scale, bias, y;               /* addresses; scale/bias 0 = absent */
@@ -94,6 +98,48 @@ static inline __attribute__((always_inline)) void tile(int MB, int wdt, const fl
         res[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]),
                                                     _mm512_add_ps(acc[i][2], acc[i][3])));
 }
+
+/* res[i * 4 + j] = dot(x row i, weight row j) for MB x rows and 4 weight rows: the
+ * many-row tile (batched decoding), compute rather than bandwidth bound: 16
+ * accumulators, 8 loads per 16 FMAs, the weight rows re-read from L1 by the
+ * next x rows. */
+static inline __attribute__((always_inline)) void tile4(int MB, int wdt, const float *const *xr,
+                                                        const uint8_t *const *wr, int64_t K,
+                                                        const uint8_t *pf, int64_t pfs,
+                                                        float res[16]) {
+    const int64_t es = wsize(wdt);
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        if (pf) /* the next 4 weight rows, one cache line each per step, while these compute */
+            for (int j = 0; j < 4; ++j) _mm_prefetch((const char *)pf + j * pfs + k * es, _MM_HINT_T0);
+        __m512 w0 = loadw(wdt, wr[0] + k * es, 0, 1), w1 = loadw(wdt, wr[1] + k * es, 0, 1);
+        __m512 w2 = loadw(wdt, wr[2] + k * es, 0, 1), w3 = loadw(wdt, wr[3] + k * es, 0, 1);
+        for (int i = 0; i < MB; ++i) {
+            __m512 xv = _mm512_loadu_ps(xr[i] + k);
+            acc[i * 4 + 0] = _mm512_fmadd_ps(xv, w0, acc[i * 4 + 0]);
+            acc[i * 4 + 1] = _mm512_fmadd_ps(xv, w1, acc[i * 4 + 1]);
+            acc[i * 4 + 2] = _mm512_fmadd_ps(xv, w2, acc[i * 4 + 2]);
+            acc[i * 4 + 3] = _mm512_fmadd_ps(xv, w3, acc[i * 4 + 3]);
+        }
+    }
+    if (k < K) {
+        __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u);
+        __m512 w0 = loadw(wdt, wr[0] + k * es, mk, 0), w1 = loadw(wdt, wr[1] + k * es, mk, 0);
+        __m512 w2 = loadw(wdt, wr[2] + k * es, mk, 0), w3 = loadw(wdt, wr[3] + k * es, mk, 0);
+        for (int i = 0; i < MB; ++i) {
+            __m512 xv = _mm512_maskz_loadu_ps(mk, xr[i] + k);
+            acc[i * 4 + 0] = _mm512_fmadd_ps(xv, w0, acc[i * 4 + 0]);
+            acc[i * 4 + 1] = _mm512_fmadd_ps(xv, w1, acc[i * 4 + 1]);
+            acc[i * 4 + 2] = _mm512_fmadd_ps(xv, w2, acc[i * 4 + 2]);
+            acc[i * 4 + 3] = _mm512_fmadd_ps(xv, w3, acc[i * 4 + 3]);
+        }
+    }
+    __m512 v[16];
+    for (int i = 0; i < 16; ++i) v[i] = acc[i];
+    _mm512_storeu_ps(res, atb_reduce16(v));
+}
 #else
 static inline float wval(int wdt, const uint8_t *p, int64_t k) {
     switch (wdt) {
@@ -113,6 +159,19 @@ static inline __attribute__((always_inline)) void tile(int MB, int wdt, const fl
 #pragma omp simd reduction(+ : s)
         for (int64_t k = 0; k < K; ++k) s += x[k] * wval(wdt, wr, k);
         res[i] = s;
+    }
+}
+
+static inline __attribute__((always_inline)) void tile4(int MB, int wdt, const float *const *xr,
+                                                        const uint8_t *const *wr, int64_t K,
+                                                        const uint8_t *pf, int64_t pfs,
+                                                        float res[16]) {
+    (void)pf;
+    (void)pfs;
+    for (int j = 0; j < 4; ++j) {
+        float r[4];
+        tile(MB, wdt, xr, wr[j], K, r);
+        for (int i = 0; i < MB; ++i) res[i * 4 + j] = r[i];
     }
 }
 #endif
@@ -136,6 +195,34 @@ static void tile_rt(int mb, int wdt, const float *const *xr, const uint8_t *wr, 
 #undef ATB_TILE_W
 }
 
+static void tile4_rt(int mb, int wdt, const float *const *xr, const uint8_t *const *wr,
+                     int64_t K, const uint8_t *pf, int64_t pfs, float res[16]) {
+#define ATB_TILE4_W(MB)                                              \
+    switch (wdt) {                                                   \
+    case W_F32: tile4(MB, W_F32, xr, wr, K, pf, pfs, res); break;             \
+    case W_BF16: tile4(MB, W_BF16, xr, wr, K, pf, pfs, res); break;           \
+    case W_F16: tile4(MB, W_F16, xr, wr, K, pf, pfs, res); break;             \
+    default: tile4(MB, W_I8, xr, wr, K, pf, pfs, res); break;                 \
+    }
+    switch (mb) {
+    case 1: ATB_TILE4_W(1) break;
+    case 2: ATB_TILE4_W(2) break;
+    case 3: ATB_TILE4_W(3) break;
+    default: ATB_TILE4_W(4) break;
+    }
+#undef ATB_TILE4_W
+}
+
+/* y[m, n] (+)= v * scale[n] + bias[n], rounded once to y's dtype */
+static inline void emit(const LinArgs *a, int64_t m, int64_t n, float v) {
+    float tmp;
+    if (a->scale) v *= ((const float *)P(a->scale))[n];
+    if (a->bias) v += *atb_load(P(a->bias), (int)a->bias_dt, n, 1, &tmp);
+    if (a->accumulate) /* the residual add rides in the matmul */
+        v += *atb_load(P(a->y), (int)a->y_dt, m * a->y_stride + n, 1, &tmp);
+    atb_store((void *)P(a->y), (int)a->y_dt, m * a->y_stride + n, 1, &v);
+}
+
 static void run_rows(void *ctx, int64_t chunk) {
     const Job *job = (const Job *)ctx;
     const LinArgs *a = job->a;
@@ -145,26 +232,33 @@ static void run_rows(void *ctx, int64_t chunk) {
     const int wdt = (int)a->w_dt;
     const int64_t wrow = a->w_stride * wsize(wdt);
     const uint8_t *w = (const uint8_t *)P(a->w);
-    const float *scale = (const float *)P(a->scale);
-    for (int64_t n = n0; n < n1; ++n) {
-        const float sc = scale ? scale[n] : 1.0f;
-        float bi = 0.0f, tmp;
-        if (a->bias) bi = *atb_load(P(a->bias), (int)a->bias_dt, n, 1, &tmp);
+    int64_t n = n0;
+    if (M > ATB_GEMV_ROWS) { /* many rows: 4 x 4 tiles, weight rows re-read from L1 */
+        for (; n + 4 <= n1; n += 4) {
+            const uint8_t *wr[4] = {w + n * wrow, w + (n + 1) * wrow, w + (n + 2) * wrow,
+                                    w + (n + 3) * wrow};
+            for (int64_t m = 0; m < M; m += 4) {
+                int mb = M - m < 4 ? (int)(M - m) : 4;
+                const float *xr[4];
+                for (int i = 0; i < 4; ++i) xr[i] = job->xf + (m + (i < mb ? i : mb - 1)) * job->xs;
+                float res[16];
+                /* the first x tile prefetches the next weight rows (the later ones
+                 * re-read these from L1) */
+                const uint8_t *pf = (m == 0 && n + 8 <= n1) ? wr[0] + 4 * wrow : NULL;
+                tile4_rt(mb, wdt, xr, wr, K, pf, wrow, res);
+                for (int i = 0; i < mb; ++i)
+                    for (int j = 0; j < 4; ++j) emit(a, m + i, n + j, res[i * 4 + j]);
+            }
+        }
+    }
+    for (; n < n1; ++n) { /* few rows (decode): one weight row streams at a time */
         for (int64_t m = 0; m < M; m += 4) {
             int mb = M - m < 4 ? (int)(M - m) : 4;
             const float *xr[4];
             for (int i = 0; i < 4; ++i) xr[i] = job->xf + (m + (i < mb ? i : mb - 1)) * job->xs;
             float res[4];
             tile_rt(mb, wdt, xr, w + n * wrow, K, res);
-            for (int i = 0; i < mb; ++i) {
-                float v = res[i] * sc + bi;
-                if (a->accumulate) { /* the residual add rides in the matmul */
-                    const float *o = atb_load(P(a->y), (int)a->y_dt, (m + i) * a->y_stride + n,
-                                              1, &tmp);
-                    v += *o;
-                }
-                atb_store((void *)P(a->y), (int)a->y_dt, (m + i) * a->y_stride + n, 1, &v);
-            }
+            for (int i = 0; i < mb; ++i) emit(a, m + i, n, res[i]);
         }
     }
 }

@@ -25,12 +25,15 @@
 #define ATB_SPIN_NS 200000
 /* A worker that claimed a chunk and then lost its core (the machine is busy)
  * makes the caller wait for a whole time slice. When the caller waits longer
- * than ATB_LATE_NS for others' chunks, the next ATB_BACKOFF_CALLS jobs run on
- * the caller alone, then threads are tried again (measured on a 2-core machine
- * with two other busy processes: 60 ms decode steps with two threads, 6 ms
- * with this back-off). */
+ * than ATB_LATE_NS (or 3 of its own chunks' time) for others' chunks, the next
+ * jobs run on the caller alone, then threads are tried again (measured on a
+ * 2-core machine with two other busy processes: 60 ms decode steps with two
+ * threads, 6 ms with this back-off). The back-off starts at ATB_BACKOFF_MIN
+ * jobs, so one hiccup costs little, doubles while workers keep coming late (up
+ * to ATB_BACKOFF_MAX) and halves again with each job they are on time for. */
 #define ATB_LATE_NS 300000
-#define ATB_BACKOFF_CALLS 512
+#define ATB_BACKOFF_MIN 16
+#define ATB_BACKOFF_MAX 4096
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
@@ -44,6 +47,7 @@ static void *g_ctx;
 static int g_workers;
 static int g_atfork;
 static int g_backoff;                 /* jobs left to run single-threaded */
+static int g_backoff_len = ATB_BACKOFF_MIN; /* the next back-off's length */
 /* counters for atb_pool_stats (read without the lock: diagnostics only) */
 static int64_t g_n_parallel, g_n_backoff_jobs, g_n_backoffs;
 
@@ -53,16 +57,19 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* claim and run chunks of job `gen` until none is left */
-static void run_chunks(uint_fast64_t gen) {
-    for (;;) {
+/* claim and run chunks of job `gen` until none is left; returns how many ran here */
+static int64_t run_chunks(uint_fast64_t gen) {
+    int64_t ran = 0;
+    for (;; ++ran) {
         uint_fast64_t w = atomic_load_explicit(&g_work, memory_order_acquire);
-        if ((w >> 32) != (gen & 0xffffffffu)) return;          /* a finished job */
+        if ((w >> 32) != (gen & 0xffffffffu)) return ran;      /* a finished job */
         int64_t c = (int64_t)(w & 0xffffffffu);
-        if (c >= g_total) return;
+        if (c >= g_total) return ran;
         if (!atomic_compare_exchange_weak_explicit(&g_work, &w, w + 1, memory_order_acq_rel,
-                                                   memory_order_acquire))
+                                                   memory_order_acquire)) {
+            --ran;
             continue;
+        }
         g_fn(g_ctx, c);
         atomic_fetch_add_explicit(&g_done, 1, memory_order_release);
     }
@@ -145,7 +152,15 @@ void atb_parallel_chunks(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
     atomic_store_explicit(&g_gen, gen, memory_order_release);
     pthread_cond_broadcast(&g_cv);
     pthread_mutex_unlock(&g_mu);
-    run_chunks(gen);
+    int64_t t_run = now_ns();
+    int64_t ran = run_chunks(gen);
+    /* a worker is late when the caller waits well past one chunk's time for it
+     * (its last chunk may simply still be running) */
+    int64_t late = ATB_LATE_NS;
+    if (ran > 0) {
+        int64_t per = (now_ns() - t_run) / ran;
+        if (3 * per > late) late = 3 * per;
+    }
     int64_t t0 = 0;
     for (unsigned spins = 0; atomic_load_explicit(&g_done, memory_order_acquire) < nchunks;
          ++spins) {
@@ -153,8 +168,9 @@ void atb_parallel_chunks(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
             sched_yield();  /* the worker running a chunk may need this core */
             int64_t t = now_ns();
             if (!t0) t0 = t;
-            else if (t - t0 > ATB_LATE_NS && g_backoff == 0) {
-                g_backoff = ATB_BACKOFF_CALLS;
+            else if (t - t0 > late && g_backoff == 0) {
+                g_backoff = g_backoff_len;
+                if (g_backoff_len < ATB_BACKOFF_MAX) g_backoff_len *= 2;
                 ++g_n_backoffs;
             }
         }
@@ -162,6 +178,7 @@ void atb_parallel_chunks(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
         __builtin_ia32_pause();
 #endif
     }
+    if (g_backoff == 0 && g_backoff_len > ATB_BACKOFF_MIN) g_backoff_len /= 2; /* on time */
     pthread_mutex_unlock(&g_call_mu);
 }
 

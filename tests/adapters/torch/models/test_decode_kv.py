@@ -120,11 +120,17 @@ def _hf_last_logits(model, ids):
         return model(torch.tensor([ids])).logits[0, -1]
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["c-paged", "kept-kv"])
 @pytest.mark.parametrize("prefix", [False, True])
-def test_forward_paged_matches_hf_per_sequence(llama, prefix):
+def test_forward_paged_matches_hf_per_sequence(llama, prefix, kept, monkeypatch):
     """Packed prefill (or, after a prefix-cache hit, the gathering kernel), then
-    decode steps on the kept KV, sequences leaving midway: logits equal HF's on each
-    sequence alone."""
+    decode steps (on the CPU the C PagedAttention kernel reads the blocks; the kept
+    KV copy serves where it cannot, forced here), sequences leaving midway: logits
+    equal HF's on each sequence alone."""
+    from atb_torch.models import runner_paged
+
+    if kept:
+        monkeypatch.setattr(runner_paged, "c_paged_decode", lambda cache, spec: False)
     r = ModelRunner.from_hf(llama, opt_level=2)
     s = r.spec
     cache = PagedKVCache(s.num_layers, num_blocks=256, block_size=BS, num_kv_heads=s.num_kv_heads,
@@ -155,8 +161,11 @@ def test_forward_paged_matches_hf_per_sequence(llama, prefix):
         batch = cache.prepare_decode(ids, [[t] for t in nxt])
         logits = r.forward_paged(torch.tensor(nxt), batch, cache)
         cache.mark_computed(ids)
-    assert r._decode_kv.rebuilds == 2  # once at the first decode step, once when "c" left
     assert np.isfinite(logits.numpy()).all()
+    if not kept:
+        assert r._decode_kv is None  # the C kernel needs no copy
+        return
+    assert r._decode_kv.rebuilds == 2  # once at the first decode step, once when "c" left
     r.release_decode_kv()  # LLM.close() does this: the kept copy's memory goes now
     assert r._decode_kv.buf is None
     batch = cache.prepare_decode(ids, [[t] for t in logits.argmax(-1).tolist()])
