@@ -23,8 +23,17 @@ torch eager composite      -                    12 us (6 aten ops)
   attribute reads and the output allocation;
 * the kernels are row loops the compiler vectorises: AVX-512 (x86-64-v4) where
   ``/proc/cpuinfo`` has it, AVX2 + FMA + F16C (v3) else, a generic build as the
-  fallback; fp32 math, one rounding per output; single-threaded (decode is one row,
-  and a second OpenMP runtime beside torch's would fight it for the cores).
+  fallback; fp32 math, one rounding per output. Norms, RoPE, activations and softmax
+  are single-threaded; the decode matmul (``linear_rows``: bandwidth-bound rows up
+  to 4, 4 x 4 register tiles up to 32) and cache attention (``decode_attention``,
+  ``paged_decode_attention`` reading the blocks in place) split their work over a
+  small pthread pool (``csrc/pool.c``: chunks claimed by compare-and-swap, the caller
+  working too, a back-off to one thread when a worker is late on a busy machine).
+  Not OpenMP: a second runtime beside torch's would fight it for the cores. Even
+  torch's own OpenMP workers spin after each parallel op and then hold the core the
+  pool needs, so the decode steps that run these kernels park torch's pool at one
+  thread (``torch_ops.parked_torch_threads``; measured: the fp32 LM head 3.1 ms
+  after an SDPA call, 1.9 ms alone).
 
 :mod:`.torch_ops` calls them on torch CPU tensors; :mod:`.counting` counts
 launches (aten ops plus C calls). ``ATB_CPU_KERNELS=0`` turns them off (the torch

@@ -58,11 +58,21 @@ static inline int64_t ival(int64_t addr, int i32, int64_t i) {
     return i32 ? ((const int32_t *)P(addr))[i] : ((const int64_t *)P(addr))[i];
 }
 
+/* block_size as a shift when it is a power of two (a division per key read cost
+ * as much as the key's dot product), else -1 */
+static inline int block_shift(int64_t bs) {
+    int sh = 0;
+    while (((int64_t)1 << sh) < bs) ++sh;
+    return ((int64_t)1 << sh) == bs ? sh : -1;
+}
+
 /* element offset of cache position s of row b (before the head offset) */
-static inline int64_t row_at(const DecAttnArgs *a, int64_t b, int64_t s, int64_t sb, int64_t ss) {
+static inline int64_t row_at(const DecAttnArgs *a, int sh, int64_t b, int64_t s, int64_t sb,
+                             int64_t ss) {
     if (!a->table) return b * sb + s * ss;
-    int64_t blk = ival(a->table, (int)a->table_i32, b * a->table_sb + s / a->block_size);
-    return blk * sb + (s % a->block_size) * ss;
+    int64_t q = sh >= 0 ? s >> sh : s / a->block_size;
+    int64_t r = sh >= 0 ? s & ((1 << sh) - 1) : s % a->block_size;
+    return ival(a->table, (int)a->table_i32, b * a->table_sb + q) * sb + r * ss;
 }
 
 /* sc[j * L + s] = qf[j] . k(lo + s) for the G heads of kv head kh of row b (masked
@@ -70,6 +80,7 @@ static inline int64_t row_at(const DecAttnArgs *a, int64_t b, int64_t s, int64_t
 static void scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int64_t L,
                    const float *qf, int64_t G, float *sc, float *rows) {
     const int64_t D = a->D;
+    const int sh = a->table ? block_shift(a->block_size) : -1;
 #ifdef ATB_AVX512
     if (D % 16 == 0 && D <= 256) {
         /* 16 keys at a time: 16 accumulators per head, one tree reduction for all
@@ -79,7 +90,7 @@ static void scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int6
             const float *kr[16];
             for (int i = 0; i < 16; ++i)
                 kr[i] = i < cnt ? atb_load(P(a->k), (int)a->kv_dt,
-                                           row_at(a, b, lo + s0 + i, a->k_sb, a->k_ss) +
+                                           row_at(a, sh, b, lo + s0 + i, a->k_sb, a->k_ss) +
                                                kh * a->k_sh, D, rows + i * D)
                                 : kr[0];
             for (int64_t j = 0; j < G; ++j) {
@@ -99,7 +110,7 @@ static void scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int6
 #endif
     for (int64_t s = 0; s < L; ++s) {
         const float *kr = atb_load(P(a->k), (int)a->kv_dt,
-                                   row_at(a, b, lo + s, a->k_sb, a->k_ss) + kh * a->k_sh, D, rows);
+                                   row_at(a, sh, b, lo + s, a->k_sb, a->k_ss) + kh * a->k_sh, D, rows);
         for (int64_t j = 0; j < G; ++j) sc[j * L + s] = dot(qf + j * D, kr, D);
     }
 }
@@ -114,6 +125,7 @@ static void run_group(void *ctx, int64_t chunk) {
         if (a->window > 0 && end - a->window > lo) lo = end - a->window;
     }
     const int64_t D = a->D, G = a->H / a->KV, L = end > lo ? end - lo : 0;
+    const int sh = a->table ? block_shift(a->block_size) : -1;
     const uint8_t *mask = a->mask ? (const uint8_t *)P(a->mask) + b * a->mask_sb : NULL;
     float *buf = (float *)malloc((size_t)(G * L + 2 * G * D + 16 * D) * sizeof(float));
     if (!buf) {
@@ -164,7 +176,7 @@ static void run_group(void *ctx, int64_t chunk) {
         const int64_t pos = lo + s;
         if (mask && !mask[pos * a->mask_ss]) continue;
         const float *vr = atb_load(P(a->v), (int)a->kv_dt,
-                                   row_at(a, b, pos, a->v_sb, a->v_ss) + kh * a->v_sh, D, row);
+                                   row_at(a, sh, b, pos, a->v_sb, a->v_ss) + kh * a->v_sh, D, row);
         for (int64_t j = 0; j < G; ++j) {
             const float p = sc[j * L + s];
             float *o = acc + j * D;
