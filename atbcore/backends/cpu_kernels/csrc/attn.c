@@ -115,6 +115,81 @@ static void scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int6
     }
 }
 
+#ifdef ATB_AVX512
+/* acc[j0 + jj] = sum_s p[j0 + jj][s] v(s) for NH heads, NV vectors of D each: the
+ * NH * NV <= 16 accumulators stay in registers across the keys */
+static inline __attribute__((always_inline)) void pv_tile(
+    int NV, int NH, const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t lo, int64_t L,
+    const uint8_t *mask, const float *sc, int64_t j0, float *row, float *acc_out) {
+    __m512 acc[16];
+    for (int i = 0; i < NV * NH; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < L; ++s) {
+        const int64_t pos = lo + s;
+        if (mask && !mask[pos * a->mask_ss]) continue;
+        const float *vr = atb_load(P(a->v), (int)a->kv_dt,
+                                   row_at(a, sh, b, pos, a->v_sb, a->v_ss) + kh * a->v_sh,
+                                   16 * NV, row);
+        __m512 p[8];
+        for (int jj = 0; jj < NH; ++jj) p[jj] = _mm512_set1_ps(sc[(j0 + jj) * L + s]);
+        for (int c = 0; c < NV; ++c) {
+            __m512 v = _mm512_loadu_ps(vr + 16 * c);
+            for (int jj = 0; jj < NH; ++jj)
+                acc[jj * NV + c] = _mm512_fmadd_ps(p[jj], v, acc[jj * NV + c]);
+        }
+    }
+    for (int jj = 0; jj < NH; ++jj)
+        for (int c = 0; c < NV; ++c)
+            _mm512_storeu_ps(acc_out + (j0 + jj) * 16 * NV + 16 * c, acc[jj * NV + c]);
+}
+#endif
+
+/* acc[j] = sum_s sc[j * L + s] v(lo + s) over the unmasked keys, for the G heads */
+static void values(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t lo, int64_t L,
+                   const uint8_t *mask, const float *sc, int64_t G, float *row, float *acc) {
+    const int64_t D = a->D;
+#ifdef ATB_AVX512
+    const int64_t nv = D / 16;
+    if (D % 16 == 0 && (nv == 2 || nv == 4 || nv == 8 || nv == 16)) {
+        const int64_t per = 16 / nv < 8 ? 16 / nv : 8;   /* heads per register tile */
+        for (int64_t j0 = 0; j0 < G; j0 += per) {
+            const int nh = (int)(G - j0 < per ? G - j0 : per);
+#define ATB_PV(NV)                                                                     \
+    switch (nh) {                                                                      \
+    case 1: pv_tile(NV, 1, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break;        \
+    case 2: if (NV <= 8) pv_tile(NV, 2, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
+    case 3: if (NV <= 4) pv_tile(NV, 3, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
+    case 4: if (NV <= 4) pv_tile(NV, 4, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
+    case 5: if (NV <= 2) pv_tile(NV, 5, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
+    case 6: if (NV <= 2) pv_tile(NV, 6, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
+    case 7: if (NV <= 2) pv_tile(NV, 7, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
+    default: if (NV <= 2) pv_tile(NV, 8, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
+    }
+            switch (nv) {
+            case 2: ATB_PV(2) break;
+            case 4: ATB_PV(4) break;
+            case 8: ATB_PV(8) break;
+            default: ATB_PV(16) break;
+            }
+#undef ATB_PV
+        }
+        return;
+    }
+#endif
+    memset(acc, 0, (size_t)(G * D) * sizeof(float));
+    for (int64_t s = 0; s < L; ++s) {
+        const int64_t pos = lo + s;
+        if (mask && !mask[pos * a->mask_ss]) continue;
+        const float *vr = atb_load(P(a->v), (int)a->kv_dt,
+                                   row_at(a, sh, b, pos, a->v_sb, a->v_ss) + kh * a->v_sh, D, row);
+        for (int64_t j = 0; j < G; ++j) {
+            const float p = sc[j * L + s];
+            float *o = acc + j * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
+        }
+    }
+}
+
 static void run_group(void *ctx, int64_t chunk) {
     AttnJob *job = (AttnJob *)ctx;
     const DecAttnArgs *a = job->a;
@@ -171,19 +246,7 @@ static void run_group(void *ctx, int64_t chunk) {
         mxp[j] = 1.0f / sum;
     }
     /* pass 2: weighted sum of the value rows */
-    memset(acc, 0, (size_t)(G * D) * sizeof(float));
-    for (int64_t s = 0; s < L; ++s) {
-        const int64_t pos = lo + s;
-        if (mask && !mask[pos * a->mask_ss]) continue;
-        const float *vr = atb_load(P(a->v), (int)a->kv_dt,
-                                   row_at(a, sh, b, pos, a->v_sb, a->v_ss) + kh * a->v_sh, D, row);
-        for (int64_t j = 0; j < G; ++j) {
-            const float p = sc[j * L + s];
-            float *o = acc + j * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
-        }
-    }
+    values(a, sh, b, kh, lo, L, mask, sc, G, row, acc);
     for (int64_t j = 0; j < G; ++j) {
         float *o = acc + j * D;
         const float inv = mxp[j];
