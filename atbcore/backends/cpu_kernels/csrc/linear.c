@@ -223,6 +223,29 @@ static inline void emit(const LinArgs *a, int64_t m, int64_t n, float v) {
     atb_store((void *)P(a->y), (int)a->y_dt, m * a->y_stride + n, 1, &v);
 }
 
+/* the 4 x 4 tile res[i * 4 + j] into y[m + i, n + j]: fp32 outputs (and bias)
+ * four at a time, else element by element */
+static inline void emit4(const LinArgs *a, int64_t m, int64_t n, int mb, const float res[16]) {
+    if (a->y_dt != ATB_F32 || (a->bias && a->bias_dt != ATB_F32)) {
+        for (int i = 0; i < mb; ++i)
+            for (int j = 0; j < 4; ++j) emit(a, m + i, n + j, res[i * 4 + j]);
+        return;
+    }
+    const float *sc = a->scale ? (const float *)P(a->scale) + n : NULL;
+    const float *bi = a->bias ? (const float *)P(a->bias) + n : NULL;
+    for (int i = 0; i < mb; ++i) {
+        float *y = (float *)P(a->y) + (m + i) * a->y_stride + n;
+        float v[4];
+        for (int j = 0; j < 4; ++j) {
+            v[j] = res[i * 4 + j];
+            if (sc) v[j] *= sc[j];
+            if (bi) v[j] += bi[j];
+            if (a->accumulate) v[j] += y[j];
+        }
+        memcpy(y, v, sizeof v);
+    }
+}
+
 static void run_rows(void *ctx, int64_t chunk) {
     const Job *job = (const Job *)ctx;
     const LinArgs *a = job->a;
@@ -246,8 +269,7 @@ static void run_rows(void *ctx, int64_t chunk) {
                  * re-read these from L1) */
                 const uint8_t *pf = (m == 0 && n + 8 <= n1) ? wr[0] + 4 * wrow : NULL;
                 tile4_rt(mb, wdt, xr, wr, K, pf, wrow, res);
-                for (int i = 0; i < mb; ++i)
-                    for (int j = 0; j < 4; ++j) emit(a, m + i, n + j, res[i * 4 + j]);
+                emit4(a, m, n, mb, res);
             }
         }
     }
