@@ -37,7 +37,7 @@ _SM_DIMS = 8           # ATB_SM_DIMS in softmax.c
 
 _NORM = struct.Struct("<16q2d")
 _ROPE = struct.Struct("<44q")
-_ACT = struct.Struct("<13q")
+_ACT = struct.Struct("<14q")
 _SOFTMAX = struct.Struct(f"<13q{2 * _SM_DIMS}qqd")
 _LINEAR = struct.Struct("<17q")
 _ATTN = struct.Struct("<32qd2q")
@@ -45,6 +45,9 @@ _ATTN = struct.Struct("<32qd2q")
 LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
 
 _calls: dict[str, Any] = {}
+# The C pool's thread count while torch's own intra-op pool is parked at one thread
+# (see parked_torch_threads); 0 = follow torch.get_num_threads().
+_POOL_THREADS = [0]
 
 
 def _fn(name: str) -> Any:
@@ -148,8 +151,8 @@ def _norm(name, x, w, b, n, eps, w_offset, residual, out, sum_out):
     bp, bdt, bk = _vec(b)
     args = _NORM.pack(
         x2.data_ptr(), 0 if r2 is None else r2.data_ptr(), 0 if s is None else s.data_ptr(),
-        y.data_ptr(), wp, bp, DTYPE_CODES[x.dtype], wdt, bdt, rows, n, xs, rs, ss, ys, 0,
-        eps, w_offset)
+        y.data_ptr(), wp, bp, DTYPE_CODES[x.dtype], wdt, bdt, rows, n, xs, rs, ss, ys,
+        _POOL_THREADS[0] or torch.get_num_threads(), eps, w_offset)
     _check(_fn(name)(args), name)
     del wk, bk
     return _deliver(out, y), (None if s is None else _deliver(sum_out, s))
@@ -296,7 +299,8 @@ def activation(x: torch.Tensor, act: str, *, up: torch.Tensor | None = None,
     bp, bdt, bk = _vec(bias)
     bup, budt, buk = _vec(bias_up)
     args = _ACT.pack(g_ptr, u_ptr, y.data_ptr(), bp, bup, DTYPE_CODES[x.dtype], bdt or budt,
-                     ACT_CODES[act], rows, n, xs, us, ys)
+                     ACT_CODES[act], rows, n, xs, us, ys,
+                     _POOL_THREADS[0] or torch.get_num_threads())
     _check(_fn("activation")(args), "activation")
     return _deliver(out, y)
 
@@ -330,9 +334,6 @@ def softmax(x: torch.Tensor, *, scale: float = 1.0, mask: torch.Tensor | None = 
     return _deliver(out, y)
 
 
-# The C pool's thread count while torch's own intra-op pool is parked at one thread
-# (see parked_torch_threads); 0 = follow torch.get_num_threads().
-_POOL_THREADS = [0]
 
 
 class parked_torch_threads:

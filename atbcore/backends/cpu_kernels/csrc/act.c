@@ -5,6 +5,7 @@
  * strides 2n. fp32 math, one rounding at the store.
  */
 #include "common.h"
+#include "pool.h"
 
 enum { ACT_SILU = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_QUICK_GELU = 3, ACT_RELU = 4,
        ACT_NONE = 5 };
@@ -13,6 +14,7 @@ typedef struct {
     int64_t x, up, y, bias, bias_up;  /* addresses; 0 = absent */
     int64_t dt, bias_dt, act, rows, n;
     int64_t x_stride, up_stride, y_stride;
+    int64_t threads;                  /* pool threads for big calls (prefill) */
 } ActArgs;
 
 #define P(v) ((void *)(intptr_t)(v))
@@ -65,14 +67,11 @@ static void apply(int act, int64_t m, const float *x, float *v) {
     }
 }
 
-ATB_API int64_t atb_activation(const void *args) {
-    ActArgs a;
-    memcpy(&a, args, sizeof a);
-    if (!a.x || !a.y || a.n < 0 || a.rows < 0 || a.act < 0 || a.act > ACT_NONE)
-        return ATB_ERR_ARGS;
+static void act_rows(const ActArgs *pa, int64_t r0, int64_t r1) {
+    const ActArgs a = *pa;
     const int dt = (int)a.dt, bdt = (int)a.bias_dt;
     float bx[ATB_BLOCK], bu[ATB_BLOCK], bb[ATB_BLOCK];
-    for (int64_t r = 0; r < a.rows; ++r)
+    for (int64_t r = r0; r < r1; ++r)
         for (int64_t j = 0; j < a.n; j += ATB_BLOCK) {
             int64_t m = a.n - j < ATB_BLOCK ? a.n - j : ATB_BLOCK;
             const float *x = atb_load(P(a.x), dt, r * a.x_stride + j, m, bx);
@@ -98,5 +97,30 @@ ATB_API int64_t atb_activation(const void *args) {
             }
             if (dt != ATB_F32) atb_store(P(a.y), dt, r * a.y_stride + j, m, o);
         }
+}
+
+typedef struct {
+    const ActArgs *a;
+    int64_t per;
+} ActJob;
+
+static void act_chunk(void *ctx, int64_t c) {
+    const ActJob *j = (const ActJob *)ctx;
+    int64_t r0 = c * j->per, r1 = r0 + j->per < j->a->rows ? r0 + j->per : j->a->rows;
+    act_rows(j->a, r0, r1);
+}
+
+ATB_API int64_t atb_activation(const void *args) {
+    ActArgs a;
+    memcpy(&a, args, sizeof a);
+    if (!a.x || !a.y || a.n < 0 || a.rows < 0 || a.act < 0 || a.act > ACT_NONE)
+        return ATB_ERR_ARGS;
+    int nth = a.threads > 1 && a.rows * a.n >= (64 << 10) ? (int)a.threads : 1;
+    if (nth == 1) {
+        act_rows(&a, 0, a.rows);
+        return 0;
+    }
+    ActJob j = {&a, (a.rows + 4 * nth - 1) / (4 * nth)};
+    atb_parallel_chunks(act_chunk, &j, (a.rows + j.per - 1) / j.per, nth);
     return 0;
 }

@@ -5,6 +5,7 @@
  * normalised as stored, which is what the reference does. fp32 accumulation.
  */
 #include "common.h"
+#include "pool.h"
 
 /* s[0..m) = x + r for one block, rounded as stored in dt; writes `sum` if given */
 static const float *add_block(const void *x, const void *r, void *sum, int dt, int64_t xo,
@@ -23,15 +24,15 @@ static const float *add_block(const void *x, const void *r, void *sum, int dt, i
 typedef struct {
     int64_t x, res, sum, y, w, b;                 /* addresses; 0 = absent */
     int64_t dt, w_dt, b_dt, rows, n;
-    int64_t x_stride, res_stride, sum_stride, y_stride, reserved;
+    int64_t x_stride, res_stride, sum_stride, y_stride, threads;
     double eps, w_offset;
 } NormArgs;
 
 static int rms_norm(const void *x, const void *res, void *sum, void *y, const void *w, int dt,
-                    int w_dt, int64_t rows, int64_t n, int64_t x_stride, int64_t res_stride,
+                    int w_dt, int64_t r0, int64_t rows, int64_t n, int64_t x_stride, int64_t res_stride,
                     int64_t sum_stride, int64_t y_stride, float eps, float w_offset) {
     float bx[ATB_BLOCK], br[ATB_BLOCK], bw[ATB_BLOCK];
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = r0; r < rows; ++r) {
         const int64_t xo = r * x_stride, ro = r * res_stride, so = r * sum_stride;
         float acc = 0.0f;
         for (int64_t j = 0; j < n; j += ATB_BLOCK) {
@@ -67,11 +68,11 @@ static int rms_norm(const void *x, const void *res, void *sum, void *y, const vo
 }
 
 static int layer_norm(const void *x, const void *res, void *sum, void *y, const void *w,
-                      const void *b, int dt, int w_dt, int b_dt, int64_t rows, int64_t n,
+                      const void *b, int dt, int w_dt, int b_dt, int64_t r0, int64_t rows, int64_t n,
                       int64_t x_stride, int64_t res_stride, int64_t sum_stride, int64_t y_stride,
                       float eps) {
     float bx[ATB_BLOCK], br[ATB_BLOCK], bw[ATB_BLOCK], bb[ATB_BLOCK];
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = r0; r < rows; ++r) {
         const int64_t xo = r * x_stride, ro = r * res_stride, so = r * sum_stride;
         /* the (rounded) input this row normalises: x, or the stored sum */
         const void *src = x;
@@ -136,14 +137,47 @@ static int layer_norm(const void *x, const void *res, void *sum, void *y, const 
 
 #define P(v) ((void *)(intptr_t)(v))
 
+/* rows split over the pool when the call is big enough to pay for a hand-off */
+typedef struct {
+    const NormArgs *a;
+    int layer;
+    int64_t per;
+} NormJob;
+
+static void norm_rows(const NormArgs *a, int layer, int64_t r0, int64_t r1) {
+    if (layer)
+        layer_norm(P(a->x), P(a->res), P(a->sum), P(a->y), P(a->w), P(a->b), (int)a->dt,
+                   (int)a->w_dt, (int)a->b_dt, r0, r1, a->n, a->x_stride, a->res_stride,
+                   a->sum_stride, a->y_stride, (float)a->eps);
+    else
+        rms_norm(P(a->x), P(a->res), P(a->sum), P(a->y), P(a->w), (int)a->dt, (int)a->w_dt, r0,
+                 r1, a->n, a->x_stride, a->res_stride, a->sum_stride, a->y_stride, (float)a->eps,
+                 (float)a->w_offset);
+}
+
+static void norm_chunk(void *ctx, int64_t c) {
+    const NormJob *j = (const NormJob *)ctx;
+    int64_t r0 = c * j->per, r1 = r0 + j->per < j->a->rows ? r0 + j->per : j->a->rows;
+    norm_rows(j->a, j->layer, r0, r1);
+}
+
+static int64_t run_norm(const NormArgs *a, int layer) {
+    int nth = a->threads > 1 && a->rows * a->n >= (64 << 10) ? (int)a->threads : 1;
+    if (nth == 1) {
+        norm_rows(a, layer, 0, a->rows);
+        return 0;
+    }
+    NormJob j = {a, layer, (a->rows + 4 * nth - 1) / (4 * nth)};
+    atb_parallel_chunks(norm_chunk, &j, (a->rows + j.per - 1) / j.per, nth);
+    return 0;
+}
+
 /* y = x / sqrt(mean(x^2) + eps) * (w + w_offset), x = x (+ residual); w optional */
 ATB_API int64_t atb_rms_norm(const void *args) {
     NormArgs a;
     memcpy(&a, args, sizeof a);
     if (a.n <= 0 || a.rows < 0 || !a.x || !a.y) return ATB_ERR_ARGS;
-    return rms_norm(P(a.x), P(a.res), P(a.sum), P(a.y), P(a.w), (int)a.dt, (int)a.w_dt, a.rows,
-                    a.n, a.x_stride, a.res_stride, a.sum_stride, a.y_stride, (float)a.eps,
-                    (float)a.w_offset);
+    return run_norm(&a, 0);
 }
 
 /* y = (x - mean) / sqrt(var + eps) * w + b, x = x (+ residual); w, b optional */
@@ -151,7 +185,5 @@ ATB_API int64_t atb_layer_norm(const void *args) {
     NormArgs a;
     memcpy(&a, args, sizeof a);
     if (a.n <= 0 || a.rows < 0 || !a.x || !a.y) return ATB_ERR_ARGS;
-    return layer_norm(P(a.x), P(a.res), P(a.sum), P(a.y), P(a.w), P(a.b), (int)a.dt, (int)a.w_dt,
-                      (int)a.b_dt, a.rows, a.n, a.x_stride, a.res_stride, a.sum_stride,
-                      a.y_stride, (float)a.eps);
+    return run_norm(&a, 1);
 }
