@@ -45,6 +45,7 @@ typedef struct {
 typedef struct {
     const DecAttnArgs *a;
     int64_t nomem;  /* set by a chunk that could not get its scores buffer */
+    int64_t heads;  /* kv heads per chunk: all of a row's, or one */
 } AttnJob;
 
 static inline float dot(const float *x, const float *y, int64_t D) {
@@ -93,6 +94,14 @@ static void scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int6
                                            row_at(a, sh, b, lo + s0 + i, a->k_sb, a->k_ss) +
                                                kh * a->k_sh, D, rows + i * D)
                                 : kr[0];
+            /* prefetch the next 16 keys' rows while these compute */
+            const int64_t es = atb_dt_size((int)a->kv_dt), rb = D * es;
+            for (int i = 0; i < 16 && s0 + 16 + i < L; ++i) {
+                const char *pk = (const char *)P(a->k) +
+                                 (row_at(a, sh, b, lo + s0 + 16 + i, a->k_sb, a->k_ss) +
+                                  kh * a->k_sh) * es;
+                for (int64_t o = 0; o < rb; o += 64) _mm_prefetch(pk + o, _MM_HINT_T0);
+            }
             for (int64_t j = 0; j < G; ++j) {
                 __m512 acc[16];
                 for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
@@ -190,10 +199,8 @@ static void values(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t 
     }
 }
 
-static void run_group(void *ctx, int64_t chunk) {
-    AttnJob *job = (AttnJob *)ctx;
+static void run_group(AttnJob *job, int64_t b, int64_t kh) {
     const DecAttnArgs *a = job->a;
-    const int64_t b = chunk / a->KV, kh = chunk % a->KV;
     int64_t lo = a->lo, end = a->n;
     if (a->ends) {
         end = ival(a->ends, (int)a->ends_i32, b);
@@ -258,6 +265,16 @@ static void run_group(void *ctx, int64_t chunk) {
     free(buf);
 }
 
+static void run_chunk(void *ctx, int64_t chunk) {
+    AttnJob *job = (AttnJob *)ctx;
+    const int64_t KV = job->a->KV;
+    if (job->heads == KV) {
+        for (int64_t kh = 0; kh < KV; ++kh) run_group(job, chunk, kh);
+    } else {
+        run_group(job, chunk / KV, chunk % KV);
+    }
+}
+
 /* Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_CACHE_OVERFLOW when a row's end
  * is negative or past n (nothing written), ATB_ERR_NOMEM (y partly written). */
 ATB_API int64_t atb_decode_attention(const void *args) {
@@ -275,11 +292,13 @@ ATB_API int64_t atb_decode_attention(const void *args) {
             int64_t e = ival(a.ends, (int)a.ends_i32, b);
             if (e < 0 || e > a.n) return ATB_ERR_CACHE_OVERFLOW;
         }
-    AttnJob job = {&a, 0};
-    const int64_t chunks = a.B * a.KV;
     /* threads only when the cache read is worth a hand-off (a few microseconds) */
-    int64_t bytes = chunks * (a.n > a.lo ? a.n - a.lo : 1) * a.D * 2 * atb_dt_size((int)a.kv_dt);
+    int64_t bytes = a.B * a.KV * (a.n > a.lo ? a.n - a.lo : 1) * a.D * 2 * atb_dt_size((int)a.kv_dt);
     int nth = bytes < (256 << 10) ? 1 : (int)(a.threads > 0 ? a.threads : 1);
-    atb_parallel_chunks(run_group, &job, chunks, nth);
+    /* a chunk per batch row (its kv heads in turn: the heads of a position are
+     * adjacent, so its rows are read whole) when the rows alone keep the threads
+     * busy, else per (row, kv head) */
+    AttnJob job = {&a, 0, a.B >= 4 * nth ? a.KV : 1};
+    atb_parallel_chunks(run_chunk, &job, a.B * a.KV / job.heads, nth);
     return job.nomem ? ATB_ERR_NOMEM : 0;
 }
