@@ -246,6 +246,25 @@ static inline void emit4(const LinArgs *a, int64_t m, int64_t n, int mb, const f
     }
 }
 
+/* y[0, n0..n1) for one x row: no per-row dispatch, fp32 stores direct */
+static inline __attribute__((always_inline)) void gemv1(int wdt, const LinArgs *a,
+                                                        const float *x, const uint8_t *w,
+                                                        int64_t wrow, int64_t K, int64_t n0,
+                                                        int64_t n1) {
+    const float *xr[4] = {x, x, x, x};
+    const int fast = a->y_dt == ATB_F32 && !a->accumulate && !a->bias;
+    const float *sc = (const float *)P(a->scale);
+    float *y = (float *)P(a->y);
+    for (int64_t n = n0; n < n1; ++n) {
+        float r[4];
+        tile(1, wdt, xr, w + n * wrow, K, r);
+        if (fast)
+            y[n] = sc ? r[0] * sc[n] : r[0];
+        else
+            emit(a, 0, n, r[0]);
+    }
+}
+
 static void run_rows(void *ctx, int64_t chunk) {
     const Job *job = (const Job *)ctx;
     const LinArgs *a = job->a;
@@ -272,6 +291,15 @@ static void run_rows(void *ctx, int64_t chunk) {
                 emit4(a, m, n, mb, res);
             }
         }
+    }
+    if (M == 1) { /* batch-1 decode: the row loop specialised per weight dtype */
+        switch (wdt) {
+        case W_F32: gemv1(W_F32, a, job->xf, w, wrow, K, n, n1); break;
+        case W_BF16: gemv1(W_BF16, a, job->xf, w, wrow, K, n, n1); break;
+        case W_F16: gemv1(W_F16, a, job->xf, w, wrow, K, n, n1); break;
+        default: gemv1(W_I8, a, job->xf, w, wrow, K, n, n1); break;
+        }
+        return;
     }
     for (; n < n1; ++n) { /* few rows (decode): one weight row streams at a time */
         for (int64_t m = 0; m < M; m += 4) {
