@@ -39,7 +39,7 @@ _NORM = struct.Struct("<16q2d")
 _ROPE = struct.Struct("<44q")
 _ACT = struct.Struct("<14q")
 _SOFTMAX = struct.Struct(f"<13q{2 * _SM_DIMS}qqd")
-_LINEAR = struct.Struct("<17q")
+_LINEAR = struct.Struct("<20q2d")
 _ATTN = struct.Struct("<32qd2q")
 # weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
 LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
@@ -365,10 +365,14 @@ class parked_torch_threads:
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                accumulate: bool = False, threads: int | None = None) -> torch.Tensor:
+                accumulate: bool = False, threads: int | None = None,
+                rms_norm_eps: float | None = None,
+                rms_norm_weight: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w.T * scale + bias`` for few rows of ``x`` [..., K] (``w`` [N, K]); with
     ``accumulate`` the result is added into ``out``. fp32 sums, one rounding. ``threads``
-    (default torch's intra-op count) is the most pool threads the weight rows split over."""
+    (default torch's intra-op count) is the most pool threads the weight rows split over.
+    With ``rms_norm_eps``, ``x`` is RmsNorm'd first (``rms_norm_weight`` optional), rounded
+    to x's dtype exactly as the separate RmsNorm kernel would store it."""
     k, n = x.shape[-1], w.shape[0]
     x2, rows, xs = _rows(x, k)
     shape = (*x.shape[:-1], n)
@@ -383,13 +387,21 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
             y = torch.empty(shape, dtype=x.dtype)
     if not w.is_contiguous():
         w = w.contiguous()
+    if rms_norm_weight is not None and (rms_norm_weight.numel() != k or
+                                        not rms_norm_weight.is_contiguous() or
+                                        rms_norm_weight.dtype not in DTYPE_CODES):
+        raise ShapeError("linear_rows", "rms_norm_weight", f"a contiguous fp32/bf16/fp16 [{k}]",
+                         f"{rms_norm_weight.dtype} {tuple(rms_norm_weight.shape)}")
     args = _LINEAR.pack(
         x2.data_ptr(), w.data_ptr(), 0 if scale is None else scale.data_ptr(),
         0 if bias is None else bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype],
         LINEAR_WEIGHT_DTYPES[w.dtype], 0 if bias is None else DTYPE_CODES[bias.dtype],
         DTYPE_CODES[y.dtype], rows, k, n, xs, w.stride(0), n,
         threads or _POOL_THREADS[0] or torch.get_num_threads(),
-        int(accumulate))
+        int(accumulate), int(rms_norm_eps is not None),
+        0 if rms_norm_weight is None else rms_norm_weight.data_ptr(),
+        0 if rms_norm_weight is None else DTYPE_CODES[rms_norm_weight.dtype],
+        float(rms_norm_eps or 0.0), 0.0)
     _check(_fn("linear_rows")(args), "linear_rows")
     return _deliver(out, y)
 

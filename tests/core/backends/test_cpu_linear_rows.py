@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from atbcore.backends.cpu_kernels import available
+from atbcore.errors import ShapeError
 from atbcore.numerics import assert_close
 
 pytestmark = pytest.mark.skipif(not available(), reason="no C compiler here: C kernels absent")
@@ -69,3 +70,25 @@ def test_linear_rows_strided_input_and_threads():
         torch.set_num_threads(keep)
     with pytest.raises(ValueError):
         linear_rows(x, w, accumulate=True)
+
+
+@pytest.mark.parametrize("dt,m", [(torch.float32, 1), (torch.bfloat16, 3), (torch.float32, 12)])
+def test_linear_rows_fused_rms_norm(dt, m):
+    """RmsNorm inside the matmul: equal to the separate C RmsNorm kernel then the
+    matmul (the same rounding of the normalised rows), and to float64 NumPy."""
+    from atbcore.backends.cpu_kernels.torch_ops import linear_rows, rms_norm
+
+    g = torch.Generator().manual_seed(m)
+    x = (torch.randn(m, 96, generator=g) * 3).to(dt)
+    w = torch.randn(40, 96, generator=g).to(dt)
+    nw = (torch.rand(96, generator=g) + 0.5).to(dt)
+    y = linear_rows(x, w, rms_norm_eps=1e-5, rms_norm_weight=nw)
+    h, _ = rms_norm(x, nw, 96, 1e-5)
+    assert torch.equal(y, linear_rows(h, w))
+    xd = x.double().numpy()
+    hd = xd / np.sqrt((xd ** 2).mean(-1, keepdims=True) + 1e-5) * nw.double().numpy()
+    hd = torch.from_numpy(hd).to(dt).double().numpy()  # the rows are stored at x's dtype
+    name = "fp32" if dt == torch.float32 else "bf16"
+    assert_close(y, (hd @ w.double().numpy().T).astype(np.float32), name, "fused RmsNorm matmul")
+    with pytest.raises(ShapeError, match="rms_norm_weight"):
+        linear_rows(x, w, rms_norm_eps=1e-5, rms_norm_weight=nw[:50])

@@ -178,12 +178,21 @@ class Lin:
             return F.linear(x, self.w, self.b)
         return self.k(x=x, weight=self.w, bias=self.b, scale=self.scale)[0]
 
-    def into(self, x2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``x2`` [M, in] -> ``out`` [M, out] in place (the decode fast path)."""
+    def into(self, x2: torch.Tensor, out: torch.Tensor, norm: "Norm | None" = None) -> torch.Tensor:
+        """``x2`` [M, in] -> ``out`` [M, out] in place (the decode fast path); with an
+        RmsNorm ``norm`` the C matmul normalises the rows itself (one call, the same
+        rounding as the norm kernel's stored output), else ``norm(x2)`` runs first."""
         if self._few(x2):
             from atbcore.backends.cpu_kernels.torch_ops import linear_rows
 
+            if norm is not None and norm.fusable:
+                return linear_rows(x2, self.w, scale=self.scale32, bias=self.b, out=out,
+                                   rms_norm_eps=norm.eps, rms_norm_weight=norm.w)
+            if norm is not None:
+                x2 = norm(x2)
             return linear_rows(x2, self.w, scale=self.scale32, bias=self.b, out=out)
+        if norm is not None:
+            x2 = norm(x2)
         if self.mode == "t":
             if self.b is None:
                 return torch.mm(x2, self.w, out=out)
@@ -222,6 +231,11 @@ class Norm:
         self.kadd = Kern("Add" + name, eps=eps) if prep.fused else None
         self.kres = Kern("ResidualAdd")
         self.launches = self.k.launches
+
+    @property
+    def fusable(self) -> bool:
+        """True when the C few-row matmul can apply this norm itself (RmsNorm)."""
+        return self.kind == "rms" and (self.w is None or self.w.is_contiguous())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "rms":

@@ -128,9 +128,9 @@ class DecodePlan:
     def _into(self, lin: Any, norm: Any, out: torch.Tensor) -> None:
         """``out = lin(norm(x))``: the norm kernel's fresh output feeds the GEMV."""
         x, n = self.x, norm.launches
-        if lin.rows and x.shape[0] <= ROWS_MAX:  # the C few-row matmul, bias inside
+        if lin.rows and x.shape[0] <= ROWS_MAX:  # the C few-row matmul, bias (and RmsNorm) inside
             self.parked = True
-            self._call(lambda: lin.into(norm(x), out), n + 1)
+            self._call(lambda: lin.into(x, out, norm=norm), 1 if norm.fusable else n + 1)
         elif lin.mode == "t" and lin.b is None:
             self._call(lambda: torch.mm(norm(x), lin.w, out=out), n + 1)
         elif lin.mode == "t":

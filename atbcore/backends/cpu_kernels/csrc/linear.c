@@ -11,6 +11,7 @@
  * Other builds: plain loops the compiler vectorises.
  */
 #include "common.h"
+#include "norm.h"
 #include "pool.h"
 #include "simd.h"
 
@@ -31,6 +32,8 @@ typedef struct {
     int64_t x_stride, w_stride, y_stride;       /* elements between rows */
     int64_t threads;
     int64_t accumulate;                         /* 1: y += result (read at y's dtype) */
+    int64_t norm, norm_w, norm_w_dt;            /* norm 1: RmsNorm x first (weight optional) */
+    double norm_eps, norm_offset;
 } LinArgs;
 
 typedef struct {
@@ -322,13 +325,27 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     if (a->m == 0) return 0;
     Job job = {a, NULL, a->x_stride, 0};
     float *tmp = NULL;
+    const void *x = P(a->x);
+    int64_t xs = a->x_stride;
+    void *normed = NULL;
+    if (a->norm) { /* RmsNorm rows stored at x's dtype, as the separate kernel would */
+        normed = malloc((size_t)(a->m * a->k * atb_dt_size((int)a->x_dt)));
+        if (!normed) return ATB_ERR_NOMEM;
+        atb_rms_norm_rows(x, NULL, NULL, normed, P(a->norm_w), (int)a->x_dt, (int)a->norm_w_dt, 0,
+                          a->m, a->k, xs, 0, 0, a->k, (float)a->norm_eps, (float)a->norm_offset);
+        x = normed;
+        xs = a->k;
+        job.xs = xs;
+    }
     if (a->x_dt == ATB_F32) {
-        job.xf = (const float *)P(a->x);
+        job.xf = (const float *)x;
     } else {
         tmp = (float *)malloc((size_t)(a->m * a->k) * sizeof(float));
-        if (!tmp) return ATB_ERR_NOMEM;
-        for (int64_t m = 0; m < a->m; ++m)
-            atb_load(P(a->x), (int)a->x_dt, m * a->x_stride, a->k, tmp + m * a->k);
+        if (!tmp) {
+            free(normed);
+            return ATB_ERR_NOMEM;
+        }
+        for (int64_t m = 0; m < a->m; ++m) atb_load(x, (int)a->x_dt, m * xs, a->k, tmp + m * a->k);
         job.xf = tmp;
         job.xs = a->k;
     }
@@ -342,5 +359,6 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     job.chunk_rows = (per < 16 ? 16 : (per + 15) / 16 * 16);
     atb_parallel_chunks(run_rows, &job, (a->n + job.chunk_rows - 1) / job.chunk_rows, nth);
     free(tmp);
+    free(normed);
     return 0;
 }

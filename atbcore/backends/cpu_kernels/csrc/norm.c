@@ -5,6 +5,7 @@
  * normalised as stored, which is what the reference does. fp32 accumulation.
  */
 #include "common.h"
+#include "norm.h"
 #include "pool.h"
 
 /* s[0..m) = x + r for one block, rounded as stored in dt; writes `sum` if given */
@@ -28,8 +29,8 @@ typedef struct {
     double eps, w_offset;
 } NormArgs;
 
-static int rms_norm(const void *x, const void *res, void *sum, void *y, const void *w, int dt,
-                    int w_dt, int64_t r0, int64_t rows, int64_t n, int64_t x_stride, int64_t res_stride,
+int atb_rms_norm_rows(const void *x, const void *res, void *sum, void *y, const void *w, int dt,
+                      int w_dt, int64_t r0, int64_t rows, int64_t n, int64_t x_stride, int64_t res_stride,
                     int64_t sum_stride, int64_t y_stride, float eps, float w_offset) {
     float bx[ATB_BLOCK], br[ATB_BLOCK], bw[ATB_BLOCK];
     for (int64_t r = r0; r < rows; ++r) {
@@ -150,7 +151,7 @@ static void norm_rows(const NormArgs *a, int layer, int64_t r0, int64_t r1) {
                    (int)a->w_dt, (int)a->b_dt, r0, r1, a->n, a->x_stride, a->res_stride,
                    a->sum_stride, a->y_stride, (float)a->eps);
     else
-        rms_norm(P(a->x), P(a->res), P(a->sum), P(a->y), P(a->w), (int)a->dt, (int)a->w_dt, r0,
+        atb_rms_norm_rows(P(a->x), P(a->res), P(a->sum), P(a->y), P(a->w), (int)a->dt, (int)a->w_dt, r0,
                  r1, a->n, a->x_stride, a->res_stride, a->sum_stride, a->y_stride, (float)a->eps,
                  (float)a->w_offset);
 }
