@@ -32,7 +32,7 @@ torch eager composite      -                    12 us (6 aten ops)
   Not OpenMP: a second runtime beside torch's would fight it for the cores. Even
   torch's own OpenMP workers spin after each parallel op and then hold the core the
   pool needs, so the decode steps that run these kernels park torch's pool at one
-  thread (``torch_ops.parked_torch_threads``; measured: the fp32 LM head 3.1 ms
+  thread (``threads.parked_torch_threads``; measured: the fp32 LM head 3.1 ms
   after an SDPA call, 1.9 ms alone).
 
 :mod:`.torch_ops` calls them on torch CPU tensors; :mod:`.counting` counts

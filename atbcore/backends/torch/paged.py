@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cpu_kernels import torch_ops as ck
+from ..cpu_kernels.torch_decode import paged_decode_attention as c_paged_decode_attention
 from .attention import sdpa_attention
 from . import kernel
 
@@ -84,7 +85,7 @@ def paged_attention(p, ins):
     if qsl is None or t == bt.shape[0]:  # one query per sequence (sum(q_seq_lens) == B)
         why = ck.why_not(q, kc, vc)
         if why is None and kc.dtype == vc.dtype and d <= 512:
-            return [ck.paged_decode_attention(q, kc, vc, bt, ctx, scale=scale, window=p.window)]
+            return [c_paged_decode_attention(q, kc, vc, bt, ctx, scale=scale, window=p.window)]
         ck.log_fallback("PagedAttention", why or "head_dim > 512 or mixed cache dtypes")
         nblk = -(-int(lens.max()) // bs)
         table = bt[:, :nblk].long().clamp(0, nb - 1)  # entries past a context may be padding

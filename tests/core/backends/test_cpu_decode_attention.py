@@ -38,7 +38,7 @@ def _ref_attention(q, k, v, lo, n, scale, mask=None):
 @pytest.mark.parametrize("b,h,kv,d,lo,n", [(1, 8, 2, 64, 0, 129), (3, 4, 4, 32, 5, 40),
                                            (2, 6, 1, 80, 0, 1), (2, 16, 8, 128, 100, 700)])
 def test_decode_attention_matches_references(dt, b, h, kv, d, lo, n):
-    from atbcore.backends.cpu_kernels.torch_ops import decode_attention
+    from atbcore.backends.cpu_kernels.torch_decode import decode_attention
 
     g = torch.Generator().manual_seed(b * 100 + h + d + n)
     cap = n + 7
@@ -57,7 +57,7 @@ def test_decode_attention_matches_references(dt, b, h, kv, d, lo, n):
 
 
 def test_decode_attention_mask_and_fully_masked_row():
-    from atbcore.backends.cpu_kernels.torch_ops import decode_attention
+    from atbcore.backends.cpu_kernels.torch_decode import decode_attention
 
     g = torch.Generator().manual_seed(3)
     b, h, kv, d, cap = 3, 4, 2, 16, 50
@@ -76,8 +76,8 @@ def test_decode_attention_mask_and_fully_masked_row():
 
 
 def test_decode_attention_strided_views_threads_and_bound_out():
-    from atbcore.backends.cpu_kernels.torch_ops import (decode_attention_bound,
-                                                        parked_torch_threads)
+    from atbcore.backends.cpu_kernels.threads import parked_torch_threads
+    from atbcore.backends.cpu_kernels.torch_decode import decode_attention_bound
 
     g = torch.Generator().manual_seed(5)
     b, h, kv, d, cap = 2, 8, 2, 64, 4096
@@ -105,7 +105,7 @@ def test_decode_attention_strided_views_threads_and_bound_out():
 
 
 def test_decode_attention_errors_name_the_problem_and_write_nothing():
-    from atbcore.backends.cpu_kernels.torch_ops import decode_attention, decode_attention_bound
+    from atbcore.backends.cpu_kernels.torch_decode import decode_attention, decode_attention_bound
 
     q, k = torch.randn(1, 6, 16), torch.randn(1, 10, 4, 16)
     out = torch.zeros(1, 6, 16)
@@ -132,7 +132,7 @@ def _ref_rope(x, cos, sin):
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
 def test_rope_cache_bound_rotates_q_and_writes_the_cache_slot(dt):
-    from atbcore.backends.cpu_kernels.torch_ops import rope_cache_bound
+    from atbcore.backends.cpu_kernels.torch_decode import rope_cache_bound
 
     g = torch.Generator().manual_seed(11)
     b, hq, hk, d, cap = 2, 4, 2, 32, 20
@@ -163,7 +163,7 @@ def test_rope_cache_bound_rotates_q_and_writes_the_cache_slot(dt):
                                            (torch.bfloat16, torch.int64, 5),
                                            (torch.float16, torch.int32, 40)])
 def test_paged_decode_attention_reads_blocks_in_place(dt, tdt, window):
-    from atbcore.backends.cpu_kernels.torch_ops import paged_decode_attention
+    from atbcore.backends.cpu_kernels.torch_decode import paged_decode_attention
 
     g = torch.Generator().manual_seed(21)
     nb, bs, kv, d, h = 40, 4, 2, 64, 8
@@ -182,7 +182,7 @@ def test_paged_decode_attention_reads_blocks_in_place(dt, tdt, window):
 
 
 def test_paged_decode_attention_mqa_and_bad_lengths():
-    from atbcore.backends.cpu_kernels.torch_ops import paged_decode_attention
+    from atbcore.backends.cpu_kernels.torch_decode import paged_decode_attention
 
     g = torch.Generator().manual_seed(2)
     kc, vc = torch.randn(8, 4, 1, 16, generator=g), torch.randn(8, 4, 1, 16, generator=g)

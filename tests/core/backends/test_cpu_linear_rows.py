@@ -27,7 +27,7 @@ def _ref(x, w, scale=None, bias=None, acc=None):
                                    (2, 130, 2000), (16, 77, 64), (32, 512, 1030), (5, 8, 3)])
 @pytest.mark.parametrize("wdt", [torch.float32, torch.bfloat16, torch.float16])
 def test_linear_rows_float_weights(m, k, n, wdt):
-    from atbcore.backends.cpu_kernels.torch_ops import linear_rows
+    from atbcore.backends.cpu_kernels.torch_decode import linear_rows
 
     g = torch.Generator().manual_seed(m * 1000 + k + n)
     x = torch.randn(m, k, generator=g).to(wdt)
@@ -42,7 +42,7 @@ def test_linear_rows_float_weights(m, k, n, wdt):
 
 @pytest.mark.parametrize("m", [1, 4, 7, 20])
 def test_linear_rows_int8_scale_and_accumulate(m):
-    from atbcore.backends.cpu_kernels.torch_ops import linear_rows
+    from atbcore.backends.cpu_kernels.torch_decode import linear_rows
 
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, 300, generator=g)
@@ -57,7 +57,7 @@ def test_linear_rows_int8_scale_and_accumulate(m):
 
 
 def test_linear_rows_strided_input_and_threads():
-    from atbcore.backends.cpu_kernels.torch_ops import linear_rows
+    from atbcore.backends.cpu_kernels.torch_decode import linear_rows
 
     x = torch.randn(4, 2 * 200)[:, ::2]                   # rows not unit-stride: copied
     w = torch.randn(3000, 200)
@@ -76,7 +76,8 @@ def test_linear_rows_strided_input_and_threads():
 def test_linear_rows_fused_rms_norm(dt, m):
     """RmsNorm inside the matmul: equal to the separate C RmsNorm kernel then the
     matmul (the same rounding of the normalised rows), and to float64 NumPy."""
-    from atbcore.backends.cpu_kernels.torch_ops import linear_rows, rms_norm
+    from atbcore.backends.cpu_kernels.torch_decode import linear_rows
+    from atbcore.backends.cpu_kernels.torch_ops import rms_norm
 
     g = torch.Generator().manual_seed(m)
     x = (torch.randn(m, 96, generator=g) * 3).to(dt)

@@ -74,7 +74,7 @@ class Prep:
 
 
 # Row counts up to which the C few-row matmul runs instead of torch's GEMM (steps
-# that use it park torch's pool: see torch_ops.parked_torch_threads). Measured here
+# that use it park torch's pool: see cpu_kernels.threads.parked_torch_threads). Measured here
 # (2 cores, fp32, default model shapes, C vs F.linear): 32000x512 LM head 3.0 vs
 # 11.2 ms at 4 rows, 5.3 vs 11.9 at 16, 8.7 vs 15.4 at 32; 2752x512 gate/up 0.11
 # vs 0.32 ms at 4 rows, 0.30 vs 0.41 at 16, 0.60 vs 0.67 at 32 (the 4 x 4 tiles
@@ -169,7 +169,7 @@ class Lin:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._few(x):
-            from atbcore.backends.cpu_kernels.torch_ops import linear_rows
+            from atbcore.backends.cpu_kernels.torch_decode import linear_rows
 
             return linear_rows(x, self.w, scale=self.scale32, bias=self.b)
         if self.mode == "rows":
@@ -183,7 +183,7 @@ class Lin:
         RmsNorm ``norm`` the C matmul normalises the rows itself (one call, the same
         rounding as the norm kernel's stored output), else ``norm(x2)`` runs first."""
         if self._few(x2):
-            from atbcore.backends.cpu_kernels.torch_ops import linear_rows
+            from atbcore.backends.cpu_kernels.torch_decode import linear_rows
 
             if norm is not None and norm.fusable:
                 return linear_rows(x2, self.w, scale=self.scale32, bias=self.b, out=out,
@@ -202,7 +202,7 @@ class Lin:
     def acc(self, x2: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y += lin(x2)`` in place (a residual add riding in the matmul)."""
         if self._few(x2):
-            from atbcore.backends.cpu_kernels.torch_ops import linear_rows
+            from atbcore.backends.cpu_kernels.torch_decode import linear_rows
 
             return linear_rows(x2, self.w, scale=self.scale32, bias=self.b, out=y,
                                accumulate=True)

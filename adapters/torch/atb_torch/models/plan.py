@@ -7,13 +7,19 @@ with its tensors bound, or a small closure where an op reads the current length
 activations, attention), which is then consumed in the same closure — so a faster
 kernel registered for the op later is picked up unchanged. Per layer:
 
-    mm(norm(x), W_qkv_t, out=qkv)                   # RmsNorm kernel + one GEMV
-                                                    # (the C few-row matmul on CPU)
+    mm(norm(x), W_qkv_t, out=qkv)                   # RmsNorm kernel + one GEMV (on the
+                                                    # CPU one C call: matmul with the
+                                                    # RmsNorm of its rows inside)
     RoPE of q|k in place in qkv (3 ops + 1 copy)    # the q and k heads are adjacent
-    kv_cache[layer, :, :, t] = qkv[k|v]             # one copy, keys and values
-    x.addmm_(attention(q, K[:t+1], V[:t+1]), W_o_t) # residual add inside the GEMM
+    kv_cache[layer, :, :, t] = qkv[k|v]             # one copy, keys and values (on the
+                                                    # CPU one C call: RoPE writing k, v)
+    x.addmm_(attention(q, K[:t+1], V[:t+1]), W_o_t) # residual add inside the GEMM (C
+                                                    # cache attention on the CPU)
     mm(norm(x), W_gate_up_t, out=gu)
     x.addmm_(act(gu), W_down_t)
+
+On the CPU the steps that use the C matmul run with torch's intra-op pool parked
+(:func:`atbcore.backends.cpu_kernels.threads.parked_torch_threads`).
 
 ``static=True`` builds the graph-capturable variant: the cache slot and the
 attention span come from device tensors (``index_copy_`` into the cache, attention
@@ -37,7 +43,7 @@ import torch.nn.functional as F
 
 from atbcore.log import logger
 
-from atbcore.backends.cpu_kernels.torch_ops import parked_torch_threads
+from atbcore.backends.cpu_kernels.threads import parked_torch_threads
 
 from .cache import ContiguousKVCache
 from .kernels import ROWS_MAX
@@ -235,8 +241,8 @@ class DecodePlan:
     def _c_layer_attention(self, blk: Any, qkv: torch.Tensor, kv: torch.Tensor) -> None:
         """Two C calls: RoPE of q in place with k (rotated) and v stored into the cache
         slot, then one-token attention over the cache into a preallocated buffer."""
-        from atbcore.backends.cpu_kernels.torch_ops import (decode_attention_bound,
-                                                            rope_cache_bound)
+        from atbcore.backends.cpu_kernels.torch_decode import (decode_attention_bound,
+                                                               rope_cache_bound)
 
         s, b, cache = self.runner.spec, self.b, self.cache
         qs, ks, hd = s.q_size, s.kv_size, s.head_dim
@@ -250,13 +256,14 @@ class DecodePlan:
             self._call(lambda: kv[:, :, self.t].copy_(new_kv))
         out = torch.empty(b, s.num_heads, hd, device=qkv.device, dtype=qkv.dtype)
         q3, win = q.view(b, s.num_heads, hd), blk.window
+        scale = blk.scale if blk.scale is not None else hd ** -0.5
         bound = {"mask": None, "call": None}
 
         def attend() -> torch.Tensor:
             m = cache.key_mask
             if bound["call"] is None or bound["mask"] is not m:  # the mask tensor moved
                 bound["mask"], bound["call"] = m, decode_attention_bound(
-                    q3, kv[0], kv[1], scale=blk.scale, key_mask=m, out=out)
+                    q3, kv[0], kv[1], scale=scale, key_mask=m, out=out)
             end = self.t + 1
             return bound["call"](max(0, end - win) if win is not None else 0, end).view(b, qs)
         self._acc(blk.o, attend, 1)

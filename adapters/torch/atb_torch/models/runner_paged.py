@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from atbcore.backends.cpu_kernels import torch_ops as ck
-from atbcore.backends.cpu_kernels.torch_ops import parked_torch_threads
+from atbcore.backends.cpu_kernels.threads import parked_torch_threads
 from atbcore.errors import CapabilityError
 
 from .kernels import ROWS_MAX
@@ -76,7 +76,7 @@ class PagedMixin:
         """A context for a step of ``tokens`` rows: when its Linears run as the C
         matmuls (few rows), torch's pool is parked meanwhile (its spinning OpenMP
         workers would hold the cores the C pool needs: see
-        ``torch_ops.parked_torch_threads``); else nothing. Callers extend it over the
+        ``cpu_kernels.threads.parked_torch_threads``); else nothing. Callers extend it over the
         sampling that follows a decode step, whose torch ops would wake the pool."""
         if self.lm_head is not None and self.lm_head.rows and tokens <= ROWS_MAX:
             return parked_torch_threads()
