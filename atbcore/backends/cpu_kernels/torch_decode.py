@@ -20,13 +20,14 @@ from .torch_ops import (DTYPE_CODES, _ROPE, _check, _deliver, _fn, _rope_fields,
                         _rows, _unit_last)
 
 __all__ = ["linear_rows", "LINEAR_WEIGHT_DTYPES", "decode_attention", "decode_attention_bound",
-           "paged_decode_attention", "rope_cache_bound"]
+           "paged_decode_attention", "rope_cache_bound", "reshape_and_cache"]
 
 # weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
 LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
 
 _LINEAR = struct.Struct("<20q2d")
 _ATTN = struct.Struct("<32qd2q")
+_CACHE = struct.Struct("<17q")
 
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None = None,
@@ -222,3 +223,36 @@ def rope_cache_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
         return None
     call.keep = keep  # type: ignore[attr-defined]
     return call
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+    """Copy each token's ``key``/``value`` rows ([T, KV, D] or [T, KV*D]) into the paged
+    caches [num_blocks, block_size, KV, D] at ``slot_mapping`` (int32/int64 [T], -1 =
+    not stored), in place. Returns False (nothing written) when this layout is not
+    one the C copy takes (dtypes differ, rows not unit-stride): the caller's torch
+    path runs then. A slot past the cache raises ShapeError with nothing written."""
+    t = slot_mapping.numel()
+    nb, bs = key_cache.shape[0], key_cache.shape[1]
+    row = key_cache[0, 0].numel() if nb else 0
+    k2, v2 = key.reshape(t, -1), value.reshape(t, -1)
+    ok = (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype and nb and
+          k2.shape[1] == row and v2.shape[1] == row and slot_mapping.dtype in
+          (torch.int32, torch.int64) and slot_mapping.is_contiguous() and
+          (t == 0 or (k2.stride(1) == 1 and v2.stride(1) == 1)) and
+          key_cache[0, 0].is_contiguous() and value_cache[0, 0].is_contiguous() and
+          value_cache.shape == key_cache.shape)
+    if not ok:
+        return False
+    args = _CACHE.pack(k2.data_ptr(), v2.data_ptr(), key_cache.data_ptr(),
+                       value_cache.data_ptr(), slot_mapping.data_ptr(),
+                       int(slot_mapping.dtype == torch.int32), key.element_size(), t, row,
+                       k2.stride(0) if t else row, v2.stride(0) if t else row, bs, nb,
+                       key_cache.stride(0), key_cache.stride(1), value_cache.stride(0),
+                       value_cache.stride(1))
+    status = _fn("reshape_and_cache")(args)
+    if status == -3:
+        raise ShapeError("ReshapeAndCache", "slot_mapping", f"-1 or 0 <= slot < {nb * bs}",
+                         slot_mapping.tolist())
+    _check(status, "reshape_and_cache")
+    return True

@@ -22,17 +22,23 @@ import torch.nn.functional as F
 
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import paged_decode_attention as c_paged_decode_attention
+from ..cpu_kernels.torch_decode import reshape_and_cache as c_reshape_and_cache
 from .attention import sdpa_attention
 from . import kernel
 
 __all__ = ["reshape_and_cache", "paged_attention", "paged_decode_attention", "decode_mask"]
 
 
-@kernel("ReshapeAndCache", impl="torch indexed write into the block caches (in place)",
-        launches=8)
+@kernel("ReshapeAndCache", impl="C row copy into the block caches (CPU), else torch "
+        "indexed write (in place)", launches=ck.c_launches(8))
 def reshape_and_cache(p, ins):
     kc, vc = ins["key_cache"], ins["value_cache"]
-    slots = ins["slot_mapping"].long()
+    k, v, sm = ins["key"], ins["value"], ins["slot_mapping"]
+    why = ck.why_not(k, v, kc, vc)
+    if why is None and c_reshape_and_cache(k, v, kc, vc, sm):
+        return [kc, vc]
+    ck.log_fallback("ReshapeAndCache", why or "a layout the C copy does not take")
+    slots = sm.long()
     keep = slots >= 0  # slot -1 marks padding tokens that are not stored
     s = slots[keep]
     blk, off = s // kc.shape[1], s % kc.shape[1]

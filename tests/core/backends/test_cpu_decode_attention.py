@@ -200,3 +200,27 @@ def test_paged_decode_attention_mqa_and_bad_lengths():
         paged_decode_attention(q, kc, vc, tables, torch.tensor([5, 9], dtype=torch.int32),
                                scale=0.25, out=out)
     assert torch.equal(out, torch.zeros(2, 2, 16))                    # nothing written
+
+
+@pytest.mark.parametrize("dt,sdt", [(torch.float32, torch.int32), (torch.bfloat16, torch.int64)])
+def test_reshape_and_cache_copies_rows_to_slots(dt, sdt):
+    from atbcore.backends.cpu_kernels.torch_decode import reshape_and_cache
+
+    g = torch.Generator().manual_seed(4)
+    nb, bs, kv, d = 5, 4, 2, 8
+    kc, vc = torch.zeros(nb, bs, kv, d, dtype=dt), torch.zeros(nb, bs, kv, d, dtype=dt)
+    k = torch.randn(4, kv * d, generator=g).to(dt)
+    v = torch.randn(4, kv * d, generator=g).to(dt)
+    slots = torch.tensor([7, -1, 0, 19], dtype=sdt)                   # -1: padding, not stored
+    assert reshape_and_cache(k, v, kc, vc, slots)
+    want_k, want_v = torch.zeros_like(kc), torch.zeros_like(vc)
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            want_k[s // bs, s % bs] = k[t].view(kv, d)
+            want_v[s // bs, s % bs] = v[t].view(kv, d)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    before = kc.clone()
+    with pytest.raises(ShapeError, match="slot_mapping"):
+        reshape_and_cache(k, v, kc, vc, torch.tensor([1, 2, 20, 3], dtype=sdt))
+    assert torch.equal(kc, before)                                    # nothing written
+    assert not reshape_and_cache(k.half(), v.half(), kc, vc, slots)  # dtype mismatch: caller's path
