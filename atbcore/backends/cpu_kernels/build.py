@@ -38,7 +38,7 @@ from pathlib import Path
 __all__ = ["BuildResult", "build_library", "SOURCES", "cache_dir", "isa_flags"]
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "attn.c", "cache.c", "pool.c")
+SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "attn.c", "cache.c", "argmax.c", "pool.c")
 HEADERS = ("common.h", "pool.h", "simd.h", "norm.h")
 # -ffp-contract=fast: -std=c11 turns FMA contraction off, which costs the
 # polynomial loops (exp, erfc) ~30 % here; contraction only makes them more exact.

@@ -224,3 +224,20 @@ def test_reshape_and_cache_copies_rows_to_slots(dt, sdt):
         reshape_and_cache(k, v, kc, vc, torch.tensor([1, 2, 20, 3], dtype=sdt))
     assert torch.equal(kc, before)                                    # nothing written
     assert not reshape_and_cache(k.half(), v.half(), kc, vc, slots)  # dtype mismatch: caller's path
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16])
+def test_argmax_rows_matches_torch_including_ties_nan_and_inf(dt):
+    from atbcore.backends.cpu_kernels.torch_decode import argmax_rows
+
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(6, 3001, generator=g).to(dt)
+    x[1, 2000] = float("nan")                           # a NaN wins (torch's rule)
+    x[1, 2500] = float("nan")
+    x[2] = float("-inf")                                # all -inf: index 0
+    x[3, 10] = x[3, 2999] = 50.0                        # a tie: the first
+    x[4, 3000] = float("inf")
+    want = torch.argmax(x, dim=-1)
+    assert torch.equal(argmax_rows(x), want)
+    assert want.tolist()[1:4] == [2000, 0, 10]
+    assert torch.equal(argmax_rows(x[:, ::2]), torch.argmax(x[:, ::2], dim=-1))  # strided rows

@@ -54,6 +54,12 @@ def select_tokens(logits: torch.Tensor, cfg: SamplingConfig, keys: list[tuple[in
     request with ``(seed, stream) = keys[i]`` and produces the token at
     ``positions[i]``. Greedy is the argmax (first maximum)."""
     if cfg.greedy:
+        from atbcore.backends.cpu_kernels.torch_ops import why_not
+
+        if logits.dim() == 2 and why_not(logits) is None:  # CPU: one C call, torch's rule
+            from atbcore.backends.cpu_kernels.torch_decode import argmax_rows
+
+            return argmax_rows(logits).tolist()
         return torch.argmax(logits, dim=-1).tolist()
     from atbcore.operation import Builder
 
