@@ -85,10 +85,11 @@ class DecodePlan:
             return "sliding window in a static (graph) plan"
         return ""
 
-    def __init__(self, runner: Any, cache: ContiguousKVCache, static: bool = False) -> None:
+    def __init__(self, runner: Any, cache: Any, static: bool = False,
+                 batch: int | None = None) -> None:
         self.runner, self.cache, self.static = runner, cache, static
         s = runner.spec
-        b, dev, dt = cache.batch, runner.device, runner.dtype
+        b, dev, dt = cache.batch if batch is None else batch, runner.device, runner.dtype
         self.b, self.t = b, 0
         self.ids = torch.zeros(b, dtype=torch.long, device=dev)
         self.pos = torch.zeros(b, dtype=torch.long, device=dev)
@@ -118,7 +119,7 @@ class DecodePlan:
 
         r = self.runner
         probe = torch.empty(0, device=r.device, dtype=r.dtype)
-        why = why_not(probe, torch.empty(0, device=r.device, dtype=self.cache.dtype))
+        why = why_not(probe, torch.empty(0, device=r.device, dtype=self._cache_dtype()))
         if why:
             return why
         if not r.opt_level:
@@ -165,13 +166,20 @@ class DecodePlan:
             self._call(functools.partial(torch.index_select, r.pos_w, 0, self.pos, out=pe))
             self._call(functools.partial(self.x.add_, pe))
         if r.spec.rope is not None:
-            cos, sin = r.rope_tables(self.cache.capacity + 1)
+            cos, sin = r.rope_tables(self._positions())
             rd = r.spec.rope.rotary_dim
             self.cos = torch.empty(self.b, 1, rd, device=r.device)       # [B, 1, rd] fp32
             self.sin = torch.empty(self.b, 1, rd, device=r.device)
             c2, s2 = self.cos.view(self.b, rd), self.sin.view(self.b, rd)
             self._call(functools.partial(torch.index_select, cos, 0, self.pos, out=c2))
             self._call(functools.partial(torch.index_select, sin, 0, self.pos, out=s2))
+
+    def _positions(self) -> int:
+        """How many positions the step's RoPE tables cover."""
+        return self.cache.capacity + 1
+
+    def _cache_dtype(self) -> torch.dtype:
+        return self.cache.dtype
 
     def _rope(self, qk: torch.Tensor) -> None:
         """Rotate-half RoPE of ``qk`` [B, n, D] in place, via an fp32 copy of it
@@ -198,11 +206,7 @@ class DecodePlan:
         if blk.q_norm is not None:  # per-head RmsNorm before RoPE (Qwen3)
             self._call(lambda: q.copy_(blk.q_norm(q)), blk.q_norm.launches + 1)
             self._call(lambda: k.copy_(blk.k_norm(k)), blk.k_norm.launches + 1)
-        kv = self.cache.layer(blk.idx)                                   # [2, B, cap, KV, D]
-        if self.c_attn:  # C kernels: RoPE writing the cache slot, then cache attention
-            self._c_layer_attention(blk, qkv, kv)
-        else:
-            self._torch_layer_attention(blk, qkv, kv)
+        self._attend_layer(blk, qkv)
         mlp = blk
         if mlp.router is not None:
             self._moe(blk)
@@ -216,6 +220,15 @@ class DecodePlan:
             self._into(mlp.up, blk.mlp_norm, gu)
         act = mlp.act
         self._acc(mlp.down, lambda: act(gu), act.k.launches if act.k is not None else 3)
+
+    def _attend_layer(self, blk: Any, qkv: torch.Tensor) -> None:
+        """RoPE of the step's q/k in ``qkv``, its k/v into the cache, and ``x +=
+        o(attention)``."""
+        kv = self.cache.layer(blk.idx)                                   # [2, B, cap, KV, D]
+        if self.c_attn:  # C kernels: RoPE writing the cache slot, then cache attention
+            self._c_layer_attention(blk, qkv, kv)
+        else:
+            self._torch_layer_attention(blk, qkv, kv)
 
     def _torch_layer_attention(self, blk: Any, qkv: torch.Tensor, kv: torch.Tensor) -> None:
         """RoPE, cache write and attention with torch ops (and the RoPE op's kernel)."""

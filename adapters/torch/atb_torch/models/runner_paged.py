@@ -50,11 +50,20 @@ class PagedMixin:
         """Packed new tokens ``input_ids`` [T] of ``batch.seq_ids`` (a ``PagedBatch``
         from ``cache.prepare_prefill`` / ``prepare_decode``); writes their keys and
         values into the paged ``cache`` and returns logits ``[B, V]`` of each
-        sequence's last new token (``[T, V]`` with ``all_logits``)."""
+        sequence's last new token (``[T, V]`` with ``all_logits``). On the CPU a step
+        of one token per sequence runs as a prebuilt plan of C kernels
+        (:mod:`.paged_plan`)."""
         if self.spec.kind != "decoder":
             raise CapabilityError("compile", "forward_paged() of an encoder", "encode()",
                                   self.spec.arch)
         pos = batch.positions.to(self.device).long()
+        if input_ids.numel() == len(batch.seq_ids) and self.device.type == "cpu":
+            from .paged_plan import paged_plan_for  # one token per sequence: a decode step
+
+            plan = paged_plan_for(self, cache, batch)
+            if plan is not None:
+                self.stats["plan_steps"] += 1
+                return plan.step(input_ids.reshape(-1), pos, batch).clone()
         x = self.embed(input_ids.reshape(-1)[None].to(self.device), pos[None])   # [1, T, H]
         cos, sin = self._cos_sin(pos[None])
         # a prefill with no cached context attends over its packed tokens directly
@@ -104,3 +113,4 @@ class PagedMixin:
         decode step rebuilds it from the paged cache)."""
         if self._decode_kv is not None:
             self._decode_kv.reset()
+        self.__dict__.pop("_paged_plan", None)  # and the paged decode plan's buffers

@@ -164,6 +164,9 @@ def test_forward_paged_matches_hf_per_sequence(llama, prefix, kept, monkeypatch)
     assert np.isfinite(logits.numpy()).all()
     if not kept:
         assert r._decode_kv is None  # the C kernel needs no copy
+        assert r._paged_plan is not None and r.stats["plan_steps"] == 6  # the paged plan ran
+        r.release_decode_kv()
+        assert "_paged_plan" not in r.__dict__
         return
     assert r._decode_kv.rebuilds == 2  # once at the first decode step, once when "c" left
     r.release_decode_kv()  # LLM.close() does this: the kept copy's memory goes now

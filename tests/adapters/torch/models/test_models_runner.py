@@ -120,6 +120,8 @@ def test_paged_matches_contiguous_per_arch(arch):
         batch = paged.prepare_decode(["a", "b"], [[int(t)] for t in nxt])
         logits = r.forward_paged(nxt, batch, paged)
         ref = torch.cat([r.decode(nxt[i:i + 1], c).clone() for i, c in enumerate(caches)])
+    # the paged decode steps ran as the prebuilt paged plan (C kernels on the CPU)
+    assert r.__dict__.get("_paged_plan") is not None and r._paged_plan.b == 2
 
 
 def test_hf_cache_in_and_growth(llama):
