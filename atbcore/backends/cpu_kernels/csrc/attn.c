@@ -138,6 +138,12 @@ static inline __attribute__((always_inline)) void pv_tile(
         const float *vr = atb_load(P(a->v), (int)a->kv_dt,
                                    row_at(a, sh, b, pos, a->v_sb, a->v_ss) + kh * a->v_sh,
                                    16 * NV, row);
+        if (s + 8 < L) { /* the value row 8 keys ahead */
+            const int64_t es = atb_dt_size((int)a->kv_dt);
+            const char *pv = (const char *)P(a->v) +
+                             (row_at(a, sh, b, pos + 8, a->v_sb, a->v_ss) + kh * a->v_sh) * es;
+            for (int64_t o = 0; o < 16 * NV * es; o += 64) _mm_prefetch(pv + o, _MM_HINT_T0);
+        }
         __m512 p[8];
         for (int jj = 0; jj < NH; ++jj) p[jj] = _mm512_set1_ps(sc[(j0 + jj) * L + s]);
         for (int c = 0; c < NV; ++c) {
