@@ -67,8 +67,8 @@ static void apply(int act, int64_t m, const float *x, float *v) {
     }
 }
 
-static void act_rows(const ActArgs *pa, int64_t r0, int64_t r1) {
-    const ActArgs a = *pa;
+static void act_rows(void *ctx, int64_t r0, int64_t r1) {
+    const ActArgs a = *(const ActArgs *)ctx;
     const int dt = (int)a.dt, bdt = (int)a.bias_dt;
     float bx[ATB_BLOCK], bu[ATB_BLOCK], bb[ATB_BLOCK];
     for (int64_t r = r0; r < r1; ++r)
@@ -99,28 +99,11 @@ static void act_rows(const ActArgs *pa, int64_t r0, int64_t r1) {
         }
 }
 
-typedef struct {
-    const ActArgs *a;
-    int64_t per;
-} ActJob;
-
-static void act_chunk(void *ctx, int64_t c) {
-    const ActJob *j = (const ActJob *)ctx;
-    int64_t r0 = c * j->per, r1 = r0 + j->per < j->a->rows ? r0 + j->per : j->a->rows;
-    act_rows(j->a, r0, r1);
-}
-
 ATB_API int64_t atb_activation(const void *args) {
     ActArgs a;
     memcpy(&a, args, sizeof a);
     if (!a.x || !a.y || a.n < 0 || a.rows < 0 || a.act < 0 || a.act > ACT_NONE)
         return ATB_ERR_ARGS;
-    int nth = a.threads > 1 && a.rows * a.n >= (64 << 10) ? (int)a.threads : 1;
-    if (nth == 1) {
-        act_rows(&a, 0, a.rows);
-        return 0;
-    }
-    ActJob j = {&a, (a.rows + 4 * nth - 1) / (4 * nth)};
-    atb_parallel_chunks(act_chunk, &j, (a.rows + j.per - 1) / j.per, nth);
+    atb_parallel_rows(act_rows, &a, a.rows, a.rows * a.n, (int)a.threads);
     return 0;
 }

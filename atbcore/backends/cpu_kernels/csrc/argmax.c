@@ -38,24 +38,15 @@ static int64_t row_argmax(const ArgmaxArgs *a, int64_t r) {
     return 0; /* every element -inf: the first */
 }
 
-typedef struct {
-    const ArgmaxArgs *a;
-    int64_t per;
-} ArgmaxJob;
-
-static void argmax_chunk(void *ctx, int64_t c) {
-    const ArgmaxJob *j = (const ArgmaxJob *)ctx;
-    int64_t r0 = c * j->per, r1 = r0 + j->per < j->a->rows ? r0 + j->per : j->a->rows;
-    for (int64_t r = r0; r < r1; ++r) ((int64_t *)P(j->a->out))[r] = row_argmax(j->a, r);
+static void argmax_rows(void *ctx, int64_t r0, int64_t r1) {
+    const ArgmaxArgs *a = (const ArgmaxArgs *)ctx;
+    for (int64_t r = r0; r < r1; ++r) ((int64_t *)P(a->out))[r] = row_argmax(a, r);
 }
 
 ATB_API int64_t atb_argmax(const void *args) {
     ArgmaxArgs a;
     memcpy(&a, args, sizeof a);
     if (!a.x || !a.out || a.rows < 0 || a.n <= 0 || a.dt < 0 || a.dt > ATB_F16) return ATB_ERR_ARGS;
-    int nth = a.threads > 1 && a.rows > 1 && a.rows * a.n >= (64 << 10) ? (int)a.threads : 1;
-    ArgmaxJob j = {&a, nth > 1 ? (a.rows + nth - 1) / nth : a.rows};
-    if (a.rows == 0) return 0;
-    atb_parallel_chunks(argmax_chunk, &j, (a.rows + j.per - 1) / j.per, nth);
+    atb_parallel_rows(argmax_rows, &a, a.rows, a.rows * a.n, (int)a.threads);
     return 0;
 }

@@ -138,39 +138,18 @@ static int layer_norm(const void *x, const void *res, void *sum, void *y, const 
 
 #define P(v) ((void *)(intptr_t)(v))
 
-/* rows split over the pool when the call is big enough to pay for a hand-off */
-typedef struct {
-    const NormArgs *a;
-    int layer;
-    int64_t per;
-} NormJob;
-
-static void norm_rows(const NormArgs *a, int layer, int64_t r0, int64_t r1) {
-    if (layer)
-        layer_norm(P(a->x), P(a->res), P(a->sum), P(a->y), P(a->w), P(a->b), (int)a->dt,
-                   (int)a->w_dt, (int)a->b_dt, r0, r1, a->n, a->x_stride, a->res_stride,
-                   a->sum_stride, a->y_stride, (float)a->eps);
-    else
-        atb_rms_norm_rows(P(a->x), P(a->res), P(a->sum), P(a->y), P(a->w), (int)a->dt, (int)a->w_dt, r0,
-                 r1, a->n, a->x_stride, a->res_stride, a->sum_stride, a->y_stride, (float)a->eps,
-                 (float)a->w_offset);
+static void rms_rows(void *ctx, int64_t r0, int64_t r1) {
+    const NormArgs *a = (const NormArgs *)ctx;
+    atb_rms_norm_rows(P(a->x), P(a->res), P(a->sum), P(a->y), P(a->w), (int)a->dt, (int)a->w_dt,
+                      r0, r1, a->n, a->x_stride, a->res_stride, a->sum_stride, a->y_stride,
+                      (float)a->eps, (float)a->w_offset);
 }
 
-static void norm_chunk(void *ctx, int64_t c) {
-    const NormJob *j = (const NormJob *)ctx;
-    int64_t r0 = c * j->per, r1 = r0 + j->per < j->a->rows ? r0 + j->per : j->a->rows;
-    norm_rows(j->a, j->layer, r0, r1);
-}
-
-static int64_t run_norm(const NormArgs *a, int layer) {
-    int nth = a->threads > 1 && a->rows * a->n >= (64 << 10) ? (int)a->threads : 1;
-    if (nth == 1) {
-        norm_rows(a, layer, 0, a->rows);
-        return 0;
-    }
-    NormJob j = {a, layer, (a->rows + 4 * nth - 1) / (4 * nth)};
-    atb_parallel_chunks(norm_chunk, &j, (a->rows + j.per - 1) / j.per, nth);
-    return 0;
+static void layer_rows(void *ctx, int64_t r0, int64_t r1) {
+    const NormArgs *a = (const NormArgs *)ctx;
+    layer_norm(P(a->x), P(a->res), P(a->sum), P(a->y), P(a->w), P(a->b), (int)a->dt,
+               (int)a->w_dt, (int)a->b_dt, r0, r1, a->n, a->x_stride, a->res_stride,
+               a->sum_stride, a->y_stride, (float)a->eps);
 }
 
 /* y = x / sqrt(mean(x^2) + eps) * (w + w_offset), x = x (+ residual); w optional */
@@ -178,7 +157,8 @@ ATB_API int64_t atb_rms_norm(const void *args) {
     NormArgs a;
     memcpy(&a, args, sizeof a);
     if (a.n <= 0 || a.rows < 0 || !a.x || !a.y) return ATB_ERR_ARGS;
-    return run_norm(&a, 0);
+    atb_parallel_rows(rms_rows, &a, a.rows, a.rows * a.n, (int)a.threads);
+    return 0;
 }
 
 /* y = (x - mean) / sqrt(var + eps) * w + b, x = x (+ residual); w, b optional */
@@ -186,5 +166,6 @@ ATB_API int64_t atb_layer_norm(const void *args) {
     NormArgs a;
     memcpy(&a, args, sizeof a);
     if (a.n <= 0 || a.rows < 0 || !a.x || !a.y) return ATB_ERR_ARGS;
-    return run_norm(&a, 1);
+    atb_parallel_rows(layer_rows, &a, a.rows, a.rows * a.n, (int)a.threads);
+    return 0;
 }

@@ -182,6 +182,28 @@ void atb_parallel_chunks(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
     pthread_mutex_unlock(&g_call_mu);
 }
 
+typedef struct {
+    atb_rows_fn fn;
+    void *ctx;
+    int64_t rows, per;
+} RowsJob;
+
+static void rows_chunk(void *ctx, int64_t c) {
+    const RowsJob *j = (const RowsJob *)ctx;
+    int64_t r0 = c * j->per, r1 = r0 + j->per < j->rows ? r0 + j->per : j->rows;
+    j->fn(j->ctx, r0, r1);
+}
+
+void atb_parallel_rows(atb_rows_fn fn, void *ctx, int64_t rows, int64_t work, int nth) {
+    if (rows <= 0) return;
+    if (nth <= 1 || rows == 1 || work < ATB_ROWS_MIN_WORK) {
+        fn(ctx, 0, rows);
+        return;
+    }
+    RowsJob j = {fn, ctx, rows, (rows + 4 * (int64_t)nth - 1) / (4 * (int64_t)nth)};
+    atb_parallel_chunks(rows_chunk, &j, (rows + j.per - 1) / j.per, nth);
+}
+
 ATB_API int64_t atb_pool_stats(int64_t *out) {
     if (!out) return ATB_ERR_ARGS;
     out[0] = g_n_parallel;
