@@ -20,7 +20,8 @@ from .torch_ops import (DTYPE_CODES, _ROPE, _check, _deliver, _fn, _rope_fields,
                         _rows, _unit_last)
 
 __all__ = ["linear_rows", "LINEAR_WEIGHT_DTYPES", "decode_attention", "decode_attention_bound",
-           "paged_decode_attention", "rope_cache_bound", "reshape_and_cache", "argmax_rows"]
+           "paged_decode_attention", "rope_cache_bound", "rope_bound", "reshape_and_cache",
+           "argmax_rows"]
 
 # weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
 LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
@@ -74,6 +75,16 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
     return _deliver(out, y)
 
 
+def _attention_dtypes(op: str, named: tuple) -> None:
+    """q, keys, values (name, tensor) in the kernel's dtypes, the caches alike."""
+    for name, t in named:
+        if t.dtype not in DTYPE_CODES:
+            raise DtypeError(op, name, "float32, bfloat16 or float16", str(t.dtype))
+    (_, k), (vname, v) = named[1], named[2]
+    if v.dtype != k.dtype:
+        raise DtypeError(op, vname, f"the key cache's dtype {k.dtype}", str(v.dtype))
+
+
 def decode_attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                            key_mask: torch.Tensor | None = None,
                            out: torch.Tensor | None = None) -> Callable[[int, int], torch.Tensor]:
@@ -95,11 +106,7 @@ def decode_attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         raise ShapeError(op, "q against the cache", "the same batch and head_dim (<= 512), "
                          "query heads a multiple of KV heads", f"q {tuple(q.shape)}, cache "
                          f"{tuple(k.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in DTYPE_CODES:
-            raise DtypeError(op, name, "float32, bfloat16 or float16", str(t.dtype))
-    if k.dtype != v.dtype:
-        raise DtypeError(op, "v", f"the key cache's dtype {k.dtype}", str(v.dtype))
+    _attention_dtypes(op, (("q", q), ("k", k), ("v", v)))
     if out is None:
         out = torch.empty(b, h, d, dtype=q.dtype)
     if out.shape != q.shape or out.dtype not in DTYPE_CODES:
@@ -152,12 +159,7 @@ def paged_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache
                          "with q's D (<= 512), query heads a multiple of KV heads",
                          f"q {tuple(q.shape)}, caches {tuple(key_cache.shape)}, "
                          f"{tuple(value_cache.shape)}")
-    for name, t in (("q", q), ("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype not in DTYPE_CODES:
-            raise DtypeError(op, name, "float32, bfloat16 or float16", str(t.dtype))
-    if value_cache.dtype != key_cache.dtype:
-        raise DtypeError(op, "value_cache", f"the key cache's dtype {key_cache.dtype}",
-                         str(value_cache.dtype))
+    _attention_dtypes(op, (("q", q), ("key_cache", key_cache), ("value_cache", value_cache)))
     ints = (torch.int32, torch.int64)
     if (block_tables.dim() != 2 or block_tables.shape[0] != b or block_tables.dtype not in ints
             or context_lens.shape != (b,) or context_lens.dtype not in ints):
@@ -199,6 +201,30 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n: in
     return _deliver(out, res)
 
 
+def _rope_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None, *,
+                head_dim: int, rotary_dim: int, op: str) -> Callable[[int], None]:
+    b = q.shape[0]
+    hq, hk = q.shape[-1] // head_dim, k.shape[-1] // head_dim
+    q3, k3 = q.view(b, 1, -1), k.view(b, 1, -1)
+    v3 = None if v is None else v.view(b, 1, -1)
+    cap = 0 if k_cache is None else k_cache.shape[1]
+    fields, keep = _rope_fields(q3, k3, cos, sin, layout="BSH", head_dim=head_dim,
+                                rotary_dim=rotary_dim, q_heads=hq, k_heads=hk, interleave=False,
+                                batch=b, seq=1, table_len=1,
+                                k_out=k3 if k_cache is None else k_cache, v=v3, v_out=v_cache,
+                                cache_len=cap)
+    if keep[0] is not q3 or keep[2] is not k3 or keep[4] is not v3 or keep[6] is not cos:
+        raise ShapeError(op, "q/k/v/cos/sin", "unit-stride last dims", "a strided tensor")
+    fn, pack = _fn("rope"), _ROPE.pack
+
+    def call(slot: int = 0) -> None:
+        _rope_status(fn(pack(*fields, slot)), cap)
+        return None
+    call.keep = keep  # type: ignore[attr-defined]
+    return call
+
+
 def rope_cache_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
                      head_dim: int, rotary_dim: int) -> Callable[[int], None]:
@@ -206,24 +232,18 @@ def rope_cache_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
     ``v`` copied into the caches [B, cap, Hk, D] at slot ``call(slot)``. ``cos``/``sin``
     are the step's per-row tables [B, 1, rd] (fp32). The tensors must stay alive and
     in place while the call is used (their addresses are packed once)."""
-    b = q.shape[0]
-    hq, hk = q.shape[-1] // head_dim, k.shape[-1] // head_dim
-    q3, k3, v3 = q.view(b, 1, -1), k.view(b, 1, -1), v.view(b, 1, -1)
-    cap = k_cache.shape[1]
-    fields, keep = _rope_fields(q3, k3, cos, sin, layout="BSH", head_dim=head_dim,
-                                rotary_dim=rotary_dim, q_heads=hq, k_heads=hk, interleave=False,
-                                batch=b, seq=1, table_len=1, k_out=k_cache, v=v3,
-                                v_out=v_cache, cache_len=cap)
-    if keep[0] is not q3 or keep[2] is not k3 or keep[4] is not v3 or keep[6] is not cos:
-        raise ShapeError("rope_cache_bound", "q/k/v/cos/sin", "unit-stride last dims",
-                         "a strided tensor")
-    fn, pack = _fn("rope"), _ROPE.pack
+    return _rope_bound(q, k, v, cos, sin, k_cache, v_cache, head_dim=head_dim,
+                       rotary_dim=rotary_dim, op="rope_cache_bound")
 
-    def call(slot: int) -> None:
-        _rope_status(fn(pack(*fields, slot)), cap)
-        return None
-    call.keep = keep  # type: ignore[attr-defined]
-    return call
+
+def rope_bound(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+               head_dim: int, rotary_dim: int) -> Callable[[], None]:
+    """Bind the decode step's RoPE of ``q`` [B, Hq*D] and ``k`` [B, Hk*D] in place
+    (per-row fp32 tables [B, 1, rd]); ``call()`` rotates them. As
+    :func:`rope_cache_bound`, without the cache write (a paged cache takes its rows
+    through :func:`reshape_and_cache`)."""
+    return _rope_bound(q, k, None, cos, sin, None, None, head_dim=head_dim,
+                       rotary_dim=rotary_dim, op="rope_bound")
 
 
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,

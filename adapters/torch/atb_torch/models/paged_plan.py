@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from atbcore.backends.cpu_kernels import torch_ops as ck
-from atbcore.backends.cpu_kernels.torch_decode import paged_decode_attention, reshape_and_cache
+from atbcore.backends.cpu_kernels.torch_decode import (paged_decode_attention, reshape_and_cache,
+                                                       rope_bound)
 
 from .kernels import ROWS_MAX
 from .plan import DecodePlan
@@ -83,16 +84,17 @@ class PagedDecodePlan(DecodePlan):
 
     def _attend_layer(self, blk: Any, qkv: torch.Tensor) -> None:
         s, b = self.runner.spec, self.b
-        qs, ks, hd, nh, nkv = s.q_size, s.kv_size, s.head_dim, s.num_heads, s.num_kv_heads
+        qs, ks, hd, nh = s.q_size, s.kv_size, s.head_dim, s.num_heads
         q, k, v = qkv[:, :qs], qkv[:, qs:qs + ks], qkv[:, qs + ks:]
         kc, vc = self.cache.key_cache(blk.idx), self.cache.value_cache(blk.idx)
-        if s.rope is not None:
-            q3, k3 = q.view(b, 1, qs), k.view(b, 1, ks)
-            cos, sin, rd = self.cos, self.sin, s.rope.rotary_dim
-            self._call(lambda: ck.rope(q3, k3, cos, sin, layout="BSH", head_dim=hd, rotary_dim=rd,
-                                       q_heads=nh, k_heads=nkv, interleave=False, batch=b, seq=1,
-                                       table_len=1, k_out=k3))
-        self._call(lambda: reshape_and_cache(k, v, kc, vc, self.slots))
+        if s.rope is not None:  # q and k rotated in place (arguments packed once)
+            self._call(rope_bound(q, k, self.cos, self.sin, head_dim=hd,
+                                  rotary_dim=s.rope.rotary_dim))
+
+        def write() -> None:  # the plan's layout is one the C copy takes (checked when built)
+            if not reshape_and_cache(k, v, kc, vc, self.slots):
+                raise RuntimeError("paged plan: ReshapeAndCache refused the plan's own buffers")
+        self._call(write)
         out = torch.empty(b, nh, hd, dtype=qkv.dtype)
         qh, win = q.view(b, nh, hd), blk.window
         scale = blk.scale if blk.scale is not None else hd ** -0.5
@@ -108,11 +110,5 @@ class PagedDecodePlan(DecodePlan):
         self.slots.copy_(batch.slot_mapping)
         self.lens.copy_(batch.context_lens)
         self.tables[:, :batch.block_tables.shape[1]].copy_(batch.block_tables)
-        with self._parked():
-            self._run()
+        self._execute()
         return self.logits
-
-    def _parked(self) -> Any:
-        from atbcore.backends.cpu_kernels.threads import parked_torch_threads
-
-        return parked_torch_threads()

@@ -331,6 +331,16 @@ class DecodePlan:
         for c in self.calls:
             c()
 
+    def _execute(self) -> None:
+        """Run the bound calls once: the CUDA graph's replay when captured."""
+        if self.graph is not None:
+            self.graph.replay()
+        elif self.parked:  # torch's pool parked so its spinning workers leave the C pool the cores
+            with parked_torch_threads():
+                self._run()
+        else:
+            self._run()
+
     def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One token per row: ``ids``/``positions`` int [B]. Writes the cache slot
         ``cache.length`` and advances it; returns logits ``[B, V]`` (this buffer is
@@ -342,13 +352,7 @@ class DecodePlan:
         if self.static:
             self.t_buf.fill_(t)
             self.mbuf[:, 0, 0, t] = True if cache.key_mask is None else cache.key_mask[:, t]
-        if self.graph is not None:
-            self.graph.replay()
-        elif self.parked:  # torch's pool parked so its spinning workers leave the C pool the cores
-            with parked_torch_threads():
-                self._run()
-        else:
-            self._run()
+        self._execute()
         cache.length = t + 1
         return self.logits
 
