@@ -61,11 +61,19 @@ def test_linear_rows_strided_input_and_threads():
 
     x = torch.randn(4, 2 * 200)[:, ::2]                   # rows not unit-stride: copied
     w = torch.randn(3000, 200)
+    from atbcore.backends.cpu_kernels.bindings import pool_stats
+
     keep = torch.get_num_threads()
     try:
         for th in (1, 2):
             torch.set_num_threads(th)
+            before = pool_stats()
             assert_close(linear_rows(x, w), _ref(x, w).astype(np.float32), "fp32", "strided")
+            after = pool_stats()
+            handed = [after[k] - before[k] for k in ("parallel_jobs", "backoff_jobs")]
+            # one thread never reaches the pool; two split the 2.4 MB weight (or back
+            # off to one thread on a busy machine, which the pool counts too)
+            assert sum(handed) == (0 if th == 1 else 1), (th, before, after)
     finally:
         torch.set_num_threads(keep)
     with pytest.raises(ValueError):

@@ -16,7 +16,6 @@ sampled one, which is the next step's input.
 from __future__ import annotations
 
 import contextlib
-
 import time
 from collections import deque
 from dataclasses import dataclass, field
