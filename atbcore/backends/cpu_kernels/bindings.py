@@ -25,7 +25,7 @@ __all__ = ["library", "unavailable_reason", "build_info", "entry", "pool_stats",
 
 ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", "atb_softmax",
                 "atb_linear_rows", "atb_decode_attention", "atb_reshape_and_cache",
-                "atb_argmax")
+                "atb_argmax", "atb_prefill_attention")
 
 # Lists that record C kernel calls while a LaunchCounter is active (a stack:
 # counters may nest). Kernel wrappers append their name to the innermost one.
@@ -87,14 +87,15 @@ def build_info() -> BuildResult:
 def pool_stats() -> dict[str, int]:
     """Counters of the C kernels' thread pool since the library loaded: jobs split
     across threads, jobs run on the caller alone because of a back-off, back-offs
-    (a worker came late, so the next jobs ran single-threaded), workers started."""
+    (a worker came late, so the next jobs ran single-threaded), workers started, and
+    prefill-sized jobs run on the process's OpenMP team (torch's) instead."""
+    keys = ("parallel_jobs", "backoff_jobs", "backoffs", "workers", "team_jobs")
     lib = library()
     if lib is None:
-        return {"parallel_jobs": 0, "backoff_jobs": 0, "backoffs": 0, "workers": 0}
-    out = (ctypes.c_int64 * 4)()
+        return dict.fromkeys(keys, 0)
+    out = (ctypes.c_int64 * len(keys))()
     lib.atb_pool_stats(out)
-    return {"parallel_jobs": out[0], "backoff_jobs": out[1], "backoffs": out[2],
-            "workers": out[3]}
+    return dict(zip(keys, out))
 
 
 def entry(name: str) -> Callable[[bytes], int]:

@@ -38,7 +38,7 @@ from pathlib import Path
 __all__ = ["BuildResult", "build_library", "SOURCES", "cache_dir", "isa_flags"]
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "attn.c", "cache.c", "argmax.c", "pool.c")
+SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "attn.c", "flash.c", "cache.c", "argmax.c", "pool.c")
 HEADERS = ("common.h", "pool.h", "simd.h", "norm.h")
 # -ffp-contract=fast: -std=c11 turns FMA contraction off, which costs the
 # polynomial loops (exp, erfc) ~30 % here; contraction only makes them more exact.
@@ -126,7 +126,7 @@ def _compile(cc: str, flags: tuple[str, ...], dest: Path) -> str:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=dest.parent)
     os.close(fd)
-    cmd = [cc, *BASE_FLAGS, *flags, *(str(CSRC / s) for s in SOURCES), "-o", tmp, "-lm", "-lpthread"]
+    cmd = [cc, *BASE_FLAGS, *flags, *(str(CSRC / s) for s in SOURCES), "-o", tmp, "-lm", "-lpthread", "-ldl"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if r.returncode != 0:

@@ -25,6 +25,9 @@ from typing import Any, Callable
 
 import torch
 
+from atbcore.backends.cpu_kernels import torch_ops as ck
+from atbcore.backends.cpu_kernels.torch_prefill import MAX_HEAD_DIM, prefill_attention
+
 from .arch import LayerWeights, ModelSpec
 from .kernels import Act, Kern, Lin, Norm, Prep, detach, moe_forward
 
@@ -159,7 +162,19 @@ class DecoderBlock:
     def _attend_packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        lens: list[int]) -> torch.Tensor:
         """Causal attention of each sequence over its own tokens: q/k/v [1, T, Q|KV]
-        packed, ``lens`` tokens per sequence; returns [1, T, Q]."""
+        packed, ``lens`` tokens per sequence; returns [1, T, Q]. On the CPU one C
+        call serves every sequence (the packed slices read in place), else one
+        FlashAttention call per sequence."""
+        s, t = self.spec, q.shape[1]
+        if ck.why_not(q, k, v) is None and s.head_dim <= MAX_HEAD_DIM:
+            nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
+            out = torch.empty(1, t, s.q_size, dtype=q.dtype)
+            prefill_attention(q[0].reshape(t, nh, hd), k[0].reshape(t, nkv, hd),
+                              v[0].reshape(t, nkv, hd),
+                              scale=self.scale if self.scale is not None else hd ** -0.5,
+                              q_lens=lens, causal=True, window=self.window,
+                              out=out[0].view(t, nh, hd))
+            return out
         fa, outs, a = self.fa[True], [], 0
         for n in lens:
             outs.append(fa(q=q[:, a:a + n], k=k[:, a:a + n], v=v[:, a:a + n])[0])

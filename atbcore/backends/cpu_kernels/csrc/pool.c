@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include "pool.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -49,7 +50,7 @@ static int g_atfork;
 static int g_backoff;                 /* jobs left to run single-threaded */
 static int g_backoff_len = ATB_BACKOFF_MIN; /* the next back-off's length */
 /* counters for atb_pool_stats (read without the lock: diagnostics only) */
-static int64_t g_n_parallel, g_n_backoff_jobs, g_n_backoffs;
+static int64_t g_n_parallel, g_n_backoff_jobs, g_n_backoffs, g_n_team;
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -182,6 +183,50 @@ void atb_parallel_chunks(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
     pthread_mutex_unlock(&g_call_mu);
 }
 
+/* libgomp's entry for `#pragma omp parallel` (its ABI since GCC 4.9) */
+typedef void (*gomp_parallel_t)(void (*)(void *), void *, unsigned, unsigned);
+static _Atomic(gomp_parallel_t) g_gomp;
+
+/* GOMP_parallel of the libgomp already in the process (torch's), else NULL: looked
+ * up with RTLD_NOLOAD, so no OpenMP runtime is ever loaded by this library */
+static gomp_parallel_t gomp_parallel(void) {
+    gomp_parallel_t f = atomic_load_explicit(&g_gomp, memory_order_acquire);
+    if (f) return f;
+    void *h = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return NULL;
+    void *sym = dlsym(h, "GOMP_parallel");
+    dlclose(h);  /* only drops the reference NOLOAD took: the runtime stays loaded */
+    memcpy(&f, &sym, sizeof f);
+    atomic_store_explicit(&g_gomp, f, memory_order_release);
+    return f;
+}
+
+typedef struct {
+    atb_chunk_fn fn;
+    void *ctx;
+    int64_t n;
+    atomic_int_fast64_t next;
+} TeamJob;
+
+static void team_body(void *arg) {
+    TeamJob *j = (TeamJob *)arg;
+    for (int64_t c; (c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;)
+        j->fn(j->ctx, c);
+}
+
+void atb_parallel_chunks_big(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
+    if (nchunks <= 0) return;
+    if (nth > ATB_POOL_MAX) nth = ATB_POOL_MAX;
+    gomp_parallel_t team = nth > 1 && nchunks > 1 ? gomp_parallel() : NULL;
+    if (!team) {
+        atb_parallel_chunks(fn, ctx, nchunks, nth);
+        return;
+    }
+    TeamJob j = {fn, ctx, nchunks, 0};
+    ++g_n_team;
+    team(team_body, &j, (unsigned)(nth < nchunks ? nth : nchunks), 0);
+}
+
 typedef struct {
     atb_rows_fn fn;
     void *ctx;
@@ -201,7 +246,10 @@ void atb_parallel_rows(atb_rows_fn fn, void *ctx, int64_t rows, int64_t work, in
         return;
     }
     RowsJob j = {fn, ctx, rows, (rows + 4 * (int64_t)nth - 1) / (4 * (int64_t)nth)};
-    atb_parallel_chunks(rows_chunk, &j, (rows + j.per - 1) / j.per, nth);
+    if (work >= ATB_ROWS_BIG_WORK)
+        atb_parallel_chunks_big(rows_chunk, &j, (rows + j.per - 1) / j.per, nth);
+    else
+        atb_parallel_chunks(rows_chunk, &j, (rows + j.per - 1) / j.per, nth);
 }
 
 ATB_API int64_t atb_pool_stats(int64_t *out) {
@@ -210,5 +258,6 @@ ATB_API int64_t atb_pool_stats(int64_t *out) {
     out[1] = g_n_backoff_jobs;
     out[2] = g_n_backoffs;
     out[3] = g_workers;
+    out[4] = g_n_team;
     return 0;
 }

@@ -24,6 +24,30 @@ static inline __attribute__((always_inline)) __m512 atb_reduce16(const __m512 v[
     return _mm512_add_ps(_mm512_shuffle_f32x4(g[0], g[1], 0x88),
                          _mm512_shuffle_f32x4(g[0], g[1], 0xdd));
 }
+
+/* atb_expf (common.h) on 16 lanes: the same Cephes polynomial after a 2^k split,
+ * exp(x < -87.3) = 0 (so exp(-inf) = 0), NaN stays NaN, saturating above 88.7 */
+static inline __attribute__((always_inline)) __m512 atb_exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.33654022216797f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    /* max/min return their second operand when either is NaN: a NaN x passes */
+    __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.72283935546875f), _mm512_max_ps(lo, x));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    /* p * 2^(k-1) * 2: k = 128 (x near hi) stays a normal float */
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(126)), 23);
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(e)), _mm512_set1_ps(2.0f));
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
 #endif
 
 #endif

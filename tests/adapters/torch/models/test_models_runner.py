@@ -63,6 +63,27 @@ def test_static_plan_matches_dynamic(llama):
     assert dyn.parked and torch.get_num_threads() == threads
 
 
+def test_paged_prefill_attends_in_one_c_call_per_layer(llama):
+    """Fresh prompts packed in one paged prefill: one C prefill attention per layer for
+    all of them, and each prompt's last logits equal HF's."""
+    from atbcore.backends.cpu_kernels import available
+    from atbcore.backends.cpu_kernels.counting import LaunchCounter
+
+    r = ModelRunner.from_hf(llama, opt_level=2)
+    s = r.spec
+    prompts = [torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(n))
+               for n in (5, 70, 1)]
+    paged = PagedKVCache(s.num_layers, num_blocks=64, block_size=4, num_kv_heads=s.num_kv_heads,
+                         head_dim=s.head_dim, dtype="fp32")
+    batch = paged.prepare_prefill(["a", "b", "c"], [p.tolist() for p in prompts])
+    with LaunchCounter() as c:
+        logits = r.forward_paged(torch.cat(prompts), batch, paged)
+    assert c.ops.count("prefill_attention") == (s.num_layers if available() else 0)
+    with torch.no_grad():
+        for i, p in enumerate(prompts):
+            assert_close(logits[i], llama(p[None]).logits[0, -1], "fp32", f"prompt {i} vs HF")
+
+
 def test_paged_forward_matches_contiguous(llama):
     r = ModelRunner.from_hf(llama, opt_level=2)
     s = r.spec
