@@ -96,6 +96,10 @@ class TorchBacking(Backing):
         self.device = str(dev)
 
     def allocate(self, nbytes: int) -> Any:
+        if self.tdevice.type == "cpu":  # arenas (KV caches) on huge pages where the OS allows
+            from .hugepages import empty
+
+            return empty((nbytes,), self._torch.uint8)
         return self._torch.empty(nbytes, dtype=self._torch.uint8, device=self.tdevice)
 
     def address(self, buf: Any) -> int:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from atbcore.backends import get_backend
+from atbcore.memory import hugepages
 from atbcore.ops import get_op
 
 __all__ = ["Kern", "Lin", "Norm", "Act", "Prep", "moe_forward", "detach", "ROWS_MAX"]
@@ -97,6 +98,24 @@ def _rows_reason(prep: Prep) -> str:
     return unavailable_reason() or ""
 
 
+def _rows_weight(ws: list, params: list, prep: Prep) -> torch.Tensor:
+    """The ``[out, in]`` weight the C few-row matmul streams every decode step, on huge
+    pages (:mod:`atbcore.memory.hugepages`): a merged one is built there; a single
+    model parameter already in the right dtype moves there itself (its ``.data``), so
+    the model and the runner keep sharing one copy."""
+    if len(ws) > 1:
+        rows = sum(w.shape[0] for w in ws)
+        out = hugepages.empty((rows, ws[0].shape[1]), prep.dtype)
+        return torch.cat([w.to(prep.dtype) for w in ws], out=out)
+    w = ws[0].to(prep.device, prep.dtype).contiguous()
+    placed = hugepages.place(w)
+    p = params[0]
+    if (placed is not w and isinstance(p, torch.nn.Parameter) and p.data_ptr() == w.data_ptr()
+            and p.shape == w.shape and p.dtype == w.dtype and p.is_contiguous()):
+        p.data = placed  # the model's own tensor moves: no second copy stays behind
+    return placed
+
+
 class Lin:
     """A (possibly merged) Linear: ``lin(x) -> [..., out]``.
 
@@ -124,6 +143,8 @@ class Lin:
             w = torch.cat(ws) if len(ws) > 1 else ws[0]
             self.w, scale = quantize_w8(w)
             self.w = self.w.to(prep.device).contiguous()
+            if not self.rows_why:  # the C matmul streams it every decode step
+                self.w = hugepages.place(self.w)
             # bf16 activations take the int8pack kernel only with bf16 scales
             self.scale = scale.to(prep.device, torch.bfloat16 if prep.dtype == torch.bfloat16
                                   else torch.float32)
@@ -132,8 +153,7 @@ class Lin:
             self.mode = "w8"
             self.k = Kern("Linear", quant="w8", bias=self.b is not None)
         elif prep.fused and not self.rows_why:
-            w = torch.cat(ws) if len(ws) > 1 else ws[0]
-            self.w = w.to(prep.device, prep.dtype).contiguous()             # [out, in]
+            self.w = _rows_weight(ws, weights, prep)                        # [out, in]
             self.mode = "rows"
             self.k = Kern("Linear", bias=self.b is not None)
         elif prep.fused:

@@ -80,6 +80,8 @@ class ModelRunner(PagedMixin):
         # the LM head is a Linear like the others (quantized under w8, transposed at opt >= 1)
         self.lm_head = None if weights.lm_head is None else Lin([weights.lm_head],
                                                                 [weights.lm_head_b], prep)
+        if weights.lm_head is weights.embed:  # tied: the head may have moved the tensor
+            self.embed_w = detach(weights.embed, dtype).to(device)
         self.pooler = None if weights.pooler is None else Lin([weights.pooler],
                                                               [weights.pooler_b], prep)
         self._cos = self._sin = None

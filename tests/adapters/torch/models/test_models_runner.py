@@ -63,6 +63,32 @@ def test_static_plan_matches_dynamic(llama):
     assert dyn.parked and torch.get_num_threads() == threads
 
 
+def test_decode_weights_on_hugepages_shared_with_the_model():
+    """The weights the C matmul streams sit on huge pages; a single model parameter
+    moves there itself (one copy in memory) and the model's own forward is unchanged."""
+    from atbcore.memory import hugepages
+
+    m = tiny("llama", vocab_size=16384)  # a 4 MiB LM head
+    ids = torch.randint(3, 16384, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = m(ids).logits
+    r = ModelRunner.from_hf(m, opt_level=2)
+    head = r.lm_head.w
+    assert head.data_ptr() == m.lm_head.weight.data_ptr()
+    if hugepages.available() is None and r.lm_head.rows:
+        assert head.data_ptr() % hugepages.HUGE == 0
+        assert hugepages.on_hugepages(head) >= hugepages.HUGE
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, before)
+    c = r.new_cache(1, 16)
+    assert_close(r.prefill(ids, c), before[:, -1], "fp32", "runner after the move")
+    # tied embeddings: the embedding table follows the head (no stale second copy)
+    t = tiny("llama", vocab_size=16384, tie_word_embeddings=True)
+    rt = ModelRunner.from_hf(t, opt_level=2)
+    assert (rt.embed_w.data_ptr() == rt.lm_head.w.data_ptr()
+            == t.model.embed_tokens.weight.data_ptr() == t.lm_head.weight.data_ptr())
+
+
 def test_paged_prefill_attends_in_one_c_call_per_layer(llama):
     """Fresh prompts packed in one paged prefill: one C prefill attention per layer for
     all of them, and each prompt's last logits equal HF's."""

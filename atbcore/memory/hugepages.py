@@ -1,0 +1,97 @@
+"""Host memory on 2 MiB transparent huge pages, for the tensors decoding streams.
+
+A decode step reads every weight once (and the KV cache); on 4 KiB pages that is a
+TLB miss every 4 KiB. Placed on huge pages the same reads ran faster here (the
+default model's weights through the C few-row matmul, 2-core Zen 4, Linux 6.18:
+one row 5.7 -> 4.8 ms per step, 16 rows 10.6 -> 9.4 ms). On Linux an anonymous
+mapping is advised ``MADV_HUGEPAGE`` before its first touch, so its page faults
+take huge pages directly (no later copy); its 2 MiB-aligned slice backs the tensor.
+
+Elsewhere (another OS, THP set to ``never``, ``ATB_HUGEPAGES=0``, or a tensor under
+2 MiB) :func:`empty` is ``torch.empty``: nothing changes but the speed.
+
+    from atbcore.memory.hugepages import empty, place
+    buf = empty((4096, 4096), torch.float32)     # on huge pages where the OS allows
+    w = place(w)                                  # a copy of w there (w if it cannot be)
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["available", "empty", "place", "on_hugepages", "HUGE"]
+
+HUGE = 2 << 20  # bytes per huge page (x86-64 and arm64 PMD size)
+_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def available() -> str | None:
+    """Why tensors cannot be placed on huge pages here (None = they can)."""
+    if os.environ.get("ATB_HUGEPAGES", "1").strip().lower() in ("0", "off", "false", "no"):
+        return "disabled by ATB_HUGEPAGES=0"
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return f"transparent huge pages are a Linux feature ({sys.platform})"
+    try:
+        mode = _THP.read_text()
+    except OSError:
+        return "no transparent huge page support in this kernel"
+    if "[never]" in mode:
+        return "transparent huge pages are set to never"
+    return None
+
+
+def empty(shape: Any, dtype: Any) -> Any:
+    """An uninitialised CPU tensor, on huge pages when :func:`available` and at least
+    one huge page in size, else ``torch.empty``. The mapping lives as long as the
+    tensor (and any view of it)."""
+    import torch
+
+    n = 1
+    for s in shape:
+        n *= int(s)
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    if nbytes < HUGE or available() is not None:
+        return torch.empty(shape, dtype=dtype)
+    # one huge page more than needed, so a 2 MiB-aligned start fits inside
+    m = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # refused by this kernel: plain pages, still correct
+        pass
+    raw = torch.frombuffer(m, dtype=torch.uint8)            # keeps the mapping alive
+    skip = -raw.data_ptr() % HUGE
+    return raw[skip:skip + nbytes].view(dtype).view(tuple(int(s) for s in shape))
+
+
+def place(t: Any) -> Any:
+    """``t`` (a CPU tensor) copied onto huge pages, contiguous; ``t`` itself when it
+    is not on the CPU, is under a huge page, or huge pages are not available."""
+    nbytes = t.numel() * t.element_size()
+    if t.device.type != "cpu" or nbytes < HUGE or available() is not None:
+        return t
+    out = empty(t.shape, t.dtype)
+    out.copy_(t)
+    return out
+
+
+def on_hugepages(t: Any) -> int:
+    """Bytes of the mapping holding ``t``'s first element that the kernel backs with
+    huge pages now (``AnonHugePages`` of its ``/proc/self/smaps`` entry; 0 off Linux)."""
+    addr = t.data_ptr()
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return 0
+    inside = False
+    for line in lines:
+        head = line.split(maxsplit=1)[0] if line else ""
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) * 1024
+    return 0

@@ -1,0 +1,77 @@
+"""Host tensors on transparent huge pages (atbcore.memory.hugepages): placement, the
+fallbacks, lifetime, and the CPU pool's arenas (the KV caches) living there."""
+
+import gc
+
+import pytest
+import torch
+
+from atbcore.memory import MemoryPool, MemoryPoolConfig, hugepages
+
+THP = hugepages.available() is None
+
+
+def test_small_tensors_stay_plain():
+    t = hugepages.empty((100, 100), torch.float32)
+    assert t.shape == (100, 100) and t.dtype == torch.float32 and t.is_contiguous()
+    w = torch.randn(10, 10)
+    assert hugepages.place(w) is w
+
+
+@pytest.mark.skipif(not THP, reason=f"no huge pages here: {hugepages.available()}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_large_tensors_on_hugepages(dtype):
+    t = hugepages.empty((1024, 3000), dtype)
+    assert t.shape == (1024, 3000) and t.dtype == dtype and t.is_contiguous()
+    assert t.data_ptr() % hugepages.HUGE == 0
+    t.fill_(3)
+    assert on_huge(t)
+    assert (t == 3).all()
+
+
+@pytest.mark.skipif(not THP, reason=f"no huge pages here: {hugepages.available()}")
+def test_place_copies_values_and_mapping_outlives_names():
+    w = torch.randn(2048, 700)
+    p = hugepages.place(w)
+    assert p is not w and torch.equal(p, w) and on_huge(p)
+    view = p[5:9]
+    del p
+    gc.collect()
+    assert torch.equal(view, w[5:9])  # the mapping lives while a view does
+    view.add_(1)
+    assert torch.equal(view, w[5:9] + 1)
+
+
+def test_disabled_by_env(monkeypatch):
+    monkeypatch.setenv("ATB_HUGEPAGES", "0")
+    assert hugepages.available() == "disabled by ATB_HUGEPAGES=0"
+    t = hugepages.empty((1024, 1024), torch.float32)
+    assert t.shape == (1024, 1024) and t.dtype == torch.float32
+    w = torch.randn(1024, 1024)
+    assert hugepages.place(w) is w
+
+
+def test_thp_never_or_absent_is_a_reason(monkeypatch, tmp_path):
+    f = tmp_path / "enabled"
+    f.write_text("always madvise [never]\n")
+    monkeypatch.setattr(hugepages, "_THP", f)
+    assert hugepages.available() == "transparent huge pages are set to never"
+    monkeypatch.setattr(hugepages, "_THP", tmp_path / "missing")
+    assert "no transparent huge page support" in hugepages.available()
+    w = torch.randn(1024, 1024)
+    assert hugepages.place(w) is w
+
+
+@pytest.mark.skipif(not THP, reason=f"no huge pages here: {hugepages.available()}")
+def test_cpu_pool_arenas_on_hugepages():
+    """A CPU pool's arenas (the KV caches' memory) are on huge pages; values round-trip."""
+    pool = MemoryPool(MemoryPoolConfig(max_size=64 << 20, initial_size=16 << 20))
+    blk = pool.alloc(6 << 20)
+    t = blk.tensor(((6 << 20) // 4,), "fp32")
+    t.fill_(2.5)
+    assert on_huge(t) and (t == 2.5).all()
+
+
+def on_huge(t):
+    """True once the kernel backs t's mapping with huge pages (faulted in)."""
+    return hugepages.on_hugepages(t) >= hugepages.HUGE
