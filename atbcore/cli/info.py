@@ -36,8 +36,23 @@ def collect() -> dict:
         rows.append({"backend": b.name, "priority": b.priority, "usable": why is None,
                      "reason": why or "", "devices": devs})
     info["backends"] = rows
+    info["cpu"] = _cpu_runtime()
     info["compatibility"] = check_compatibility()
     return info
+
+
+def _cpu_runtime() -> dict:
+    """The CPU fast paths: the C kernels (built for which ISA, or why not) and huge
+    pages for the tensors decoding streams (or why not)."""
+    from ..backends.cpu_kernels import bindings
+    from ..memory import hugepages
+
+    why = bindings.unavailable_reason()
+    build = bindings.build_info()
+    huge = hugepages.available()
+    return {"c_kernels": why is None, "c_kernels_detail": build.isa if why is None else why,
+            "c_kernels_path": str(build.path) if build.path else "",
+            "huge_pages": huge is None, "huge_pages_detail": huge or "2 MiB transparent huge pages"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
         bt.add_row(r["backend"], str(r["priority"]), "yes" if r["usable"] else "no",
                    ", ".join(r["devices"]) if r["usable"] else r["reason"])
     con.print(bt)
+    cpu = data["cpu"]
+    con.print(f"CPU C kernels: {'yes' if cpu['c_kernels'] else 'no'} ({cpu['c_kernels_detail']})")
+    con.print(f"CPU huge pages: {'yes' if cpu['huge_pages'] else 'no'} ({cpu['huge_pages_detail']})")
     c = data["compatibility"]
     con.print(f"check_compatibility(): {'compatible' if c['compatible'] else 'INCOMPATIBLE'}")
     for prob in c["problems"]:

@@ -24,11 +24,20 @@ def test_info_json_reports_versions_backends_and_compatibility(capsys):
     assert by_name["numpy"]["usable"] and by_name["torch"]["usable"]
     assert "cpu" in by_name["torch"]["devices"]
     assert data["compatibility"]["compatible"] is True
+    from atbcore.backends.cpu_kernels import bindings
+    from atbcore.memory import hugepages
+
+    cpu = data["cpu"]
+    assert cpu["c_kernels"] == (bindings.unavailable_reason() is None)
+    assert cpu["c_kernels_detail"] == (bindings.build_info().isa if cpu["c_kernels"]
+                                       else bindings.unavailable_reason())
+    assert cpu["huge_pages"] == (hugepages.available() is None)
 
 
 def test_info_table_and_console_script():
     out = subprocess.run(["atb", "info"], capture_output=True, text=True, check=True).stdout
     assert "torch_npu" in out and "not installed" in out and "check_compatibility" in out
+    assert "CPU C kernels:" in out and "CPU huge pages:" in out
 
 
 def test_ops_lists_every_op_with_backends(capsys):
