@@ -192,6 +192,7 @@ def test_random_packings_match_reference(lens, g, window):
     ({"causal": True}, 9, 40, None),                     # chunked prefill rows: C
     ({"window": 16}, 70, 70, None),                      # window: C
     ({"causal": False}, 12, 30, [30, 17]),               # per-row key counts: C
+    ({"causal": False}, 80, 80, None),                   # full attention, big enough: C
 ])
 def test_flash_attention_op_takes_c_kernel(layout, params, sq, skv, lens):
     """The FlashAttention op's torch kernel runs the C prefill attention on the CPU
@@ -217,3 +218,17 @@ def test_flash_attention_op_takes_c_kernel(layout, params, sq, skv, lens):
                         causal=params.get("causal", False), window=params.get("window"),
                         kv_lens=lens)
     assert_close(out, lay(torch.from_numpy(ref).float()), "fp32", f"FlashAttention {layout}")
+
+
+def test_tiny_blocks_stay_with_sdpa():
+    """A block under 64 x 64 scores with no positions to apply runs SDPA (cheaper call)."""
+    import atbcore as atb
+
+    q, k, v = (torch.randn(1, 8, 4, 16) for _ in range(3))
+    op = atb.Builder(backend="torch").build_operation("FlashAttention",
+                                                      {"num_heads": 4, "layout": "BSND"})
+    with LaunchCounter() as c:
+        out, = op.execute([q, k, v])
+    assert "prefill_attention" not in c.ops
+    sdpa = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    assert_close(out, sdpa.transpose(1, 2), "fp32", "tiny block")

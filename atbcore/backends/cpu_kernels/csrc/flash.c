@@ -5,29 +5,54 @@
  *
  * Sequence s is the row seqs[s] = {q0, k0, v0, y0, sq, skv}: its sq query tokens
  * start at element q0 of q (token t at q0 + t * q_st), its skv keys and values at
- * k0 / v0, its outputs at y0 (packed varlen or a padded batch alike). Positions are bottom-right
- * aligned: query row i of a sequence with sq queries and skv keys sits at
- * position off + i, off = max(skv - sq, 0). Causal: key j is seen when
+ * k0 / v0, its outputs at y0 (packed varlen or a padded batch alike). Positions are
+ * bottom-right aligned: query row i of a sequence with sq queries and skv keys sits
+ * at position off + i, off = max(skv - sq, 0). Causal: key j is seen when
  * j <= off + i; a window w > 0 (implies causal) also needs j > off + i - w. A row
  * that sees no key gives zeros. q, k/v and y are fp32/bf16/fp16 (D unit-stride,
  * tokens and heads any strides); scores, softmax and sums are fp32 and y is
  * rounded once.
  *
- * Work: one chunk per (sequence, kv head, block of query rows), the longest
- * first so the pool's threads finish together. A chunk stacks the G query heads
- * of its kv head over its rows (M = G x rows query vectors share every key and
- * value read) and walks the keys it can see in blocks of 64 with the online
- * softmax: scores S = Q K^T of a block as 6 x 64 register tiles (K transposed
- * into a block buffer), then O += P V as 6 x 64 tiles. Causal blocks past a
- * row block's last position are never touched.
+ * Work: one chunk per (sequence, kv head, block of query rows), the longest first
+ * so the pool's threads finish together. A chunk stacks the G query heads of its
+ * kv head over its rows: M = G x rows query vectors share every key and value
+ * read. They are held transposed, one vector per SIMD lane (Q^T [D][M], O^T
+ * [D][M]), so keys and values are read as rows in place (fp32; half types are
+ * widened once per block) and the online softmax runs across lanes with no
+ * horizontal reductions. Keys go in blocks of 64: scores S^T = K Q^T as 6-key x
+ * 64-lane register tiles, the causal / window rules as per-lane position masks,
+ * then O^T += V^T P^T as 6-row x 64-lane tiles. Blocks past a chunk's last
+ * position are never touched.
  */
 #include "common.h"
 #include "pool.h"
 #include "simd.h"
 
+#ifdef ATB_AVX512
+/* exp for the softmax: atb_exp16's polynomial with the 2^k scaling in one scalef
+ * and no underflow mask (callers mask unseen keys themselves; exp(x < -87.3) is a
+ * subnormal or 0 instead of exactly 0) */
+static inline __attribute__((always_inline)) __m512 fl_exp16(__m512 x) {
+    __m512 xc = _mm512_max_ps(_mm512_set1_ps(-87.33654022216797f), x);
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, k);
+}
+#endif
+
 #define FL_BK 64     /* keys per block */
-#define FL_ROWS 6    /* query vectors per register tile */
+#define FL_R 6       /* keys (scores) or value columns (sums) per register tile */
 #define FL_MAX_D 256
+#define FL_NONE (INT32_MIN / 2)   /* position of a padding lane: it sees no key */
 
 typedef struct {
     int64_t q, k, v, y;                      /* addresses */
@@ -60,159 +85,6 @@ static int by_cost(const void *x, const void *y) {
     return a < b ? 1 : (a > b ? -1 : 0);
 }
 
-#ifdef ATB_AVX512
-/* the tiles' loops over rows and vectors must unroll completely (their
- * accumulators then live in registers) */
-#define FL_UNROLL _Pragma("GCC unroll 8")
-
-/* S rows m..m+R, keys 0..16 NZ = Q rows . Kt: R x NZ accumulators */
-static inline __attribute__((always_inline)) void score_tile(int R, int NZ, const float *Q,
-                                                             const float *Kt, float *S, int64_t m,
-                                                             int64_t Dp) {
-    __m512 acc[FL_ROWS][4], kv[4];
-    FL_UNROLL
-    for (int r = 0; r < R; ++r) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_setzero_ps();
-    }
-    for (int64_t d = 0; d < Dp; ++d) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) kv[u] = _mm512_loadu_ps(Kt + d * FL_BK + 16 * u);
-        FL_UNROLL
-        for (int r = 0; r < R; ++r) {
-            __m512 qv = _mm512_set1_ps(Q[(m + r) * Dp + d]);
-            FL_UNROLL
-            for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_fmadd_ps(qv, kv[u], acc[r][u]);
-        }
-    }
-    FL_UNROLL
-    for (int r = 0; r < R; ++r) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) _mm512_storeu_ps(S + (m + r) * FL_BK + 16 * u, acc[r][u]);
-    }
-}
-
-/* O rows m..m+R, columns c..c+16 NZ += P rows . V[0..nk) */
-static inline __attribute__((always_inline)) void pv_tile(int R, int NZ, const float *Pm,
-                                                          const float *V, float *O, int64_t m,
-                                                          int64_t c, int64_t Dp, int nk) {
-    __m512 acc[FL_ROWS][4], vv[4];
-    FL_UNROLL
-    for (int r = 0; r < R; ++r) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_loadu_ps(O + (m + r) * Dp + c + 16 * u);
-    }
-    for (int j = 0; j < nk; ++j) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) vv[u] = _mm512_loadu_ps(V + j * Dp + c + 16 * u);
-        FL_UNROLL
-        for (int r = 0; r < R; ++r) {
-            __m512 p = _mm512_set1_ps(Pm[(m + r) * FL_BK + j]);
-            FL_UNROLL
-            for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_fmadd_ps(p, vv[u], acc[r][u]);
-        }
-    }
-    FL_UNROLL
-    for (int r = 0; r < R; ++r) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) _mm512_storeu_ps(O + (m + r) * Dp + c + 16 * u, acc[r][u]);
-    }
-}
-
-/* the rows [0, M) in tiles of 6, 3 and 1 rows, NZ vectors wide */
-#define FL_ROW_TILES(NZ, TILE, ...)                                        \
-    do {                                                                   \
-        int64_t m = 0;                                                     \
-        for (; m + FL_ROWS <= M; m += FL_ROWS) TILE(FL_ROWS, NZ, __VA_ARGS__); \
-        for (; m + 3 <= M; m += 3) TILE(3, NZ, __VA_ARGS__);               \
-        for (; m < M; ++m) TILE(1, NZ, __VA_ARGS__);                       \
-    } while (0)
-#define FL_BY_WIDTH(nz, TILE, ...)                                         \
-    switch (nz) {                                                          \
-    case 1: FL_ROW_TILES(1, TILE, __VA_ARGS__); break;                     \
-    case 2: FL_ROW_TILES(2, TILE, __VA_ARGS__); break;                     \
-    case 3: FL_ROW_TILES(3, TILE, __VA_ARGS__); break;                     \
-    default: FL_ROW_TILES(4, TILE, __VA_ARGS__); break;                    \
-    }
-#endif
-
-/* S[m][0..nk) = Q[m] . Kt[.][0..nk) for m in [0, M): Q [M][Dp], Kt [Dp][64] (S
- * columns up to the next multiple of 16 are written too) */
-static void scores(const float *Q, const float *Kt, float *S, int64_t M, int64_t Dp, int nk) {
-#ifdef ATB_AVX512
-    FL_BY_WIDTH((nk + 15) / 16, score_tile, Q, Kt, S, m, Dp)
-#else
-    for (int64_t m = 0; m < M; ++m) {
-        float *s = S + m * FL_BK;
-        for (int j = 0; j < nk; ++j) s[j] = 0.0f;
-        for (int64_t d = 0; d < Dp; ++d) {
-            const float qv = Q[m * Dp + d], *kt = Kt + d * FL_BK;
-#pragma omp simd
-            for (int j = 0; j < nk; ++j) s[j] += qv * kt[j];
-        }
-    }
-#endif
-}
-
-/* O[m][0..Dp) += sum_j Pm[m][j] V[j][0..Dp) for j < nk: P [M][64], V [64][Dp] */
-static void accumulate(const float *Pm, const float *V, float *O, int64_t M, int64_t Dp,
-                       int nk) {
-#ifdef ATB_AVX512
-    for (int64_t c = 0; c < Dp; c += 64) {
-        const int64_t w = Dp - c < 64 ? Dp - c : 64;
-        FL_BY_WIDTH(w / 16, pv_tile, Pm, V, O, m, c, Dp, nk)
-    }
-#else
-    for (int64_t m = 0; m < M; ++m) {
-        float *o = O + m * Dp;
-        for (int j = 0; j < nk; ++j) {
-            const float p = Pm[m * FL_BK + j], *vr = V + j * Dp;
-#pragma omp simd
-            for (int64_t d = 0; d < Dp; ++d) o[d] += p * vr[d];
-        }
-    }
-#endif
-}
-
-/* s[jlo..jhi) -> exp(s - m') with m' = max(*mx, those scores) stored in *mx, the
- * other lanes of the block -> 0; returns the sum of the exponentials */
-static inline float softmax_block(float *s, int64_t jlo, int64_t jhi, float *mx) {
-#ifdef ATB_AVX512
-    const uint64_t valid = (jhi >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << jhi) - 1)) &
-                           ~(((uint64_t)1 << jlo) - 1);
-    __m512 v[4], m4 = _mm512_set1_ps(-INFINITY);
-    for (int u = 0; u < 4; ++u) {
-        v[u] = _mm512_loadu_ps(s + 16 * u);
-        m4 = _mm512_mask_max_ps(m4, (__mmask16)(valid >> (16 * u)), m4, v[u]);
-    }
-    float bm = _mm512_reduce_max_ps(m4);
-    const float mnew = bm > *mx ? bm : *mx;
-    const __m512 mv = _mm512_set1_ps(mnew);
-    __m512 acc = _mm512_setzero_ps();
-    for (int u = 0; u < 4; ++u) {
-        __m512 p = _mm512_maskz_mov_ps((__mmask16)(valid >> (16 * u)),
-                                       atb_exp16(_mm512_sub_ps(v[u], mv)));
-        _mm512_storeu_ps(s + 16 * u, p);
-        acc = _mm512_add_ps(acc, p);
-    }
-    *mx = mnew;
-    return _mm512_reduce_add_ps(acc);
-#else
-    float bm = -INFINITY;
-    for (int64_t j = jlo; j < jhi; ++j) bm = s[j] > bm ? s[j] : bm;
-    const float mnew = bm > *mx ? bm : *mx;
-    float ps = 0.0f;
-#pragma omp simd reduction(+ : ps)
-    for (int j = 0; j < FL_BK; ++j) {
-        float p = (j >= jlo && j < jhi) ? atb_expf(s[j] - mnew) : 0.0f;
-        s[j] = p;
-        ps += p;
-    }
-    *mx = mnew;
-    return ps;
-#endif
-}
-
 /* this thread's scratch of at least n floats, kept between calls (a chunk's
  * buffers are ~100 KiB: allocating and clearing them per chunk cost a fifth of a
  * short sequence's time); NULL when it cannot grow */
@@ -229,45 +101,225 @@ static float *scratch(size_t n) {
     return buf;
 }
 
+#ifdef ATB_AVX512
+/* the tiles' loops over keys/rows and vectors must unroll completely (their
+ * accumulators then live in registers) */
+#define FL_UNROLL _Pragma("GCC unroll 8")
+
+/* St[j][c..c+16 NZ) = sum_d kr[j][d] Qt[d][c..] for the R keys kr[0..R) */
+static inline __attribute__((always_inline)) void score_tile(int R, int NZ, const float *const *kr,
+                                                             const float *Qt, float *St,
+                                                             int64_t c, int64_t Mp, int64_t D) {
+    __m512 acc[FL_R][4], qv[4];
+    FL_UNROLL
+    for (int r = 0; r < R; ++r) {
+        FL_UNROLL
+        for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_setzero_ps();
+    }
+    for (int64_t d = 0; d < D; ++d) {
+        FL_UNROLL
+        for (int u = 0; u < NZ; ++u) qv[u] = _mm512_loadu_ps(Qt + d * Mp + c + 16 * u);
+        FL_UNROLL
+        for (int r = 0; r < R; ++r) {
+            __m512 kb = _mm512_set1_ps(kr[r][d]);
+            FL_UNROLL
+            for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_fmadd_ps(kb, qv[u], acc[r][u]);
+        }
+    }
+    FL_UNROLL
+    for (int r = 0; r < R; ++r) {
+        FL_UNROLL
+        for (int u = 0; u < NZ; ++u) _mm512_storeu_ps(St + r * Mp + c + 16 * u, acc[r][u]);
+    }
+}
+
+/* Ot[d0 + r][c..c+16 NZ) += sum_j vr[j][d0 + r] St[j][c..] for R value columns */
+static inline __attribute__((always_inline)) void pv_tile(int R, int NZ, const float *const *vr,
+                                                          const float *St, float *Ot, int64_t d0,
+                                                          int64_t c, int64_t Mp, int nk) {
+    __m512 acc[FL_R][4], pv[4];
+    FL_UNROLL
+    for (int r = 0; r < R; ++r) {
+        FL_UNROLL
+        for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_loadu_ps(Ot + (d0 + r) * Mp + c + 16 * u);
+    }
+    for (int j = 0; j < nk; ++j) {
+        FL_UNROLL
+        for (int u = 0; u < NZ; ++u) pv[u] = _mm512_loadu_ps(St + j * Mp + c + 16 * u);
+        FL_UNROLL
+        for (int r = 0; r < R; ++r) {
+            __m512 vb = _mm512_set1_ps(vr[j][d0 + r]);
+            FL_UNROLL
+            for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_fmadd_ps(vb, pv[u], acc[r][u]);
+        }
+    }
+    FL_UNROLL
+    for (int r = 0; r < R; ++r) {
+        FL_UNROLL
+        for (int u = 0; u < NZ; ++u) _mm512_storeu_ps(Ot + (d0 + r) * Mp + c + 16 * u, acc[r][u]);
+    }
+}
+
+/* TILE over rows [0, n) in tiles of 6, 3 and 1, NZ vectors wide */
+#define FL_ROW_TILES(n, NZ, TILE, i, ...)                                   \
+    do {                                                                    \
+        int64_t i = 0;                                                      \
+        for (; i + FL_R <= (n); i += FL_R) TILE(FL_R, NZ, __VA_ARGS__);     \
+        for (; i + 3 <= (n); i += 3) TILE(3, NZ, __VA_ARGS__);              \
+        for (; i < (n); ++i) TILE(1, NZ, __VA_ARGS__);                      \
+    } while (0)
+#define FL_BY_WIDTH(nz, n, TILE, i, ...)                                    \
+    switch (nz) {                                                           \
+    case 1: FL_ROW_TILES(n, 1, TILE, i, __VA_ARGS__); break;                \
+    case 2: FL_ROW_TILES(n, 2, TILE, i, __VA_ARGS__); break;                \
+    case 3: FL_ROW_TILES(n, 3, TILE, i, __VA_ARGS__); break;                \
+    default: FL_ROW_TILES(n, 4, TILE, i, __VA_ARGS__); break;               \
+    }
+#endif
+
+/* St[j][0..Mp) = kr[j] . Qt for the block's nk keys */
+static void scores(const float *const *kr, const float *Qt, float *St, int64_t Mp, int64_t D,
+                   int nk) {
+#ifdef ATB_AVX512
+    for (int64_t c = 0; c < Mp; c += 64) {
+        const int64_t w = Mp - c < 64 ? Mp - c : 64;
+        FL_BY_WIDTH(w / 16, nk, score_tile, j, kr + j, Qt, St + j * Mp, c, Mp, D)
+    }
+#else
+    for (int j = 0; j < nk; ++j) {
+        float *s = St + j * Mp;
+        for (int64_t m = 0; m < Mp; ++m) s[m] = 0.0f;
+        for (int64_t d = 0; d < D; ++d) {
+            const float kv = kr[j][d], *qt = Qt + d * Mp;
+#pragma omp simd
+            for (int64_t m = 0; m < Mp; ++m) s[m] += kv * qt[m];
+        }
+    }
+#endif
+}
+
+/* Ot[d][0..Mp) += sum_j vr[j][d] St[j][0..Mp) */
+static void accumulate(const float *const *vr, const float *St, float *Ot, int64_t Mp, int64_t D,
+                       int nk) {
+#ifdef ATB_AVX512
+    for (int64_t c = 0; c < Mp; c += 64) {
+        const int64_t w = Mp - c < 64 ? Mp - c : 64;
+        FL_BY_WIDTH(w / 16, D, pv_tile, d, vr, St, Ot, d, c, Mp, nk)
+    }
+#else
+    for (int64_t d = 0; d < D; ++d) {
+        float *o = Ot + d * Mp;
+        for (int j = 0; j < nk; ++j) {
+            const float vv = vr[j][d], *s = St + j * Mp;
+#pragma omp simd
+            for (int64_t m = 0; m < Mp; ++m) o[m] += vv * s[m];
+        }
+    }
+#endif
+}
+
+/* The online softmax over one key block [j0, j0 + nk) for every lane m: scores of
+ * keys a lane does not see become 0, the others exp(s - max); the running max mx,
+ * sum and Ot rescale by exp(old max - new max). pos[m]: lane m's position. */
+static void softmax_block(float *St, float *Ot, float *mx, float *sum, const int32_t *pos,
+                          int64_t Mp, int64_t D, int64_t j0, int nk, int causal, int64_t window) {
+#ifdef ATB_AVX512
+    for (int64_t c = 0; c < Mp; c += 16) {
+        const __m512i pv = _mm512_loadu_si512(pos + c);
+        const __m512i lowv = _mm512_sub_epi32(pv, _mm512_set1_epi32((int32_t)window));
+        __mmask16 vis[FL_BK];
+        __m512 bm = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < nk; ++j) {
+            const __m512i kj = _mm512_set1_epi32((int32_t)(j0 + j));
+            __mmask16 v = causal ? _mm512_cmp_epi32_mask(kj, pv, _MM_CMPINT_LE)
+                                 : _mm512_cmp_epi32_mask(pv, _mm512_set1_epi32(FL_NONE),
+                                                         _MM_CMPINT_NE);
+            if (window > 0) v &= _mm512_cmp_epi32_mask(kj, lowv, _MM_CMPINT_GT);
+            vis[j] = v;
+            bm = _mm512_mask_max_ps(bm, v, bm, _mm512_loadu_ps(St + j * Mp + c));
+        }
+        const __m512 mold = _mm512_loadu_ps(mx + c);
+        const __m512 mnew = _mm512_max_ps(mold, bm);
+        /* lanes that have seen no key yet keep mx = -inf and a factor of 1 */
+        const __mmask16 live = _mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        const __m512 corr = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f),
+                                                 atb_exp16(_mm512_sub_ps(mold, mnew)));
+        __m512 ps = _mm512_setzero_ps();
+        for (int j = 0; j < nk; ++j) {
+            float *s = St + j * Mp + c;
+            __m512 z = _mm512_sub_ps(_mm512_loadu_ps(s), mnew);
+            __m512 p = _mm512_maskz_mov_ps(vis[j], fl_exp16(z));
+            _mm512_storeu_ps(s, p);
+            ps = _mm512_add_ps(ps, p);
+        }
+        _mm512_storeu_ps(sum + c, _mm512_fmadd_ps(_mm512_loadu_ps(sum + c), corr, ps));
+        _mm512_storeu_ps(mx + c, mnew);
+        if (_mm512_cmp_ps_mask(corr, _mm512_set1_ps(1.0f), _CMP_NEQ_OQ))
+            for (int64_t d = 0; d < D; ++d)
+                _mm512_storeu_ps(Ot + d * Mp + c,
+                                 _mm512_mul_ps(_mm512_loadu_ps(Ot + d * Mp + c), corr));
+    }
+#else
+    for (int64_t m = 0; m < Mp; ++m) {
+        float bm = -INFINITY;
+        int64_t jlo = 0, jhi = nk;
+        if (pos[m] == FL_NONE) jhi = 0;
+        if (causal && pos[m] + 1 - j0 < jhi) jhi = pos[m] + 1 - j0;
+        if (window > 0 && pos[m] - window + 1 - j0 > jlo) jlo = pos[m] - window + 1 - j0;
+        for (int64_t j = jlo; j < jhi; ++j) bm = St[j * Mp + m] > bm ? St[j * Mp + m] : bm;
+        const float mnew = bm > mx[m] ? bm : mx[m];
+        const float corr = mnew == -INFINITY ? 1.0f : atb_expf(mx[m] - mnew);
+        float ps = 0.0f;
+        for (int j = 0; j < nk; ++j) {
+            float p = (j >= jlo && j < jhi) ? atb_expf(St[j * Mp + m] - mnew) : 0.0f;
+            St[j * Mp + m] = p;
+            ps += p;
+        }
+        sum[m] = sum[m] * corr + ps;
+        mx[m] = mnew;
+        if (corr != 1.0f)
+            for (int64_t d = 0; d < D; ++d) Ot[d * Mp + m] *= corr;
+    }
+#endif
+}
+
 static void run_chunk(void *ctx, int64_t ci) {
     FlJob *job = (FlJob *)ctx;
     const FlashArgs *a = job->a;
     const FlChunk *ch = &job->chunks[ci];
     const int64_t *sd = (const int64_t *)P(a->seqs) + 6 * ch->seq;
-    const int64_t D = a->D, Dp = (D + 15) / 16 * 16, G = a->H / a->KV;
+    const int64_t D = a->D, G = a->H / a->KV;
     const int64_t sq = sd[4], skv = sd[5];
     const int64_t off = skv > sq ? skv - sq : 0, rows = ch->r1 - ch->r0, M = rows * G;
+    const int64_t Mp = (M + 15) / 16 * 16;
     const int causal = a->causal || a->window > 0;
-    /* scratch: Q [M][Dp], O [M][Dp], S [M][64], Kt [Dp][64], V [64][Dp], m/l [M], row tmp */
-    size_t n = (size_t)(2 * M * Dp + M * FL_BK + 2 * Dp * FL_BK + 2 * M + Dp);
+    const int half = a->kv_dt != ATB_F32;
+    /* scratch: Qt, Ot [D][Mp], St [64][Mp], mx, sum, pos [Mp], a row, K/V blocks when
+     * widened [64][D] */
+    size_t n = (size_t)(2 * D * Mp + FL_BK * Mp + 3 * Mp + D + (half ? 2 * FL_BK * D : 0));
     float *buf = scratch(n);
     if (!buf) {
         __atomic_store_n(&job->nomem, 1, __ATOMIC_RELAXED);
         return;
     }
-    float *Q = buf, *O = Q + M * Dp, *S = O + M * Dp, *Kt = S + M * FL_BK, *V = Kt + Dp * FL_BK;
-    float *mx = V + FL_BK * Dp, *sum = mx + M, *tmp = sum + M;
+    float *Qt = buf, *Ot = Qt + D * Mp, *St = Ot + D * Mp, *mx = St + FL_BK * Mp, *sum = mx + Mp;
+    int32_t *pos = (int32_t *)(sum + Mp);
+    float *tmp = (float *)(pos + Mp), *Kb = tmp + D, *Vb = Kb + FL_BK * D;
     const float scale = (float)a->scale;
-    /* zero what is read before written: O, the padding of Q's rows and of Kt (0 x
-     * stale NaN would reach real scores); V's padding only reaches O's padding */
-    memset(O, 0, (size_t)(M * Dp) * sizeof(float));
-    if (Dp > D) {
-        for (int64_t m = 0; m < M; ++m) memset(Q + m * Dp + D, 0, (size_t)(Dp - D) * sizeof(float));
-        memset(Kt + D * FL_BK, 0, (size_t)((Dp - D) * FL_BK) * sizeof(float));
-    }
-    for (int64_t r = 0; r < rows; ++r) {   /* m = r * G + g: a row's heads side by side */
-        const int64_t t = ch->r0 + r;
-        for (int64_t g = 0; g < G; ++g) {
-            const int64_t h = ch->kvh * G + g;
-            const float *src = atb_load(P(a->q), (int)a->q_dt, sd[0] + t * a->q_st + h * a->q_sh, D,
-                                        tmp);
-            float *dst = Q + (r * G + g) * Dp;
-            for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
-        }
-    }
-    for (int64_t m = 0; m < M; ++m) {
+    memset(Ot, 0, (size_t)(D * Mp) * sizeof(float));
+    for (int64_t m = 0; m < Mp; ++m) {   /* lane m = r * G + g: a row's heads side by side */
         mx[m] = -INFINITY;
         sum[m] = 0.0f;
+        if (m >= M) {
+            pos[m] = FL_NONE;
+            for (int64_t d = 0; d < D; ++d) Qt[d * Mp + m] = 0.0f;
+            continue;
+        }
+        const int64_t r = m / G, h = ch->kvh * G + m % G, t = ch->r0 + r;
+        pos[m] = (int32_t)(off + t);
+        const int64_t qo = sd[0] + t * a->q_st + h * a->q_sh;
+        const float *src = atb_load(P(a->q), (int)a->q_dt, qo, D, tmp);
+        for (int64_t d = 0; d < D; ++d) Qt[d * Mp + m] = src[d] * scale;
     }
     /* the keys any row of this block sees */
     int64_t hi = causal ? off + ch->r1 : skv, lo = 0;
@@ -276,51 +328,25 @@ static void run_chunk(void *ctx, int64_t ci) {
         lo = off + ch->r0 - a->window + 1;
         if (lo < 0) lo = 0;
     }
+    const float *kr[FL_BK], *vr[FL_BK];
     for (int64_t j0 = lo; j0 < hi; j0 += FL_BK) {
         const int nk = (int)(hi - j0 < FL_BK ? hi - j0 : FL_BK);
-        for (int j = 0; j < nk; ++j) {
+        for (int j = 0; j < nk; ++j) {   /* rows in place, or widened into the block */
             const int64_t t = j0 + j;
-            const int64_t ko = sd[1] + t * a->k_st + ch->kvh * a->k_sh;
-            const int64_t vo = sd[2] + t * a->v_st + ch->kvh * a->v_sh;
-            const float *kr = atb_load(P(a->k), (int)a->kv_dt, ko, D, tmp);
-            for (int64_t d = 0; d < D; ++d) Kt[d * FL_BK + j] = kr[d];
-            const float *vr = atb_load(P(a->v), (int)a->kv_dt, vo, D, V + j * Dp);
-            if (vr != V + j * Dp) memcpy(V + j * Dp, vr, (size_t)D * sizeof(float));
+            kr[j] = atb_load(P(a->k), (int)a->kv_dt, sd[1] + t * a->k_st + ch->kvh * a->k_sh, D,
+                             Kb + j * D);
+            vr[j] = atb_load(P(a->v), (int)a->kv_dt, sd[2] + t * a->v_st + ch->kvh * a->v_sh, D,
+                             Vb + j * D);
         }
-        /* Kt columns past nk hold stale keys: their scores are never read */
-        scores(Q, Kt, S, M, Dp, nk);
-        for (int64_t m = 0; m < M; ++m) {
-            const int64_t pos = off + ch->r0 + m / G;
-            /* keys [jlo, jhi) of this block are seen by this row */
-            int64_t jhi = causal ? pos + 1 - j0 : nk, jlo = 0;
-            if (jhi > nk) jhi = nk;
-            if (a->window > 0 && pos - a->window + 1 > j0) jlo = pos - a->window + 1 - j0;
-            float *s = S + m * FL_BK;
-            if (jhi <= jlo) {
-                memset(s, 0, FL_BK * sizeof(float));
-                continue;
-            }
-            const float mold = mx[m];
-            float ps = softmax_block(s, jlo, jhi, &mx[m]);
-            const float corr = atb_expf(mold - mx[m]);   /* exp(-inf) = 0 on the first block */
-            sum[m] = sum[m] * corr + ps;
-            if (corr != 1.0f) {
-                float *o = O + m * Dp;
-#pragma omp simd
-                for (int64_t d = 0; d < Dp; ++d) o[d] *= corr;
-            }
-        }
-        accumulate(S, V, O, M, Dp, nk);
+        scores(kr, Qt, St, Mp, D, nk);
+        softmax_block(St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, a->window);
+        accumulate(vr, St, Ot, Mp, D, nk);
     }
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t = ch->r0 + r;
-        for (int64_t g = 0; g < G; ++g) {
-            const int64_t m = r * G + g, h = ch->kvh * G + g;
-            const float inv = sum[m] > 0.0f ? 1.0f / sum[m] : 0.0f;
-            float *o = O + m * Dp;
-            for (int64_t d = 0; d < D; ++d) o[d] *= inv;
-            atb_store((void *)P(a->y), (int)a->y_dt, sd[3] + t * a->y_st + h * a->y_sh, D, o);
-        }
+    for (int64_t m = 0; m < M; ++m) {
+        const int64_t r = m / G, h = ch->kvh * G + m % G, t = ch->r0 + r;
+        const float inv = sum[m] > 0.0f ? 1.0f / sum[m] : 0.0f;
+        for (int64_t d = 0; d < D; ++d) tmp[d] = Ot[d * Mp + m] * inv;
+        atb_store((void *)P(a->y), (int)a->y_dt, sd[3] + t * a->y_st + h * a->y_sh, D, tmp);
     }
 }
 
