@@ -174,3 +174,32 @@ def test_fast_layers_share_the_blocks_weights():
                        (layer.wdown, blk.down)):
             assert w.shape == (lin.out_features, lin.in_features)
             assert w.untyped_storage().data_ptr() == lin.w.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("padding", ["right_padded", "right_packed", "left_padded", "left_packed"])
+def test_attention_kernel_by_padding_side(padding):
+    """Right-padded batches attend through the C prefill attention in place (padded
+    rows or packed tokens), left padding packed too; a padded batch with padding first
+    keeps SDPA (the kernel's key counts mean real tokens first). All equal HF."""
+    from atbcore.backends.cpu_kernels import available
+    from atbcore.backends.cpu_kernels.counting import LaunchCounter
+
+    bert = tiny("bert")
+    c = compile(bert, opt_level=2)
+    ids, tt, _ = _batch()
+    lens = [16, 15, 14, 16] if padding.endswith("padded") else [16, 3, 9, 1]   # >= 90 %: padded
+    mask = torch.zeros(4, 16, dtype=torch.long)
+    for i, n in enumerate(lens):
+        if padding.startswith("right"):
+            mask[i, :n] = 1
+        else:
+            mask[i, 16 - n:] = 1
+    with torch.no_grad(), LaunchCounter() as lc:
+        out = c(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
+    with torch.no_grad():
+        ref = bert(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
+    real = mask.bool()
+    assert_close(out[real], ref[real], "fp32", padding)
+    c_calls = lc.ops.count("prefill_attention")
+    layers = bert.config.num_hidden_layers
+    assert c_calls == (0 if padding == "left_padded" or not available() else layers)
