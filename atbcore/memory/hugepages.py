@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["available", "empty", "place", "on_hugepages", "HUGE"]
+__all__ = ["available", "empty", "place", "Arena", "on_hugepages", "HUGE"]
 
 HUGE = 2 << 20  # bytes per huge page (x86-64 and arm64 PMD size)
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -76,6 +76,51 @@ def place(t: Any) -> Any:
     out = empty(t.shape, t.dtype)
     out.copy_(t)
     return out
+
+
+class Arena:
+    """Packs tensors side by side into huge-page chunks, in the order they are made:
+    small weights (under a huge page each, which :func:`empty` leaves on plain pages)
+    get huge pages too, and a decode step that reads them in order streams through
+    contiguous memory. Tensors are views of a chunk, which lives while any of them
+    does: give an arena only tensors that live and die together (one model's).
+
+        arena = Arena()
+        qkv = arena.empty((3 * 4096, 4096), torch.bfloat16)
+        o = arena.place(o_weight)
+    """
+
+    def __init__(self, chunk_bytes: int = 16 << 20) -> None:
+        self.chunk_bytes = int(chunk_bytes)
+        self._chunk: Any = None
+        self._used = 0
+
+    def empty(self, shape: Any, dtype: Any) -> Any:
+        """An uninitialised tensor in the arena (``torch.empty`` where huge pages are
+        not available)."""
+        import torch
+
+        shape = tuple(int(s) for s in shape)
+        n = 1
+        for s in shape:
+            n *= s
+        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        if available() is not None:
+            return torch.empty(shape, dtype=dtype)
+        start = -(-self._used // 64) * 64                  # cache-line aligned
+        if self._chunk is None or start + nbytes > self._chunk.numel():
+            size = max(self.chunk_bytes, -(-nbytes // HUGE) * HUGE)
+            self._chunk, start = empty((size,), torch.uint8), 0
+        self._used = start + nbytes
+        return self._chunk[start:start + nbytes].view(dtype).view(shape)
+
+    def place(self, t: Any) -> Any:
+        """A contiguous copy of CPU tensor ``t`` in the arena (``t`` itself off the CPU)."""
+        if t.device.type != "cpu":
+            return t
+        out = self.empty(t.shape, t.dtype)
+        out.copy_(t)
+        return out
 
 
 def on_hugepages(t: Any) -> int:

@@ -75,3 +75,29 @@ def test_cpu_pool_arenas_on_hugepages():
 def on_huge(t):
     """True once the kernel backs t's mapping with huge pages (faulted in)."""
     return hugepages.on_hugepages(t) >= hugepages.HUGE
+
+
+@pytest.mark.skipif(not THP, reason=f"no huge pages here: {hugepages.available()}")
+def test_arena_packs_small_tensors_in_order_on_hugepages():
+    arena = hugepages.Arena(chunk_bytes=4 << 20)
+    a = arena.place(torch.arange(1000, dtype=torch.float32))
+    b = arena.empty((3, 5), torch.bfloat16)
+    c = arena.place(torch.ones(300_000, dtype=torch.float32))   # 1.2 MB: still this chunk
+    assert torch.equal(a, torch.arange(1000, dtype=torch.float32)) and (c == 1).all()
+    assert b.shape == (3, 5) and b.dtype == torch.bfloat16
+    assert a.data_ptr() % hugepages.HUGE == 0                   # a chunk starts aligned
+    assert b.data_ptr() == a.data_ptr() + 4032                  # 4000 bytes, 64-aligned
+    assert c.data_ptr() % 64 == 0 and c.data_ptr() > b.data_ptr()
+    assert on_huge(a)
+    big = arena.empty((3 << 20,), torch.float32)                # 12 MiB: its own chunk
+    assert big.numel() == 3 << 20 and big.data_ptr() % hugepages.HUGE == 0
+    d = arena.place(torch.full((2000,), 7.0))                   # the new chunk is full
+    assert (d == 7).all() and not (big.data_ptr() <= d.data_ptr() < big.data_ptr() + (12 << 20))
+
+
+def test_arena_without_hugepages_is_plain_torch(monkeypatch):
+    monkeypatch.setenv("ATB_HUGEPAGES", "0")
+    arena = hugepages.Arena()
+    t = arena.place(torch.arange(10.0))
+    assert torch.equal(t, torch.arange(10.0))
+    assert arena.empty((2, 2), torch.int8).shape == (2, 2)

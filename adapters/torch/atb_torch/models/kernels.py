@@ -61,13 +61,16 @@ class Prep:
     """How weights are prepared: ``opt_level`` (0 = unfused, model weights as they
     are), compute ``dtype``, ``quantize`` (None | "w8"), ``device``; ``rows_kernel``:
     decoding calls the Linears with a few rows, so keep ``[out, in]`` weights for
-    the C few-row matmul (:mod:`atbcore.backends.cpu_kernels`) where it runs."""
+    the C few-row matmul (:mod:`atbcore.backends.cpu_kernels`) where it runs;
+    ``arena``: the runner's :class:`atbcore.memory.hugepages.Arena` those weights are
+    packed into (None: each on its own)."""
 
     opt_level: int
     dtype: torch.dtype
     quantize: str | None = None
     device: torch.device = torch.device("cpu")
     rows_kernel: bool = False
+    arena: Any = None
 
     @property
     def fused(self) -> bool:
@@ -100,18 +103,25 @@ def _rows_reason(prep: Prep) -> str:
 
 def _rows_weight(ws: list, params: list, prep: Prep) -> torch.Tensor:
     """The ``[out, in]`` weight the C few-row matmul streams every decode step, on huge
-    pages (:mod:`atbcore.memory.hugepages`): a merged one is built there; a single
-    model parameter already in the right dtype moves there itself (its ``.data``), so
-    the model and the runner keep sharing one copy."""
+    pages (:mod:`atbcore.memory.hugepages`): a merged one is built in the runner's
+    arena, as is a small one converted to the compute dtype; a model parameter of a
+    huge page or more already in that dtype moves to its own huge pages itself (its
+    ``.data``), so the model and the runner keep sharing one copy (a smaller one stays
+    where it is: copying it would keep two)."""
+    arena = prep.arena
     if len(ws) > 1:
         rows = sum(w.shape[0] for w in ws)
-        out = hugepages.empty((rows, ws[0].shape[1]), prep.dtype)
+        shape = (rows, ws[0].shape[1])
+        out = arena.empty(shape, prep.dtype) if arena else hugepages.empty(shape, prep.dtype)
         return torch.cat([w.to(prep.dtype) for w in ws], out=out)
     w = ws[0].to(prep.device, prep.dtype).contiguous()
-    placed = hugepages.place(w)
     p = params[0]
-    if (placed is not w and isinstance(p, torch.nn.Parameter) and p.data_ptr() == w.data_ptr()
-            and p.shape == w.shape and p.dtype == w.dtype and p.is_contiguous()):
+    shared = (isinstance(p, torch.nn.Parameter) and p.data_ptr() == w.data_ptr()
+              and p.shape == w.shape and p.dtype == w.dtype and p.is_contiguous())
+    if w.numel() * w.element_size() < hugepages.HUGE:  # a copy made anyway joins the arena
+        return arena.place(w) if arena and not shared else w
+    placed = hugepages.place(w)
+    if placed is not w and shared:
         p.data = placed  # the model's own tensor moves: no second copy stays behind
     return placed
 
@@ -144,7 +154,7 @@ class Lin:
             self.w, scale = quantize_w8(w)
             self.w = self.w.to(prep.device).contiguous()
             if not self.rows_why:  # the C matmul streams it every decode step
-                self.w = hugepages.place(self.w)
+                self.w = prep.arena.place(self.w) if prep.arena else hugepages.place(self.w)
             # bf16 activations take the int8pack kernel only with bf16 scales
             self.scale = scale.to(prep.device, torch.bfloat16 if prep.dtype == torch.bfloat16
                                   else torch.float32)

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from atbcore.errors import CapabilityError, InputError
+from atbcore.memory import hugepages
 
 from .arch import ModelSpec, ModelWeights, resolve_architecture
 from .cache import ContiguousKVCache
@@ -65,8 +66,9 @@ class ModelRunner(PagedMixin):
         device = torch.device(device) if device is not None else weights.embed.device
         self.spec, self.dtype, self.device = spec, dtype, device
         self.opt_level, self.quantize = int(opt_level), quantize
+        arena = hugepages.Arena() if device.type == "cpu" and spec.kind == "decoder" else None
         self.prep = prep = Prep(self.opt_level, dtype, quantize, device,
-                                rows_kernel=spec.kind == "decoder")
+                                rows_kernel=spec.kind == "decoder", arena=arena)
         self.embed_w = detach(weights.embed, dtype).to(device)
         self.pos_w = detach(weights.pos_embed, dtype)
         self.type_w = detach(weights.type_embed, dtype)
