@@ -2,6 +2,11 @@
 (its fused flash kernel on CPU and CUDA; GQA through ``enable_gqa``), computed in
 fp32 for half types so results round once.
 
+Memory stays O(N): when no mask is needed (no mask, or causal with Sq == Skv) SDPA
+runs on the whole sequence; otherwise queries are processed ``CHUNK`` rows at a time,
+each chunk seeing only the key range it can reach, so neither scores nor a mask of
+``[Sq, Skv]`` is ever materialised whole.
+
 On the CPU, attention with no ``mask`` runs as the C prefill attention
 (:mod:`atbcore.backends.cpu_kernels.torch_prefill`) unless it is tiny: causal and
 window rules and per-row ``seq_lens`` are applied per key block inside the kernel,
@@ -151,8 +156,13 @@ def _run(p, ins, dims: AttnDims) -> torch.Tensor:
     q, k, v = ins["q"], ins["k"], ins["v"]
     if dims.packed:
         q, k, v = split_packed(q, dims)
-    if q.is_cpu and _c_reason(p, ins, dims, q, k) is None:
-        return _run_c(p, ins, dims, q, k, v)
+    if q.is_cpu:
+        why = _c_reason(p, ins, dims, q, k)
+        if why is None:
+            return _run_c(p, ins, dims, q, k, v)
+        from ..cpu_kernels import torch_ops as ck
+
+        ck.log_fallback("FlashAttention", why)
     lens = ins.get("seq_lens")
     o = sdpa_attention(to_bnsd(q, dims.layout, dims.heads).float(),
                        to_bnsd(k, dims.layout, dims.kv_heads).float(),
@@ -163,8 +173,9 @@ def _run(p, ins, dims: AttnDims) -> torch.Tensor:
     return from_bnsd(o, dims.layout).to(ins["q"].dtype)
 
 
-@kernel("FlashAttention", impl="C prefill attention on the CPU where positions apply, else "
-        "torch scaled_dot_product_attention (fp32 compute, query-chunked when a mask is built)")
+@kernel("FlashAttention", impl="C prefill attention on the CPU (no mask, past 64 x 64 scores "
+        "or with positions), else torch scaled_dot_product_attention (fp32 compute, "
+        "query-chunked when a mask is built)")
 def flash_attention(p, ins):
     dims = attention_dims("FlashAttention", p, _descs(ins))
     return [_run(p, ins, dims).contiguous()]

@@ -232,3 +232,23 @@ def test_tiny_blocks_stay_with_sdpa():
     assert "prefill_attention" not in c.ops
     sdpa = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     assert_close(out, sdpa.transpose(1, 2), "fp32", "tiny block")
+
+
+def test_masked_call_logs_why_sdpa_ran(caplog):
+    """An explicit mask keeps SDPA, and the log says so (once at INFO)."""
+    import logging
+
+    import atbcore as atb
+
+    q, k, v = (torch.randn(1, 100, 2, 16) for _ in range(3))
+    mask = torch.rand(100, 100) > 0.3
+    op = atb.Builder(backend="torch").build_operation("FlashAttention",
+                                                      {"num_heads": 2, "layout": "BSND"})
+    with caplog.at_level(logging.DEBUG, logger="atb"), LaunchCounter() as c:
+        out, = op.execute([q, k, v, mask])
+    assert "prefill_attention" not in c.ops
+    assert any("FlashAttention: C kernel skipped (an explicit mask)" in r.getMessage()
+               for r in caplog.records)
+    ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=mask)
+    assert_close(out, ref.transpose(1, 2), "fp32", "masked")
