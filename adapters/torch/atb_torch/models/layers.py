@@ -51,6 +51,7 @@ class AttnCtx:
     mask: Any = None
     causal: bool = True
     seq_lens: Any = None
+    ws: Any = None  # the runner's prefill Workspace (None: every tensor allocated)
 
 
 class DecoderBlock:
@@ -107,9 +108,12 @@ class DecoderBlock:
         self.down = None if spec.moe is not None else Lin([lw.down], [lw.down_b], prep)
 
     # ------------------------------------------------------------------ pieces
-    def qkv_proj(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv_proj(self, h: torch.Tensor,
+                 ws: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv is not None:
-            q, k, v = self.qkv(h).split(self.sizes, dim=-1)
+            out = None if ws is None else ws.take("qkv", (*h.shape[:-1], self.qkv.out_features),
+                                                   h.dtype)
+            q, k, v = self.qkv(h, out=out).split(self.sizes, dim=-1)
         else:
             q, k, v = self.q(h), self.k(h), self.v(h)
         if self.q_norm is not None:  # per-head RmsNorm before RoPE (Qwen3)
@@ -121,14 +125,14 @@ class DecoderBlock:
     def attention(self, h: torch.Tensor, ctx: AttnCtx) -> torch.Tensor:
         if getattr(ctx, "paged", False):
             return self.attention_paged(h, ctx)
-        q, k, v = self.qkv_proj(h)                                       # [B, T, Q|KV]
+        q, k, v = self.qkv_proj(h, ctx.ws)                               # [B, T, Q|KV]
         if self.rope is not None:
             q, k = self.rope(q=q, k=k, cos=ctx.cos, sin=ctx.sin)
         if ctx.cache is not None:
             ctx.cache.write(self.idx, k, v, ctx.start)
             k, v = ctx.cache.view(self.idx, ctx.start + h.shape[1])      # [B, L, KV]
         o = self.fa[ctx.causal](q=q, k=k, v=v, mask=ctx.mask, seq_lens=ctx.seq_lens)[0]
-        return self.o(o)
+        return self._o(o, ctx.ws)
 
     def attention_paged(self, h: torch.Tensor, ctx: Any) -> torch.Tensor:
         """Packed tokens ``h`` [1, T, H] of several sequences over a paged cache.
@@ -136,7 +140,7 @@ class DecoderBlock:
         prefix-cache hits, ``ctx.fresh_lens``), attention runs per sequence on the
         packed q/k/v slices themselves: nothing is gathered back from the cache."""
         s = self.spec
-        q, k, v = self.qkv_proj(h)                                       # [1, T, Q|KV]
+        q, k, v = self.qkv_proj(h, ctx.ws)                               # [1, T, Q|KV]
         if self.rope is not None:
             q, k = self.rope(q=q, k=k, cos=ctx.cos, sin=ctx.sin)
         t = h.shape[1]
@@ -146,7 +150,7 @@ class DecoderBlock:
                  value=v.reshape(t, s.num_kv_heads, s.head_dim), key_cache=kc, value_cache=vc,
                  slot_mapping=b.slot_mapping)
         if ctx.fresh_lens is not None:
-            o = self._attend_packed(q, k, v, ctx.fresh_lens)            # [1, T, Q]
+            o = self._attend_packed(q, k, v, ctx.fresh_lens, ctx.ws)    # [1, T, Q]
         elif ctx.decode is not None:  # one token per sequence: the kept decode copy
             o = ctx.decode.attend(self.idx, q.reshape(t, s.num_heads, s.head_dim),
                                   k.reshape(t, s.num_kv_heads, s.head_dim),
@@ -157,10 +161,15 @@ class DecoderBlock:
             o = self.pa(query=q.reshape(t, s.num_heads, s.head_dim), key_cache=kc,
                         value_cache=vc, block_tables=b.block_tables,
                         context_lens=b.context_lens, q_seq_lens=b.q_seq_lens)[0]  # [T, H, D]
-        return self.o(o.reshape(1, t, s.q_size))
+        return self._o(o.reshape(1, t, s.q_size), ctx.ws)
+
+    def _o(self, o: torch.Tensor, ws: Any) -> torch.Tensor:
+        """The output projection (into the workspace on a long prefill)."""
+        out = None if ws is None else ws.take("o", (*o.shape[:-1], self.o.out_features), o.dtype)
+        return self.o(o, out=out)
 
     def _attend_packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       lens: list[int]) -> torch.Tensor:
+                       lens: list[int], ws: Any = None) -> torch.Tensor:
         """Causal attention of each sequence over its own tokens: q/k/v [1, T, Q|KV]
         packed, ``lens`` tokens per sequence; returns [1, T, Q]. On the CPU one C
         call serves every sequence (the packed slices read in place), else one
@@ -168,7 +177,9 @@ class DecoderBlock:
         s, t = self.spec, q.shape[1]
         if ck.why_not(q, k, v) is None and s.head_dim <= MAX_HEAD_DIM:
             nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
-            out = torch.empty(1, t, s.q_size, dtype=q.dtype)
+            shape = (1, t, s.q_size)
+            out = torch.empty(shape, dtype=q.dtype) if ws is None else ws.take("attn", shape,
+                                                                                 q.dtype)
             prefill_attention(q[0].reshape(t, nh, hd), k[0].reshape(t, nkv, hd),
                               v[0].reshape(t, nkv, hd),
                               scale=self.scale if self.scale is not None else hd ** -0.5,
@@ -181,10 +192,20 @@ class DecoderBlock:
             a += n
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
-    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+    def mlp(self, h: torch.Tensor, ws: Any = None) -> torch.Tensor:
         if self.router is not None:
             m = self.spec.moe
             return moe_forward(h, self.router, self.experts, m.top_k, m.norm_topk_prob, self.act)
+        if self.gate_up is not None and ws is not None:  # the big intermediates reused
+            lead = h.shape[:-1]
+            gu = self.gate_up(h, out=ws.take("gate_up", (*lead, self.gate_up.out_features),
+                                                 h.dtype))
+            half = self.gate_up.out_features // 2
+            a = self.act(gu, out=ws.take("act", (*lead, half), h.dtype) if self.act.gated
+                         else None)
+            # the block's output: the next block's first norm reads it before its own
+            # down projection takes the buffer again
+            return self.down(a, out=ws.take("down", (*lead, self.down.out_features), h.dtype))
         if self.gate_up is not None:
             return self.down(self.act(self.gate_up(h)))
         if self.gate is not None:
@@ -202,7 +223,7 @@ class DecoderBlock:
             h, residual = self.attn_norm.add(x, residual)
         a = self.attention(h, ctx)
         h, residual = self.mlp_norm.add(a, residual)
-        return self.mlp(h), residual
+        return self.mlp(h, getattr(ctx, "ws", None)), residual
 
 
 class _SplitGateUp:

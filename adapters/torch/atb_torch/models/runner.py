@@ -49,6 +49,7 @@ from atbcore.memory import hugepages
 
 from .arch import ModelSpec, ModelWeights, resolve_architecture
 from .cache import ContiguousKVCache
+from .kernels import ROWS_MAX, Workspace
 from .layers import AttnCtx, DecoderBlock, EncoderBlock, Kern, Lin, Norm, Prep, detach
 from .runner_paged import PagedCtx, PagedMixin
 
@@ -87,6 +88,8 @@ class ModelRunner(PagedMixin):
         self.pooler = None if weights.pooler is None else Lin([weights.pooler],
                                                               [weights.pooler_b], prep)
         self._cos = self._sin = None
+        # reusable buffers of long CPU prefills (see kernels.Workspace)
+        self.workspace = Workspace() if device.type == "cpu" and spec.kind == "decoder" else None
         self.stats = {"plans_built": 0, "plan_steps": 0, "general_steps": 0}
         self._decode_kv: Any = None  # forward_paged's kept decode KV (see .decode_kv)
 
@@ -177,7 +180,8 @@ class ModelRunner(PagedMixin):
         if x.shape[0] != b:
             x = x.expand(b, *x.shape[1:])
         cos, sin = self._cos_sin(position_ids)
-        ctx = AttnCtx(cos=cos, sin=sin, cache=cache, start=start)
+        ctx = AttnCtx(cos=cos, sin=sin, cache=cache, start=start,
+                      ws=self.prefill_workspace(b * t))
         self._masks(ctx, attention_mask, b, t, start + t, position_ids, cache)
         if cache is not None:
             cache.reserve(start + t)
@@ -341,6 +345,11 @@ class ModelRunner(PagedMixin):
             pooled = (fast.pool(last[:, 0]) if fast is not None and fast.pooler is not None
                       else torch.tanh(self.pooler(last[:, 0])))
         return last, pooled
+
+    def prefill_workspace(self, tokens: int) -> Workspace | None:
+        """The workspace for a forward of ``tokens`` rows: long CPU prefills reuse its
+        buffers; decode-sized steps (the C few-row matmuls) need none."""
+        return self.workspace if tokens > ROWS_MAX else None
 
     # ------------------------------------------------------------------ info
     @property

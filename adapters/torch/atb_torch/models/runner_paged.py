@@ -34,8 +34,10 @@ class PagedCtx:
     paged = True
 
     def __init__(self, cos: Any, sin: Any, cache: Any, batch: Any,
-                 fresh_lens: list[int] | None = None, decode: Any = None) -> None:
+                 fresh_lens: list[int] | None = None, decode: Any = None,
+                 ws: Any = None) -> None:
         self.cos, self.sin, self.cache, self.batch = cos, sin, cache, batch
+        self.ws = ws  # the runner's prefill Workspace (None: every tensor allocated)
         # new tokens per sequence when each context is exactly its new tokens
         self.fresh_lens = fresh_lens
         self.decode = decode  # a DecodeStep when the step is one token per sequence
@@ -70,7 +72,8 @@ class PagedMixin:
         ql = [int(n) for n in batch.q_seq_lens.tolist()]
         lens = [int(n) for n in batch.context_lens.tolist()]
         fresh = ql if max(ql) > 1 and ql == lens else None
-        ctx = PagedCtx(cos, sin, cache, batch, fresh, self._decode_step(cache, batch, ql, lens))
+        ctx = PagedCtx(cos, sin, cache, batch, fresh, self._decode_step(cache, batch, ql, lens),
+                       self.prefill_workspace(x.shape[1]))
         with self.parked(x.shape[1]):
             res = None
             for blk in self.blocks:
@@ -114,3 +117,5 @@ class PagedMixin:
         if self._decode_kv is not None:
             self._decode_kv.reset()
         self.__dict__.pop("_paged_plan", None)  # and the paged decode plan's buffers
+        if self.workspace is not None:          # and the prefill workspace
+            self.workspace.release()

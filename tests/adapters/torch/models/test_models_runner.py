@@ -63,6 +63,32 @@ def test_static_plan_matches_dynamic(llama):
     assert dyn.parked and torch.get_num_threads() == threads
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "mixtral"])
+def test_prefill_workspace_reused_and_equal(arch):
+    """A long prefill's big intermediates go to the runner's workspace: the same
+    buffers serve every layer and the next prefill, the logits and the KV cache
+    equal a runner that allocates every tensor, and releasing frees them."""
+    m = tiny(arch)
+    r, ref = ModelRunner.from_hf(m, opt_level=2), ModelRunner.from_hf(m, opt_level=2)
+    ref.workspace = None
+    ids = torch.randint(3, 256, (2, 40), generator=torch.Generator().manual_seed(4))
+    ca, cb = r.new_cache(2, 64), ref.new_cache(2, 64)
+    la, lb = r.prefill(ids, ca).clone(), ref.prefill(ids, cb)
+    assert_close(la, lb, "fp32", f"{arch} prefill")
+    bufs = {k: v.data_ptr() for k, v in r.workspace.bufs.items()}
+    want = {"qkv", "o"} | ({"gate_up", "act", "down"} if arch in ("llama", "qwen2") else set())
+    assert want <= set(bufs), sorted(bufs)
+    again = r.prefill(ids, r.new_cache(2, 64))
+    assert torch.equal(again, la)
+    assert {k: v.data_ptr() for k, v in r.workspace.bufs.items()} == bufs   # reused, not regrown
+    for step in range(3):  # the caches the prefills wrote agree: decoding continues alike
+        tok = lb.argmax(-1)
+        la, lb = r.decode(tok, ca).clone(), ref.decode(tok, cb)
+        assert_close(la, lb, "fp32", f"{arch} decode {step}")
+    r.release_decode_kv()
+    assert r.workspace.nbytes == 0
+
+
 def test_decode_weights_on_hugepages_shared_with_the_model():
     """The weights the C matmul streams sit on huge pages; a single model parameter
     moves there itself (one copy in memory) and the model's own forward is unchanged."""
