@@ -287,15 +287,17 @@ class Norm:
             return self.k(x=x, weight=self.w)[0]
         return self.k(x=x, weight=self.w, bias=self.b)[0]
 
-    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(norm(x + residual), x + residual)``."""
+    def add(self, x: torch.Tensor, residual: torch.Tensor,
+            out: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``; ``out`` (two buffers, neither x nor
+        residual: the prefill workspace) receives them where the fused kernel can."""
         if self.kadd is None:
             s = self.kres(x=x, residual=residual)[0]
             return self(s), s
         if self.kind == "rms":
-            y, s = self.kadd(x=x, residual=residual, weight=self.w)
+            y, s = self.kadd(x=x, residual=residual, weight=self.w, out=out)
         else:
-            y, s = self.kadd(x=x, residual=residual, weight=self.w, bias=self.b)
+            y, s = self.kadd(x=x, residual=residual, weight=self.w, bias=self.b, out=out)
         return y, s
 
 

@@ -217,13 +217,19 @@ class DecoderBlock:
         """``x``: the previous block's MLP output (or the embeddings when
         ``residual`` is None). Returns ``(mlp_out, residual)``; the next block (or
         the final norm) adds them."""
+        ws = getattr(ctx, "ws", None)
+
+        def bufs(res: str) -> list | None:  # the residual alternates between two buffers
+            if ws is None:
+                return None
+            return [ws.take("h", x.shape, x.dtype), ws.take(res, x.shape, x.dtype)]
         if residual is None:
             h, residual = self.attn_norm(x), x
         else:
-            h, residual = self.attn_norm.add(x, residual)
+            h, residual = self.attn_norm.add(x, residual, out=bufs("res_a"))
         a = self.attention(h, ctx)
-        h, residual = self.mlp_norm.add(a, residual)
-        return self.mlp(h, getattr(ctx, "ws", None)), residual
+        h, residual = self.mlp_norm.add(a, residual, out=bufs("res_b"))
+        return self.mlp(h, ws), residual
 
 
 class _SplitGateUp:

@@ -76,7 +76,8 @@ def test_prefill_workspace_reused_and_equal(arch):
     la, lb = r.prefill(ids, ca).clone(), ref.prefill(ids, cb)
     assert_close(la, lb, "fp32", f"{arch} prefill")
     bufs = {k: v.data_ptr() for k, v in r.workspace.bufs.items()}
-    want = {"qkv", "o"} | ({"gate_up", "act", "down"} if arch in ("llama", "qwen2") else set())
+    want = {"qkv", "o", "h", "res_a", "res_b"} | ({"gate_up", "act", "down"} if arch in ("llama", "qwen2")
+                                                  else set())
     assert want <= set(bufs), sorted(bufs)
     again = r.prefill(ids, r.new_cache(2, 64))
     assert torch.equal(again, la)
