@@ -237,12 +237,16 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
     }
     for (int64_t j = 0; j < G; ++j) mxp[j] = -INFINITY;
     scores(a, b, kh, lo, L, qf, G, sc, row);
-    for (int64_t s = 0; s < L; ++s) {
-        if (mask && !mask[(lo + s) * a->mask_ss]) {
-            for (int64_t j = 0; j < G; ++j) sc[j * L + s] = -INFINITY;
-            continue;
-        }
-        for (int64_t j = 0; j < G; ++j) mxp[j] = sc[j * L + s] > mxp[j] ? sc[j * L + s] : mxp[j];
+    if (mask)
+        for (int64_t s = 0; s < L; ++s)
+            if (!mask[(lo + s) * a->mask_ss])
+                for (int64_t j = 0; j < G; ++j) sc[j * L + s] = -INFINITY;
+    for (int64_t j = 0; j < G; ++j) {  /* a head's scores are contiguous: one pass each */
+        const float *z = sc + j * L;
+        float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+        for (int64_t s = 0; s < L; ++s) m = z[s] > m ? z[s] : m;
+        mxp[j] = m;
     }
     /* softmax numerators in place; the sums normalise once at the end */
     for (int64_t j = 0; j < G; ++j) {
