@@ -20,13 +20,18 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["available", "empty", "place", "Arena", "on_hugepages", "HUGE"]
+__all__ = ["available", "empty", "place", "placed", "Arena", "on_hugepages", "HUGE"]
 
 HUGE = 2 << 20  # bytes per huge page (x86-64 and arm64 PMD size)
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+# storage address -> the mapping (weakly), for each mapping :func:`empty` made (so
+# :func:`place` leaves a tensor already there where it is: a second compile of a
+# model copies nothing)
+_MAPPINGS: dict[int, Any] = {}
 
 
 def available() -> str | None:
@@ -63,15 +68,27 @@ def empty(shape: Any, dtype: Any) -> Any:
     except OSError:  # refused by this kernel: plain pages, still correct
         pass
     raw = torch.frombuffer(m, dtype=torch.uint8)            # keeps the mapping alive
+    key = raw.untyped_storage().data_ptr()
+    # the mmap object lives exactly as long as the storage that exports it
+    _MAPPINGS[key] = weakref.ref(m, lambda _, k=key: _MAPPINGS.pop(k, None))
     skip = -raw.data_ptr() % HUGE
     return raw[skip:skip + nbytes].view(dtype).view(tuple(int(s) for s in shape))
 
 
+def placed(t: Any) -> bool:
+    """True when ``t`` lives in a mapping :func:`empty` made (on huge pages)."""
+    ref = _MAPPINGS.get(t.untyped_storage().data_ptr()) if t.device.type == "cpu" else None
+    return ref is not None and ref() is not None
+
+
 def place(t: Any) -> Any:
     """``t`` (a CPU tensor) copied onto huge pages, contiguous; ``t`` itself when it
-    is not on the CPU, is under a huge page, or huge pages are not available."""
+    is not on the CPU, is under a huge page, is there already (contiguous), or huge
+    pages are not available."""
     nbytes = t.numel() * t.element_size()
     if t.device.type != "cpu" or nbytes < HUGE or available() is not None:
+        return t
+    if t.is_contiguous() and placed(t):
         return t
     out = empty(t.shape, t.dtype)
     out.copy_(t)

@@ -34,6 +34,8 @@ def test_place_copies_values_and_mapping_outlives_names():
     w = torch.randn(2048, 700)
     p = hugepages.place(w)
     assert p is not w and torch.equal(p, w) and on_huge(p)
+    assert hugepages.placed(p) and not hugepages.placed(w)
+    assert hugepages.place(p) is p                              # already there: no copy
     view = p[5:9]
     del p
     gc.collect()

@@ -109,6 +109,8 @@ def test_decode_weights_on_hugepages_shared_with_the_model():
         assert torch.equal(m(ids).logits, before)
     c = r.new_cache(1, 16)
     assert_close(r.prefill(ids, c), before[:, -1], "fp32", "runner after the move")
+    r2 = ModelRunner.from_hf(m, opt_level=2)  # a second compile finds it there: no copy
+    assert r2.lm_head.w.data_ptr() == head.data_ptr() == m.lm_head.weight.data_ptr()
     # tied embeddings: the embedding table follows the head (no stale second copy)
     t = tiny("llama", vocab_size=16384, tie_word_embeddings=True)
     rt = ModelRunner.from_hf(t, opt_level=2)
