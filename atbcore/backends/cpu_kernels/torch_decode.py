@@ -21,7 +21,7 @@ from .torch_ops import (DTYPE_CODES, _ROPE, _check, _deliver, _fn, _rope_fields,
 
 __all__ = ["linear_rows", "LINEAR_WEIGHT_DTYPES", "decode_attention", "decode_attention_bound",
            "paged_decode_attention", "rope_cache_bound", "rope_bound", "reshape_and_cache",
-           "argmax_rows"]
+           "reshape_and_cache_bound", "argmax_rows"]
 
 # weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
 LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
@@ -253,6 +253,20 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     not stored), in place. Returns False (nothing written) when this layout is not
     one the C copy takes (dtypes differ, rows not unit-stride): the caller's torch
     path runs then. A slot past the cache raises ShapeError with nothing written."""
+    call = reshape_and_cache_bound(key, value, key_cache, value_cache, slot_mapping)
+    if call is None:
+        return False
+    call()
+    return True
+
+
+def reshape_and_cache_bound(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor) -> Callable[[], None] | None:
+    """:func:`reshape_and_cache` with its arguments packed once, for a plan that writes
+    the same buffers every step: ``call()`` copies (reading the slots then current);
+    None when the layout is not one the C copy takes. The tensors must stay alive and
+    in place while the call lives."""
     t = slot_mapping.numel()
     nb, bs = key_cache.shape[0], key_cache.shape[1]
     row = key_cache[0, 0].numel() if nb else 0
@@ -264,19 +278,23 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
           key_cache[0, 0].is_contiguous() and value_cache[0, 0].is_contiguous() and
           value_cache.shape == key_cache.shape)
     if not ok:
-        return False
+        return None
     args = _CACHE.pack(k2.data_ptr(), v2.data_ptr(), key_cache.data_ptr(),
                        value_cache.data_ptr(), slot_mapping.data_ptr(),
                        int(slot_mapping.dtype == torch.int32), key.element_size(), t, row,
                        k2.stride(0) if t else row, v2.stride(0) if t else row, bs, nb,
                        key_cache.stride(0), key_cache.stride(1), value_cache.stride(0),
                        value_cache.stride(1))
-    status = _fn("reshape_and_cache")(args)
-    if status == -3:
-        raise ShapeError("ReshapeAndCache", "slot_mapping", f"-1 or 0 <= slot < {nb * bs}",
-                         slot_mapping.tolist())
-    _check(status, "reshape_and_cache")
-    return True
+    fn = _fn("reshape_and_cache")
+    keep = (k2, v2, key_cache, value_cache, slot_mapping)  # the packed addresses stay valid
+
+    def call() -> None:
+        status = fn(args)
+        if status == -3:
+            raise ShapeError("ReshapeAndCache", "slot_mapping", f"-1 or 0 <= slot < {nb * bs}",
+                             keep[4].tolist())
+        _check(status, "reshape_and_cache")
+    return call
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

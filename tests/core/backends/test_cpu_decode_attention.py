@@ -226,6 +226,29 @@ def test_reshape_and_cache_copies_rows_to_slots(dt, sdt):
     assert not reshape_and_cache(k.half(), v.half(), kc, vc, slots)  # dtype mismatch: caller's path
 
 
+def test_reshape_and_cache_bound_reads_the_slots_of_each_call():
+    """The bound copy packs its arguments once; each call writes at the slots the
+    slot tensor holds then, and a bad slot raises with nothing written."""
+    from atbcore.backends.cpu_kernels.torch_decode import reshape_and_cache_bound
+
+    nb, bs, kv, d = 3, 4, 2, 16
+    kc, vc = torch.zeros(nb, bs, kv, d), torch.zeros(nb, bs, kv, d)
+    k, v = torch.randn(2, kv, d), torch.randn(2, kv, d)
+    slots = torch.tensor([0, 5], dtype=torch.int32)
+    call = reshape_and_cache_bound(k, v, kc, vc, slots)
+    for step in range(3):
+        slots.copy_(torch.tensor([step, 5 + step], dtype=torch.int32))
+        k.add_(1.0)                                                    # new rows, same buffers
+        call()
+        assert torch.equal(kc[0, step], k[0]) and torch.equal(vc[1, 1 + step], v[1])
+    before = kc.clone()
+    slots.copy_(torch.tensor([3, 12], dtype=torch.int32))
+    with pytest.raises(ShapeError, match="slot_mapping"):
+        call()
+    assert torch.equal(kc, before)
+    assert reshape_and_cache_bound(k.half(), v, kc, vc, slots) is None
+
+
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16])
 def test_argmax_rows_matches_torch_including_ties_nan_and_inf(dt):
     from atbcore.backends.cpu_kernels.torch_decode import argmax_rows

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from atbcore.backends.cpu_kernels import torch_ops as ck
-from atbcore.backends.cpu_kernels.torch_decode import (paged_decode_attention, reshape_and_cache,
-                                                       rope_bound)
+from atbcore.backends.cpu_kernels.torch_decode import (paged_decode_attention,
+                                                       reshape_and_cache_bound, rope_bound)
 
 from .kernels import ROWS_MAX
 from .plan import DecodePlan
@@ -91,9 +91,9 @@ class PagedDecodePlan(DecodePlan):
             self._call(rope_bound(q, k, self.cos, self.sin, head_dim=hd,
                                   rotary_dim=s.rope.rotary_dim))
 
-        def write() -> None:  # the plan's layout is one the C copy takes (checked when built)
-            if not reshape_and_cache(k, v, kc, vc, self.slots):
-                raise RuntimeError("paged plan: ReshapeAndCache refused the plan's own buffers")
+        write = reshape_and_cache_bound(k, v, kc, vc, self.slots)  # arguments packed once
+        if write is None:
+            raise RuntimeError("paged plan: ReshapeAndCache refused the plan's own buffers")
         self._call(write)
         out = torch.empty(b, nh, hd, dtype=qkv.dtype)
         qh, win = q.view(b, nh, hd), blk.window
