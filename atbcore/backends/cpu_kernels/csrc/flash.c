@@ -28,27 +28,6 @@
 #include "pool.h"
 #include "simd.h"
 
-#ifdef ATB_AVX512
-/* exp for the softmax: atb_exp16's polynomial with the 2^k scaling in one scalef
- * and no underflow mask (callers mask unseen keys themselves; exp(x < -87.3) is a
- * subnormal or 0 instead of exactly 0) */
-static inline __attribute__((always_inline)) __m512 fl_exp16(__m512 x) {
-    __m512 xc = _mm512_max_ps(_mm512_set1_ps(-87.33654022216797f), x);
-    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, k);
-}
-#endif
-
 #define FL_BK 64     /* keys per block */
 #define FL_R 6       /* keys (scores) or value columns (sums) per register tile */
 #define FL_MAX_D 256
@@ -175,16 +154,19 @@ static inline __attribute__((always_inline)) void pv_tile(int R, int NZ, const f
     case 3: FL_ROW_TILES(n, 3, TILE, i, __VA_ARGS__); break;                \
     default: FL_ROW_TILES(n, 4, TILE, i, __VA_ARGS__); break;               \
     }
+/* TILE over rows [0, n) for every 64 lanes c of [0, Mp) (the last ones 16..64 wide) */
+#define FL_OVER_LANES(Mp, n, TILE, i, ...)                                  \
+    for (int64_t c = 0; c < (Mp); c += 64) {                                \
+        const int64_t w = (Mp) - c < 64 ? (Mp) - c : 64;                    \
+        FL_BY_WIDTH(w / 16, n, TILE, i, __VA_ARGS__)                        \
+    }
 #endif
 
 /* St[j][0..Mp) = kr[j] . Qt for the block's nk keys */
 static void scores(const float *const *kr, const float *Qt, float *St, int64_t Mp, int64_t D,
                    int nk) {
 #ifdef ATB_AVX512
-    for (int64_t c = 0; c < Mp; c += 64) {
-        const int64_t w = Mp - c < 64 ? Mp - c : 64;
-        FL_BY_WIDTH(w / 16, nk, score_tile, j, kr + j, Qt, St + j * Mp, c, Mp, D)
-    }
+    FL_OVER_LANES(Mp, nk, score_tile, j, kr + j, Qt, St + j * Mp, c, Mp, D)
 #else
     for (int j = 0; j < nk; ++j) {
         float *s = St + j * Mp;
@@ -202,10 +184,7 @@ static void scores(const float *const *kr, const float *Qt, float *St, int64_t M
 static void accumulate(const float *const *vr, const float *St, float *Ot, int64_t Mp, int64_t D,
                        int nk) {
 #ifdef ATB_AVX512
-    for (int64_t c = 0; c < Mp; c += 64) {
-        const int64_t w = Mp - c < 64 ? Mp - c : 64;
-        FL_BY_WIDTH(w / 16, D, pv_tile, d, vr, St, Ot, d, c, Mp, nk)
-    }
+    FL_OVER_LANES(Mp, D, pv_tile, d, vr, St, Ot, d, c, Mp, nk)
 #else
     for (int64_t d = 0; d < D; ++d) {
         float *o = Ot + d * Mp;
@@ -248,7 +227,7 @@ static void softmax_block(float *St, float *Ot, float *mx, float *sum, const int
         for (int j = 0; j < nk; ++j) {
             float *s = St + j * Mp + c;
             __m512 z = _mm512_sub_ps(_mm512_loadu_ps(s), mnew);
-            __m512 p = _mm512_maskz_mov_ps(vis[j], fl_exp16(z));
+            __m512 p = _mm512_maskz_mov_ps(vis[j], atb_exp16(z));
             _mm512_storeu_ps(s, p);
             ps = _mm512_add_ps(ps, p);
         }

@@ -185,41 +185,35 @@ static inline __attribute__((always_inline)) void tile4(int MB, int wdt, const f
 }
 #endif
 
-/* one tile for a runtime (mb, wdt): constant arguments let the compiler unroll */
+/* CALL(MB, WDT) for a runtime (mb, wdt) with both as constants, so the compiler
+ * unrolls each tile for its row count and weight dtype */
+#define ATB_BY_WDT(MB, CALL)                                         \
+    switch (wdt) {                                                   \
+    case W_F32: CALL(MB, W_F32); break;                              \
+    case W_BF16: CALL(MB, W_BF16); break;                            \
+    case W_F16: CALL(MB, W_F16); break;                              \
+    default: CALL(MB, W_I8); break;                                  \
+    }
+#define ATB_BY_MB_WDT(CALL)                                          \
+    switch (mb) {                                                    \
+    case 1: ATB_BY_WDT(1, CALL) break;                               \
+    case 2: ATB_BY_WDT(2, CALL) break;                               \
+    case 3: ATB_BY_WDT(3, CALL) break;                               \
+    default: ATB_BY_WDT(4, CALL) break;                              \
+    }
+
 static void tile_rt(int mb, int wdt, const float *const *xr, const uint8_t *wr, int64_t K,
                     float res[4]) {
-#define ATB_TILE_W(MB)                                               \
-    switch (wdt) {                                                   \
-    case W_F32: tile(MB, W_F32, xr, wr, K, res); break;              \
-    case W_BF16: tile(MB, W_BF16, xr, wr, K, res); break;            \
-    case W_F16: tile(MB, W_F16, xr, wr, K, res); break;              \
-    default: tile(MB, W_I8, xr, wr, K, res); break;                  \
-    }
-    switch (mb) {
-    case 1: ATB_TILE_W(1) break;
-    case 2: ATB_TILE_W(2) break;
-    case 3: ATB_TILE_W(3) break;
-    default: ATB_TILE_W(4) break;
-    }
-#undef ATB_TILE_W
+#define ATB_TILE(MB, W) tile(MB, W, xr, wr, K, res)
+    ATB_BY_MB_WDT(ATB_TILE)
+#undef ATB_TILE
 }
 
 static void tile4_rt(int mb, int wdt, const float *const *xr, const uint8_t *const *wr,
                      int64_t K, const uint8_t *pf, int64_t pfs, int npf, float res[16]) {
-#define ATB_TILE4_W(MB)                                              \
-    switch (wdt) {                                                   \
-    case W_F32: tile4(MB, W_F32, xr, wr, K, pf, pfs, npf, res); break;             \
-    case W_BF16: tile4(MB, W_BF16, xr, wr, K, pf, pfs, npf, res); break;           \
-    case W_F16: tile4(MB, W_F16, xr, wr, K, pf, pfs, npf, res); break;             \
-    default: tile4(MB, W_I8, xr, wr, K, pf, pfs, npf, res); break;                 \
-    }
-    switch (mb) {
-    case 1: ATB_TILE4_W(1) break;
-    case 2: ATB_TILE4_W(2) break;
-    case 3: ATB_TILE4_W(3) break;
-    default: ATB_TILE4_W(4) break;
-    }
-#undef ATB_TILE4_W
+#define ATB_TILE4(MB, W) tile4(MB, W, xr, wr, K, pf, pfs, npf, res)
+    ATB_BY_MB_WDT(ATB_TILE4)
+#undef ATB_TILE4
 }
 
 /* y[m, n] (+)= v * scale[n] + bias[n], rounded once to y's dtype */

@@ -43,10 +43,8 @@ static inline __attribute__((always_inline)) __m512 atb_exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    /* p * 2^(k-1) * 2: k = 128 (x near hi) stays a normal float */
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(126)), 23);
-    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(e)), _mm512_set1_ps(2.0f));
-    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+    /* p * 2^k in one instruction (k = 128 near hi still gives a normal float) */
+    return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_scalef_ps(p, k));
 }
 #endif
 
