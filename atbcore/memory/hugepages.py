@@ -17,6 +17,7 @@ Elsewhere (another OS, THP set to ``never``, ``ATB_HUGEPAGES=0``, or a tensor un
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import sys
@@ -34,15 +35,23 @@ _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _MAPPINGS: dict[int, Any] = {}
 
 
+@functools.lru_cache(maxsize=4)
+def _thp_mode(path: Path) -> str | None:
+    """The kernel's THP setting (read once per path: it is asked per allocation)."""
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
 def available() -> str | None:
     """Why tensors cannot be placed on huge pages here (None = they can)."""
     if os.environ.get("ATB_HUGEPAGES", "1").strip().lower() in ("0", "off", "false", "no"):
         return "disabled by ATB_HUGEPAGES=0"
     if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
         return f"transparent huge pages are a Linux feature ({sys.platform})"
-    try:
-        mode = _THP.read_text()
-    except OSError:
+    mode = _thp_mode(_THP)
+    if mode is None:
         return "no transparent huge page support in this kernel"
     if "[never]" in mode:
         return "transparent huge pages are set to never"
@@ -58,7 +67,7 @@ def empty(shape: Any, dtype: Any) -> Any:
     n = 1
     for s in shape:
         n *= int(s)
-    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    nbytes = n * dtype.itemsize
     if nbytes < HUGE or available() is not None:
         return torch.empty(shape, dtype=dtype)
     # one huge page more than needed, so a 2 MiB-aligned start fits inside
@@ -121,7 +130,7 @@ class Arena:
         n = 1
         for s in shape:
             n *= s
-        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        nbytes = n * dtype.itemsize
         if available() is not None:
             return torch.empty(shape, dtype=dtype)
         start = -(-self._used // 64) * 64                  # cache-line aligned

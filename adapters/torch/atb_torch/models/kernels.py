@@ -363,7 +363,7 @@ class Workspace:
         n = 1
         for d in shape:
             n *= int(d)
-        n *= torch.empty((), dtype=dtype).element_size()
+        n *= dtype.itemsize
         buf = self.bufs.get(name)
         if buf is None or buf.numel() < n:
             self.bufs.pop(name, None)                 # the old one goes before the new one
