@@ -238,11 +238,8 @@ class Lin:
             return linear_rows(x2, self.w, scale=self.scale32, bias=self.b, out=out)
         if norm is not None:
             x2 = norm(x2)
-        if self.mode == "t":
-            if self.b is None:
-                return torch.mm(x2, self.w, out=out)
-            return torch.addmm(self.b, x2, self.w, out=out)
-        return out.copy_(self(x2))
+        y = self(x2, out=out)  # the GEMM writes into out where it can (no copy then)
+        return y if y is out else out.copy_(y)
 
     def acc(self, x2: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y += lin(x2)`` in place (a residual add riding in the matmul)."""
