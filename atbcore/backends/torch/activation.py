@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ...ops import activation as _acts
+from ...ops import activation_fns as _acts
 from ...ops.activation import ActivationFn, get_activation
 from ..cpu_kernels import torch_ops as ck
 from . import kernel

@@ -18,7 +18,7 @@ from .common import f32, cast, mint, ops
 
 __all__ = ["ms_activation", "activation_reasons"]
 
-_BUILTIN_MODULE = "atbcore.ops.activation"
+_BUILTIN_MODULE = "atbcore.ops.activation_fns"
 
 
 def _gelu(x: Any) -> Any:
