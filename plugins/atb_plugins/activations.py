@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from atbcore.ops.activation_fns import _t_gelu, _t_gelu_tanh, _t_quick_gelu  # the core's formulas
 from atbcore.plugin import ActivationSpec, hookimpl
 
 __all__ = ["ACTIVATIONS", "ALIASES", "lookup", "atb_activation", "atb_register_ops"]
@@ -81,24 +82,6 @@ def _in_fp32(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return fn(x.float()).to(x.dtype)
 
     return run
-
-
-def _t_gelu(x: Any) -> Any:
-    import torch.nn.functional as F
-
-    return F.gelu(x)
-
-
-def _t_gelu_tanh(x: Any) -> Any:
-    import torch.nn.functional as F
-
-    return F.gelu(x, approximate="tanh")
-
-
-def _t_quick_gelu(x: Any) -> Any:
-    import torch
-
-    return x * torch.sigmoid(1.702 * x)
 
 
 def _t_gelu_10(x: Any) -> Any:
