@@ -122,9 +122,11 @@ class DecoderBlock:
             k = self.k_norm(k.unflatten(-1, (-1, hd))).flatten(-2)
         return q, k, v
 
-    def attention(self, h: torch.Tensor, ctx: AttnCtx) -> torch.Tensor:
+    def attention(self, h: torch.Tensor, ctx: AttnCtx, keep: Any = None) -> torch.Tensor:
+        """The attention sub-block's output ``[B, T, H]``; with ``keep`` (an index
+        along T) only those rows' (keys and values are still cached for every row)."""
         if getattr(ctx, "paged", False):
-            return self.attention_paged(h, ctx)
+            return self.attention_paged(h, ctx, keep)
         q, k, v = self.qkv_proj(h, ctx.ws)                               # [B, T, Q|KV]
         if self.rope is not None:
             q, k = self.rope(q=q, k=k, cos=ctx.cos, sin=ctx.sin)
@@ -132,13 +134,17 @@ class DecoderBlock:
             ctx.cache.write(self.idx, k, v, ctx.start)
             k, v = ctx.cache.view(self.idx, ctx.start + h.shape[1])      # [B, L, KV]
         o = self.fa[ctx.causal](q=q, k=k, v=v, mask=ctx.mask, seq_lens=ctx.seq_lens)[0]
+        if keep is not None:
+            return self._o(o[:, keep], None)
         return self._o(o, ctx.ws)
 
-    def attention_paged(self, h: torch.Tensor, ctx: Any) -> torch.Tensor:
+    def attention_paged(self, h: torch.Tensor, ctx: Any, keep: Any = None) -> torch.Tensor:
         """Packed tokens ``h`` [1, T, H] of several sequences over a paged cache.
         When every sequence's context is exactly its new tokens (a prefill without
         prefix-cache hits, ``ctx.fresh_lens``), attention runs per sequence on the
-        packed q/k/v slices themselves: nothing is gathered back from the cache."""
+        packed q/k/v slices themselves: nothing is gathered back from the cache.
+        ``keep``: the last token of each sequence (int64 [B]), the only rows whose
+        output is wanted; the C attention then runs those queries alone."""
         s = self.spec
         q, k, v = self.qkv_proj(h, ctx.ws)                               # [1, T, Q|KV]
         if self.rope is not None:
@@ -150,7 +156,9 @@ class DecoderBlock:
                  value=v.reshape(t, s.num_kv_heads, s.head_dim), key_cache=kc, value_cache=vc,
                  slot_mapping=b.slot_mapping)
         if ctx.fresh_lens is not None:
-            o = self._attend_packed(q, k, v, ctx.fresh_lens, ctx.ws)    # [1, T, Q]
+            o = self._attend_packed(q, k, v, ctx.fresh_lens, ctx.ws, keep)  # [1, T|B, Q]
+            if keep is not None:
+                return self._o(o, None)
         elif ctx.decode is not None:  # one token per sequence: the kept decode copy
             o = ctx.decode.attend(self.idx, q.reshape(t, s.num_heads, s.head_dim),
                                   k.reshape(t, s.num_kv_heads, s.head_dim),
@@ -161,7 +169,8 @@ class DecoderBlock:
             o = self.pa(query=q.reshape(t, s.num_heads, s.head_dim), key_cache=kc,
                         value_cache=vc, block_tables=b.block_tables,
                         context_lens=b.context_lens, q_seq_lens=b.q_seq_lens)[0]  # [T, H, D]
-        return self._o(o.reshape(1, t, s.q_size), ctx.ws)
+        o = o.reshape(1, t, s.q_size)
+        return self._o(o, ctx.ws) if keep is None else self._o(o[:, keep], None)
 
     def _o(self, o: torch.Tensor, ws: Any) -> torch.Tensor:
         """The output projection (into the workspace on a long prefill)."""
@@ -169,28 +178,34 @@ class DecoderBlock:
         return self.o(o, out=out)
 
     def _attend_packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       lens: list[int], ws: Any = None) -> torch.Tensor:
+                       lens: list[int], ws: Any = None, last: Any = None) -> torch.Tensor:
         """Causal attention of each sequence over its own tokens: q/k/v [1, T, Q|KV]
         packed, ``lens`` tokens per sequence; returns [1, T, Q]. On the CPU one C
         call serves every sequence (the packed slices read in place), else one
-        FlashAttention call per sequence."""
+        FlashAttention call per sequence. ``last`` (each sequence's last token, int64
+        [B]): [1, B, Q] of those rows comes back (on the C path only they run)."""
         s, t = self.spec, q.shape[1]
         if ck.why_not(q, k, v) is None and s.head_dim <= MAX_HEAD_DIM:
             nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
-            shape = (1, t, s.q_size)
+            ql = lens
+            if last is not None:  # bottom-right aligned: a sequence's one query sees all its keys
+                q, ql, ws = q[:, last], [1] * len(lens), None
+            rows = q.shape[1]
+            shape = (1, rows, s.q_size)
             out = torch.empty(shape, dtype=q.dtype) if ws is None else ws.take("attn", shape,
                                                                                  q.dtype)
-            prefill_attention(q[0].reshape(t, nh, hd), k[0].reshape(t, nkv, hd),
+            prefill_attention(q[0].reshape(rows, nh, hd), k[0].reshape(t, nkv, hd),
                               v[0].reshape(t, nkv, hd),
                               scale=self.scale if self.scale is not None else hd ** -0.5,
-                              q_lens=lens, causal=True, window=self.window,
-                              out=out[0].view(t, nh, hd))
+                              q_lens=ql, kv_lens=lens, causal=True, window=self.window,
+                              out=out[0].view(rows, nh, hd))
             return out
         fa, outs, a = self.fa[True], [], 0
         for n in lens:
             outs.append(fa(q=q[:, a:a + n], k=k[:, a:a + n], v=v[:, a:a + n])[0])
             a += n
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return o if last is None else o[:, last]
 
     def mlp(self, h: torch.Tensor, ws: Any = None) -> torch.Tensor:
         if self.router is not None:
@@ -213,10 +228,13 @@ class DecoderBlock:
         return self.down(self.act(self.up(h)))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
-                ctx: AttnCtx) -> tuple[torch.Tensor, torch.Tensor]:
+                ctx: AttnCtx, keep: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``x``: the previous block's MLP output (or the embeddings when
         ``residual`` is None). Returns ``(mlp_out, residual)``; the next block (or
-        the final norm) adds them."""
+        the final norm) adds them. ``keep`` (an index along the token dim): the
+        rows wanted from the block (the last block when only the last tokens' logits
+        are): every row's keys and values are cached, while the output projection,
+        the MLP and, where it can, the attention run the kept rows alone."""
         ws = getattr(ctx, "ws", None)
 
         def bufs(res: str) -> list | None:  # the residual alternates between two buffers
@@ -227,7 +245,9 @@ class DecoderBlock:
             h, residual = self.attn_norm(x), x
         else:
             h, residual = self.attn_norm.add(x, residual, out=bufs("res_a"))
-        a = self.attention(h, ctx)
+        a = self.attention(h, ctx, keep)
+        if keep is not None:
+            residual, ws = residual[:, keep], None
         h, residual = self.mlp_norm.add(a, residual, out=bufs("res_b"))
         return self.mlp(h, ws), residual
 

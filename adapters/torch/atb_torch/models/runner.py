@@ -185,18 +185,18 @@ class ModelRunner(PagedMixin):
         self._masks(ctx, attention_mask, b, t, start + t, position_ids, cache)
         if cache is not None:
             cache.reserve(start + t)
-        res = None
-        for blk in self.blocks:
-            x, res = blk.forward(x, res, ctx)
+        # the rows whose logits are kept (HF's logits_to_keep: an int counts from the
+        # end, 0 = all; a tensor indexes the tokens): the last block runs only those
+        keep = logits_to_keep
+        if isinstance(logits_to_keep, int):
+            keep = slice(t - logits_to_keep, t) if 0 < logits_to_keep < t else None
+        res, last = None, len(self.blocks) - 1
+        for i, blk in enumerate(self.blocks):
+            x, res = blk.forward(x, res, ctx, keep if i == last else None)
         h = self.final_norm.add(x, res)[0]
         if cache is not None:
             cache.length = start + t
         self.stats["general_steps"] += 1
-        if isinstance(logits_to_keep, int):
-            if logits_to_keep:
-                h = h[:, -logits_to_keep:]
-        else:
-            h = h[:, logits_to_keep]
         return h if self.lm_head is None else self.lm_head(h)
 
     def _masks(self, ctx: AttnCtx, mask: Any, b: int, t: int, total: int,

@@ -74,13 +74,13 @@ class PagedMixin:
         fresh = ql if max(ql) > 1 and ql == lens else None
         ctx = PagedCtx(cos, sin, cache, batch, fresh, self._decode_step(cache, batch, ql, lens),
                        self.prefill_workspace(x.shape[1]))
+        # only each sequence's last token is wanted: the last block runs those rows
+        keep = None if all_logits or len(ql) == x.shape[1] else \
+            batch.q_seq_lens.to(self.device).long().cumsum(0) - 1
         with self.parked(x.shape[1]):
-            res = None
-            for blk in self.blocks:
-                x, res = blk.forward(x, res, ctx)
-            if not all_logits and len(ql) != x.shape[1]:  # norms are per row: the last first
-                last = batch.q_seq_lens.to(self.device).long().cumsum(0) - 1
-                x, res = x[:, last], res[:, last]
+            res, last = None, len(self.blocks) - 1
+            for i, blk in enumerate(self.blocks):
+                x, res = blk.forward(x, res, ctx, keep if i == last else None)
             h = self.final_norm.add(x, res)[0][0]                        # [B|T, H]
             return h if self.lm_head is None else self.lm_head(h)
 
