@@ -181,6 +181,38 @@ def test_paged_decode_attention_reads_blocks_in_place(dt, tdt, window):
         assert_close(y[b:b + 1], ref, NAMES[dt], f"paged row {b}")
 
 
+@pytest.mark.parametrize("rows", [12, 5])  # a chunk per row / per (row, kv head)
+def test_paged_decode_attention_uneven_rows_split_over_threads(rows):
+    """Rows of uneven lengths (a zero-length one, ties, unsorted) big enough to split
+    over the pool: the longest rows go first, each row's output equals the float64
+    reference, and one or two threads give the same bits."""
+    from atbcore.backends.cpu_kernels.threads import parked_torch_threads
+    from atbcore.backends.cpu_kernels.torch_decode import paged_decode_attention
+
+    g = torch.Generator().manual_seed(rows)
+    bs, kv, d, h, width = 16, 2, 64, 8, 40
+    nb = rows * width
+    kc, vc = torch.randn(nb, bs, kv, d, generator=g), torch.randn(nb, bs, kv, d, generator=g)
+    tables = torch.randperm(nb, generator=g).view(rows, width).to(torch.int32)
+    lens = torch.tensor([300, 0, 17, 640, 300, 5, 129, 640, 64, 1, 250, 333][:rows],
+                        dtype=torch.int32)
+    q = torch.randn(rows, h, d, generator=g)
+    before, outs = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            with parked_torch_threads():
+                outs.append(paged_decode_attention(q, kc, vc, tables, lens, scale=0.125))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+    for b, n in enumerate(lens.tolist()):
+        k = kc[tables[b].long()].flatten(0, 1)[None]
+        v = vc[tables[b].long()].flatten(0, 1)[None]
+        ref = _ref_attention(q[b:b + 1], k, v, 0, n, 0.125).astype(np.float32)
+        assert_close(outs[1][b:b + 1], ref, "fp32", f"row {b} of {rows} ({n} keys)")
+
+
 def test_paged_decode_attention_mqa_and_bad_lengths():
     from atbcore.backends.cpu_kernels.torch_decode import paged_decode_attention
 

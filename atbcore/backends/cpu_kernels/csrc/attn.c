@@ -46,6 +46,7 @@ typedef struct {
     const DecAttnArgs *a;
     int64_t nomem;  /* set by a chunk that could not get its scores buffer */
     int64_t heads;  /* kv heads per chunk: all of a row's, or one */
+    const int64_t *order; /* the rows longest first (NULL: in order) */
 } AttnJob;
 
 static inline float dot(const float *x, const float *y, int64_t D) {
@@ -94,13 +95,14 @@ static void scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int6
                                            row_at(a, sh, b, lo + s0 + i, a->k_sb, a->k_ss) +
                                                kh * a->k_sh, D, rows + i * D)
                                 : kr[0];
-            /* prefetch the next 16 keys' rows while these compute */
+            /* prefetch the next 16 keys' rows while these compute, into L2 (16 paged
+             * rows of 16..544 keys, cache cold, 8 layers: into L1 2.8 ms, L2 2.45) */
             const int64_t es = atb_dt_size((int)a->kv_dt), rb = D * es;
             for (int i = 0; i < 16 && s0 + 16 + i < L; ++i) {
                 const char *pk = (const char *)P(a->k) +
                                  (row_at(a, sh, b, lo + s0 + 16 + i, a->k_sb, a->k_ss) +
                                   kh * a->k_sh) * es;
-                for (int64_t o = 0; o < rb; o += 64) _mm_prefetch(pk + o, _MM_HINT_T0);
+                for (int64_t o = 0; o < rb; o += 64) _mm_prefetch(pk + o, _MM_HINT_T2);
             }
             for (int64_t j = 0; j < G; ++j) {
                 __m512 acc[16];
@@ -142,7 +144,7 @@ static inline __attribute__((always_inline)) void pv_tile(
             const int64_t es = atb_dt_size((int)a->kv_dt);
             const char *pv = (const char *)P(a->v) +
                              (row_at(a, sh, b, pos + 8, a->v_sb, a->v_ss) + kh * a->v_sh) * es;
-            for (int64_t o = 0; o < 16 * NV * es; o += 64) _mm_prefetch(pv + o, _MM_HINT_T0);
+            for (int64_t o = 0; o < 16 * NV * es; o += 64) _mm_prefetch(pv + o, _MM_HINT_T2);
         }
         __m512 p[8];
         for (int jj = 0; jj < NH; ++jj) p[jj] = _mm512_set1_ps(sc[(j0 + jj) * L + s]);
@@ -278,10 +280,12 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
 static void run_chunk(void *ctx, int64_t chunk) {
     AttnJob *job = (AttnJob *)ctx;
     const int64_t KV = job->a->KV;
+    const int64_t r = job->heads == KV ? chunk : chunk / KV;
+    const int64_t b = job->order ? job->order[r] : r;
     if (job->heads == KV) {
-        for (int64_t kh = 0; kh < KV; ++kh) run_group(job, chunk, kh);
+        for (int64_t kh = 0; kh < KV; ++kh) run_group(job, b, kh);
     } else {
-        run_group(job, chunk / KV, chunk % KV);
+        run_group(job, b, chunk % KV);
     }
 }
 
@@ -308,7 +312,22 @@ ATB_API int64_t atb_decode_attention(const void *args) {
     /* a chunk per batch row (its kv heads in turn: the heads of a position are
      * adjacent, so its rows are read whole) when the rows alone keep the threads
      * busy, else per (row, kv head) */
-    AttnJob job = {&a, 0, a.B >= 4 * nth ? a.KV : 1};
+    AttnJob job = {&a, 0, a.B >= 4 * nth ? a.KV : 1, NULL};
+    int64_t *order = NULL;
+    if (a.ends && nth > 1 && (order = (int64_t *)malloc((size_t)a.B * sizeof(int64_t)))) {
+        /* the longest rows are taken first, so the last chunks are short ones and the
+         * threads finish together (16 paged rows of 16..544 keys: 2.45 -> 2.3-2.4 ms
+         * per 8 layers); rows of equal length keep their order */
+        for (int64_t b = 0; b < a.B; ++b) {
+            const int64_t e = ival(a.ends, (int)a.ends_i32, b);
+            int64_t i = b;
+            for (; i > 0 && ival(a.ends, (int)a.ends_i32, order[i - 1]) < e; --i)
+                order[i] = order[i - 1];
+            order[i] = b;
+        }
+        job.order = order;
+    }
     atb_parallel_chunks(run_chunk, &job, a.B * a.KV / job.heads, nth);
+    free(order);
     return job.nomem ? ATB_ERR_NOMEM : 0;
 }
