@@ -19,29 +19,55 @@ from .threads import pool_threads
 from .torch_ops import (DTYPE_CODES, _ROPE, _check, _deliver, _fn, _rope_fields, _rope_status,
                         _rows, _unit_last)
 
-__all__ = ["linear_rows", "LINEAR_WEIGHT_DTYPES", "decode_attention", "decode_attention_bound",
+__all__ = ["linear_rows", "pack_panels", "PANEL", "LINEAR_WEIGHT_DTYPES", "decode_attention", "decode_attention_bound",
            "paged_decode_attention", "rope_cache_bound", "rope_bound", "reshape_and_cache",
            "reshape_and_cache_bound", "argmax_rows"]
 
 # weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
 LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
 
-_LINEAR = struct.Struct("<20q2d")
+_LINEAR = struct.Struct("<20q2dq")
+PANEL = 32  # ATB_PANEL in linear.c: outputs per panel of a packed weight
 _ATTN = struct.Struct("<32qd2q")
 _CACHE = struct.Struct("<17q")
 _ARGMAX = struct.Struct("<7q")
+
+
+def pack_panels(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 ``w`` [N, K] as ceil(N / 32) panels ``[P, K, 32]`` (``p[i, k, j] = w[32 i + j,
+    k]``, zeros past N): the layout :func:`linear_rows` streams with ``panels=``.
+    ``out`` (that shape, fp32, contiguous) receives it, e.g. an arena's huge pages."""
+    n, k = w.shape
+    p = -(-n // PANEL)
+    if w.dtype != torch.float32:
+        raise ShapeError("pack_panels", "w", "an fp32 [N, K] weight", f"{w.dtype}")
+    if out is None:
+        out = torch.empty(p, k, PANEL)
+    if out.shape != (p, k, PANEL) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ShapeError("pack_panels", "out", f"contiguous fp32 {(p, k, PANEL)}",
+                         f"{out.dtype} {tuple(out.shape)}")
+    if n % PANEL:
+        out[-1].zero_()
+    full = n // PANEL
+    out[:full].copy_(w[:full * PANEL].view(full, PANEL, k).transpose(1, 2))
+    if n % PANEL:
+        out[full, :, :n % PANEL].copy_(w[full * PANEL:].t())
+    return out
 
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 accumulate: bool = False, threads: int | None = None,
                 rms_norm_eps: float | None = None,
-                rms_norm_weight: torch.Tensor | None = None) -> torch.Tensor:
+                rms_norm_weight: torch.Tensor | None = None,
+                panels: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w.T * scale + bias`` for few rows of ``x`` [..., K] (``w`` [N, K]); with
     ``accumulate`` the result is added into ``out``. fp32 sums, one rounding. ``threads``
     (default torch's intra-op count) is the most pool threads the weight rows split over.
     With ``rms_norm_eps``, ``x`` is RmsNorm'd first (``rms_norm_weight`` optional), rounded
-    to x's dtype exactly as the separate RmsNorm kernel would store it."""
+    to x's dtype exactly as the separate RmsNorm kernel would store it. ``panels``:
+    fp32 ``w`` packed by :func:`pack_panels`, which the kernel then reads instead of
+    ``w`` (the same sums, in the same order)."""
     k, n = x.shape[-1], w.shape[0]
     x2, rows, xs = _rows(x, k)
     shape = (*x.shape[:-1], n)
@@ -61,8 +87,14 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
                                         rms_norm_weight.dtype not in DTYPE_CODES):
         raise ShapeError("linear_rows", "rms_norm_weight", f"a contiguous fp32/bf16/fp16 [{k}]",
                          f"{rms_norm_weight.dtype} {tuple(rms_norm_weight.shape)}")
+    if panels is not None and (w.dtype != torch.float32 or panels.dtype != torch.float32 or
+                               panels.shape != (-(-n // PANEL), k, PANEL)
+                               or not panels.is_contiguous()):
+        raise ShapeError("linear_rows", "panels", f"pack_panels of the fp32 [{n}, {k}] weight",
+                         f"{panels.dtype} {tuple(panels.shape)} for a {w.dtype} weight")
     args = _LINEAR.pack(
-        x2.data_ptr(), w.data_ptr(), 0 if scale is None else scale.data_ptr(),
+        x2.data_ptr(), w.data_ptr() if panels is None else panels.data_ptr(),
+        0 if scale is None else scale.data_ptr(),
         0 if bias is None else bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype],
         LINEAR_WEIGHT_DTYPES[w.dtype], 0 if bias is None else DTYPE_CODES[bias.dtype],
         DTYPE_CODES[y.dtype], rows, k, n, xs, w.stride(0), n,
@@ -70,7 +102,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
         int(accumulate), int(rms_norm_eps is not None),
         0 if rms_norm_weight is None else rms_norm_weight.data_ptr(),
         0 if rms_norm_weight is None else DTYPE_CODES[rms_norm_weight.dtype],
-        float(rms_norm_eps or 0.0), 0.0)
+        float(rms_norm_eps or 0.0), 0.0, int(panels is not None))
     _check(_fn("linear_rows")(args), "linear_rows")
     return _deliver(out, y)
 

@@ -101,3 +101,75 @@ def test_linear_rows_fused_rms_norm(dt, m):
     assert_close(y, (hd @ w.double().numpy().T).astype(np.float32), name, "fused RmsNorm matmul")
     with pytest.raises(ShapeError, match="rms_norm_weight"):
         linear_rows(x, w, rms_norm_eps=1e-5, rms_norm_weight=nw[:50])
+
+
+def test_pack_panels_layout():
+    """Panel i holds outputs 32 i .. 32 i + 31 as [K, 32] columns, zeros past N."""
+    from atbcore.backends.cpu_kernels.torch_decode import PANEL, pack_panels
+
+    w = torch.randn(70, 9)
+    p = pack_panels(w)
+    assert PANEL == 32 and p.shape == (3, 9, 32) and p.is_contiguous()
+    for n in range(70):
+        assert torch.equal(p[n // 32, :, n % 32], w[n])
+    assert not p[2, :, 70 - 64:].any()
+    with pytest.raises(ShapeError, match="pack_panels"):
+        pack_panels(w.bfloat16())
+    with pytest.raises(ShapeError, match="out"):
+        pack_panels(w, out=torch.empty(3, 9, 16))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 512, 768), (3, 77, 50), (5, 1376, 129), (8, 16, 17),
+                                   (9, 130, 2000), (16, 512, 64), (32, 512, 1030), (13, 8, 3)])
+@pytest.mark.parametrize("xdt", [torch.float32, torch.bfloat16])
+def test_linear_rows_panels(m, k, n, xdt):
+    """The panel-packed weight: bias, the residual accumulated into out and the fused
+    RmsNorm as with the [N, K] weight, against float64 NumPy and F.linear, over row
+    counts around the 8-row tiles and N around the 32-output panels."""
+    from atbcore.backends.cpu_kernels.torch_decode import linear_rows, pack_panels
+
+    g = torch.Generator().manual_seed(m * 1000 + k + n)
+    x = torch.randn(m, k, generator=g).to(xdt)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g)
+    p = pack_panels(w)
+    name = "fp32" if xdt == torch.float32 else "bf16"
+    y = linear_rows(x, w, bias=b, panels=p)
+    assert y.dtype == xdt and y.shape == (m, n)
+    assert_close(y, _ref(x.float(), w, bias=b).astype(np.float32), name, "panels + bias")
+    assert_close(y.float(), F.linear(x.float(), w, b), name, "panels vs F.linear")
+    out = torch.randn(m, n, generator=g).to(xdt)
+    before = out.clone()
+    assert linear_rows(x, w, out=out, accumulate=True, panels=p) is out
+    assert_close(out, _ref(x.float(), w, acc=before.float()).astype(np.float32), name,
+                 "panels accumulate")
+    nw = torch.rand(k, generator=g) + 0.5
+    fused = linear_rows(x, w, rms_norm_eps=1e-6, rms_norm_weight=nw.to(xdt), panels=p)
+    assert torch.equal(fused, linear_rows(x, w, rms_norm_eps=1e-6, rms_norm_weight=nw.to(xdt),
+                                          panels=p))
+    from atbcore.backends.cpu_kernels.torch_ops import rms_norm
+
+    h, _ = rms_norm(x, nw.to(xdt), k, 1e-6)
+    assert torch.equal(fused, linear_rows(h, w, panels=p))
+
+
+def test_linear_rows_panels_threads_and_bad_panels():
+    from atbcore.backends.cpu_kernels.torch_decode import linear_rows, pack_panels
+
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(16, 512, generator=g), torch.randn(3000, 512, generator=g)
+    p = pack_panels(w)
+    keep, ys = torch.get_num_threads(), []
+    try:
+        for th in (1, 2):
+            torch.set_num_threads(th)
+            ys.append(linear_rows(x, w, panels=p))
+    finally:
+        torch.set_num_threads(keep)
+    assert torch.equal(ys[0], ys[1])  # each output's sum is one thread's, in one order
+    assert_close(ys[0], _ref(x, w).astype(np.float32), "fp32", "panels, 1 and 2 threads")
+    out = torch.zeros(16, 3000)
+    for bad, wt in ((p[:-1], w), (p.bfloat16(), w), (p, w.bfloat16())):
+        with pytest.raises(ShapeError, match="panels"):
+            linear_rows(x.to(wt.dtype), wt, panels=bad, out=out)
+    assert not out.any()

@@ -39,13 +39,14 @@ typedef struct {
     int64_t accumulate;                         /* 1: y += result (read at y's dtype) */
     int64_t norm, norm_w, norm_w_dt;            /* norm 1: RmsNorm x first (weight optional) */
     double norm_eps, norm_offset;
+    int64_t packed;                             /* 1: fp32 w in 32-column panels (see run_panels) */
 } LinArgs;
 
 typedef struct {
     const LinArgs *a;
     const float *xf;   /* x as fp32, rows xs apart */
     int64_t xs;
-    int64_t chunk_rows; /* weight rows per pool chunk (a multiple of 16) */
+    int64_t chunk_rows; /* weight rows per pool chunk (a multiple of 16); panels when packed */
 } Job;
 
 #define P(v) ((const void *)(intptr_t)(v))
@@ -319,11 +320,109 @@ static void run_rows(void *ctx, int64_t chunk) {
     }
 }
 
+/* Panel-packed fp32 weights (``packed``): w holds ceil(N / 32) panels, panel p the
+ * [K, 32] block w[k, j] = W[32 p + j, k] (zeros past N). Each x element is broadcast
+ * against two vectors of a panel row, so a tile is 8 x rows by 32 outputs in 16
+ * accumulators, with no horizontal sums and the panel read sequentially from
+ * memory (one core, 16 x 32000 x 512 from DRAM: 105 GF/s against 74 for the 4 x 4
+ * tiles on [N, K] rows; in L2 116 against 80, this machine's FMA peak). */
+#define ATB_PANEL 32
+
+/* sums over K in blocks of this many, added up in res: fp32 error ~ (block + K / block)
+ * roundings instead of K (16 x 768 x 512 against float64: 9e-5 -> 2e-5, as the 4 x 4
+ * tiles' split sums) */
+#define ATB_PANEL_KB 128
+
+#ifdef ATB_LIN_AVX512
+/* res[i * 32 + j] = x row i . panel column j for MB rows */
+static inline __attribute__((always_inline)) void panel_tile(int MB, const float *x, int64_t xs,
+                                                             const float *w, int64_t K,
+                                                             float *res) {
+    __m512 acc[16];
+    for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
+        const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
+        for (int i = 0; i < 2 * MB; ++i) acc[i] = _mm512_setzero_ps();
+        for (int64_t k = k0; k < k1; ++k) {
+            const __m512 w0 = _mm512_loadu_ps(w + k * ATB_PANEL);
+            const __m512 w1 = _mm512_loadu_ps(w + k * ATB_PANEL + 16);
+            for (int i = 0; i < MB; ++i) {
+                const __m512 xb = _mm512_set1_ps(x[i * xs + k]);
+                acc[2 * i] = _mm512_fmadd_ps(xb, w0, acc[2 * i]);
+                acc[2 * i + 1] = _mm512_fmadd_ps(xb, w1, acc[2 * i + 1]);
+            }
+        }
+        for (int i = 0; i < 2 * MB; ++i) {
+            __m512 v = acc[i];
+            if (k0) v = _mm512_add_ps(v, _mm512_loadu_ps(res + i * 16));
+            _mm512_storeu_ps(res + i * 16, v);
+        }
+    }
+}
+#endif
+
+/* y[m .. m+mb, n .. n+32) of one panel (res: mb rows of 32 sums) */
+static void panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float *res) {
+    const int64_t nv = a->n - n < ATB_PANEL ? a->n - n : ATB_PANEL;
+    if (a->y_dt == ATB_F32 && !a->bias && !a->scale && !a->accumulate) {
+        for (int i = 0; i < mb; ++i)
+            memcpy((float *)P(a->y) + (m + i) * a->y_stride + n, res + i * ATB_PANEL,
+                   (size_t)nv * sizeof(float));
+        return;
+    }
+    for (int i = 0; i < mb; ++i)
+        for (int64_t j = 0; j < nv; ++j) emit(a, m + i, n + j, res[i * ATB_PANEL + j]);
+}
+
+static void run_panels(void *ctx, int64_t chunk) {
+    const Job *job = (const Job *)ctx;
+    const LinArgs *a = job->a;
+    const int64_t K = a->k, M = a->m, np = (a->n + ATB_PANEL - 1) / ATB_PANEL;
+    const int64_t p0 = chunk * job->chunk_rows, p1 = p0 + job->chunk_rows < np ? p0 + job->chunk_rows : np;
+    const float *w = (const float *)P(a->w);
+    for (int64_t p = p0; p < p1; ++p) {
+        const float *wp = w + p * K * ATB_PANEL;
+        for (int64_t m = 0; m < M; m += 8) {
+            const int mb = M - m < 8 ? (int)(M - m) : 8;
+            const float *x = job->xf + m * job->xs;
+            float res[8 * ATB_PANEL];
+#ifdef ATB_LIN_AVX512
+            switch (mb) {
+            case 1: panel_tile(1, x, job->xs, wp, K, res); break;
+            case 2: panel_tile(2, x, job->xs, wp, K, res); break;
+            case 3: panel_tile(3, x, job->xs, wp, K, res); break;
+            case 4: panel_tile(4, x, job->xs, wp, K, res); break;
+            case 5: panel_tile(5, x, job->xs, wp, K, res); break;
+            case 6: panel_tile(6, x, job->xs, wp, K, res); break;
+            case 7: panel_tile(7, x, job->xs, wp, K, res); break;
+            default: panel_tile(8, x, job->xs, wp, K, res); break;
+            }
+#else
+            memset(res, 0, sizeof res);
+            for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
+                const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
+                float part[8 * ATB_PANEL] = {0};
+                for (int64_t k = k0; k < k1; ++k)
+                    for (int i = 0; i < mb; ++i) {
+                        const float xv = x[i * job->xs + k];
+                        float *r = part + i * ATB_PANEL;
+                        const float *wk = wp + k * ATB_PANEL;
+#pragma omp simd
+                        for (int j = 0; j < ATB_PANEL; ++j) r[j] += xv * wk[j];
+                    }
+                for (int j = 0; j < mb * ATB_PANEL; ++j) res[j] += part[j];
+            }
+#endif
+            panel_emit(a, m, p * ATB_PANEL, mb, res);
+        }
+    }
+}
+
 /* Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_NOMEM when x cannot be widened. */
 ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     if (!a || a->m < 0 || a->k <= 0 || a->n <= 0 || !a->x || !a->w || !a->y) return ATB_ERR_ARGS;
     if (a->w_dt != W_F32 && a->w_dt != W_BF16 && a->w_dt != W_F16 && a->w_dt != W_I8)
         return ATB_ERR_ARGS;
+    if (a->packed && a->w_dt != W_F32) return ATB_ERR_ARGS;
     if (a->x_dt < 0 || a->x_dt > ATB_F16 || a->y_dt < 0 || a->y_dt > ATB_F16) return ATB_ERR_ARGS;
     if (a->m == 0) return 0;
     Job job = {a, NULL, a->x_stride, 0};
@@ -358,6 +457,14 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     int nth = (int)(a->threads > 0 ? a->threads : 1);
     int64_t bytes = a->n * a->k * wsize((int)a->w_dt) * ((a->m + 3) / 4);
     if (bytes < (64 << 10)) nth = 1;
+    if (a->packed) { /* chunks of panels, about 8 per thread */
+        const int64_t np = (a->n + ATB_PANEL - 1) / ATB_PANEL;
+        job.chunk_rows = (np + 8 * nth - 1) / (8 * nth);
+        atb_parallel_chunks(run_panels, &job, (np + job.chunk_rows - 1) / job.chunk_rows, nth);
+        free(tmp);
+        free(normed);
+        return 0;
+    }
     int64_t per = (a->n + 8 * nth - 1) / (8 * nth);
     job.chunk_rows = (per < 16 ? 16 : (per + 15) / 16 * 16);
     atb_parallel_chunks(run_rows, &job, (a->n + job.chunk_rows - 1) / job.chunk_rows, nth);

@@ -118,6 +118,37 @@ def test_decode_weights_on_hugepages_shared_with_the_model():
             == t.model.embed_tokens.weight.data_ptr() == t.lm_head.weight.data_ptr())
 
 
+def test_decode_weights_in_panels_unless_disabled(llama, monkeypatch):
+    """fp32 decode Linears carry a panel-packed copy the C matmul streams (shown by
+    explain()'s kernel names); with ATB_PANELS=0 they run on the [out, in] rows, and
+    both decode HF's logits. bf16 weights keep their rows."""
+    from atbcore.backends.cpu_kernels import available
+
+    packed = ModelRunner.from_hf(llama, opt_level=2)
+    monkeypatch.setenv("ATB_PANELS", "0")
+    plain = ModelRunner.from_hf(llama, opt_level=2)
+    monkeypatch.delenv("ATB_PANELS")
+    lins = [packed.lm_head] + [getattr(b, n) for b in packed.blocks for n in ("qkv", "o", "down")]
+    if available():
+        assert all(lin.panels is not None and "panels" in lin.kernel for lin in lins)
+        assert packed.lm_head.panels.shape == (256 // 32, 64, 32)
+    assert plain.lm_head.panels is None and "panels" not in plain.lm_head.kernel
+    assert ModelRunner.from_hf(tiny("llama").to(torch.bfloat16), opt_level=2).lm_head.panels is None
+    ids, mask = left_padded([4, 9], seed=8)
+    ca, cb = packed.new_cache(2, 32), plain.new_cache(2, 32)
+    la = packed.prefill(ids, ca, attention_mask=mask)
+    lb = plain.prefill(ids, cb, attention_mask=mask)
+    seq = ids
+    for step in range(5):
+        tok = lb.argmax(-1)
+        seq, mask = torch.cat([seq, tok[:, None]], 1), torch.cat([mask, mask[:, -1:]], 1)
+        la, lb = packed.decode(tok, ca).clone(), plain.decode(tok, cb).clone()
+        with torch.no_grad():
+            ref = llama(seq, attention_mask=mask).logits[:, -1]
+        assert_close(la, ref, "fp32", f"panels step {step} vs HF")
+        assert_close(lb, ref, "fp32", f"rows step {step} vs HF")
+
+
 def test_paged_prefill_attends_in_one_c_call_per_layer(llama):
     """Fresh prompts packed in one paged prefill: one C prefill attention per layer for
     all of them, and each prompt's last logits equal HF's."""
