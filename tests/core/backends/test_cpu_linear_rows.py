@@ -173,3 +173,27 @@ def test_linear_rows_panels_threads_and_bad_panels():
         with pytest.raises(ShapeError, match="panels"):
             linear_rows(x.to(wt.dtype), wt, panels=bad, out=out)
     assert not out.any()
+
+
+@pytest.mark.parametrize("m,k,n", [(65, 512, 96), (200, 77, 1030), (130, 1376, 40)])
+def test_linear_rows_panels_many_rows(m, k, n):
+    """Prefill-sized calls on panels: rows in blocks of 64 (tails included) on the
+    OpenMP team, the same bits with one or two threads, equal to float64 NumPy and
+    F.linear, written into a given out."""
+    from atbcore.backends.cpu_kernels.torch_decode import linear_rows, pack_panels
+
+    g = torch.Generator().manual_seed(m + k + n)
+    x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    p = pack_panels(w)
+    keep, ys = torch.get_num_threads(), []
+    try:
+        for th in (1, 2):
+            torch.set_num_threads(th)
+            out = torch.full((m, n), float("nan"))
+            assert linear_rows(x, w, bias=b, out=out, panels=p) is out
+            ys.append(out)
+    finally:
+        torch.set_num_threads(keep)
+    assert torch.equal(ys[0], ys[1])
+    assert_close(ys[1], _ref(x, w, bias=b).astype(np.float32), "fp32", "panels, many rows")
+    assert_close(ys[1], F.linear(x, w, b), "fp32", "panels vs F.linear")

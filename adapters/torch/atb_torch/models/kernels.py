@@ -138,12 +138,14 @@ def panels_enabled() -> bool:
 
 def _panels(w: torch.Tensor, prep: Prep) -> torch.Tensor | None:
     """The fp32 ``[out, in]`` weight ``w`` packed in 32-output panels for the C
-    few-row matmul (:func:`atbcore.backends.cpu_kernels.torch_decode.pack_panels`), on
-    huge pages in the runner's arena: each activation element is broadcast against
-    a panel row, with no horizontal sums and the panel read sequentially (16 rows,
-    the default model's decode weights: 9.1 -> 6.9 ms per step; 1 row 4.9 -> 4.7).
-    It is a second copy of the weight (many-row GEMMs keep the ``[out, in]`` one);
-    None for other dtypes, or with ``ATB_PANELS=0``."""
+    matmul (:func:`atbcore.backends.cpu_kernels.torch_decode.pack_panels`), on huge
+    pages in the runner's arena: each activation element is broadcast against a panel
+    row, with no horizontal sums and the panel read sequentially (16 rows, the default
+    model's decode weights: 9.1 -> 6.9 ms per step; 1 row 4.9 -> 4.7), and prefill
+    GEMMs run on them too (4224 rows: 205-226 GF/s against MKL's 173-199 here). A
+    merged weight is kept as panels only; a model parameter's panels are a second
+    copy of it (the model keeps its own). None for other dtypes, or with
+    ``ATB_PANELS=0``."""
     if w.dtype != torch.float32 or not panels_enabled():
         return None
     from atbcore.backends.cpu_kernels.torch_decode import PANEL, pack_panels
@@ -190,10 +192,17 @@ class Lin:
             self.mode = "w8"
             self.k = Kern("Linear", quant="w8", bias=self.b is not None)
         elif prep.fused and not self.rows_why:
-            self.w = _rows_weight(ws, weights, prep)                        # [out, in]
             self.mode = "rows"
             self.k = Kern("Linear", bias=self.b is not None)
-            self.panels = _panels(self.w, prep)
+            if len(ws) > 1 and prep.dtype == torch.float32 and panels_enabled():
+                # merged (a copy of the runner's own): kept as panels only, since every
+                # call runs on them; w is its shape and dtype (a meta tensor)
+                merged = torch.cat([w.to(prep.device, prep.dtype) for w in ws])
+                self.panels = _panels(merged, prep)
+                self.w = torch.empty(merged.shape, dtype=merged.dtype, device="meta")
+            else:
+                self.w = _rows_weight(ws, weights, prep)                    # [out, in]
+                self.panels = _panels(self.w, prep)
         elif prep.fused:
             w = torch.cat(ws) if len(ws) > 1 else ws[0]
             self.w = w.to(prep.device, prep.dtype).t().contiguous()       # [in, out]
@@ -220,9 +229,11 @@ class Lin:
                 "rows": "torch F.linear on [out, in]",
                 "w8": "atb w8 Linear (int8pack / dequantize + GEMM)"}[self.mode]
         dt = str(self.w.dtype).replace("torch.", "")
+        if self.panels is not None:
+            return (f"C few-row matmul ({dt} weights, 32-output panels, <= {ROWS_MAX} rows) | "
+                    "C panel GEMM (64-row blocks)")
         if self.rows:
-            lay = ", 32-output panels" if self.panels is not None else ""
-            return f"C few-row matmul ({dt} weights{lay}, <= {ROWS_MAX} rows) | {many}"
+            return f"C few-row matmul ({dt} weights, <= {ROWS_MAX} rows) | {many}"
         why = "" if self.mode == "dense" else f" (C few-row matmul: {self.rows_why})"
         return f"{many}{why}"
 
@@ -233,6 +244,11 @@ class Lin:
             from atbcore.backends.cpu_kernels.torch_decode import linear_rows
 
             return linear_rows(x, self.w, scale=self.scale32, bias=self.b, panels=self.panels)
+        if self.panels is not None:
+            # many rows too: the panel GEMM (x in blocks of 64 rows kept in L2)
+            from atbcore.backends.cpu_kernels.torch_decode import linear_rows
+
+            return linear_rows(x, self.w, bias=self.b, out=out, panels=self.panels)
         if (out is not None and self.mode in ("rows", "t") and x.dtype == self.w.dtype
                 and (self.b is None or self.b.dtype == x.dtype)):
             x2, o2 = x.reshape(-1, self.in_features), out.view(-1, self.out_features)

@@ -134,6 +134,12 @@ def test_decode_weights_in_panels_unless_disabled(llama, monkeypatch):
         assert packed.lm_head.panels.shape == (256 // 32, 64, 32)
     assert plain.lm_head.panels is None and "panels" not in plain.lm_head.kernel
     assert ModelRunner.from_hf(tiny("llama").to(torch.bfloat16), opt_level=2).lm_head.panels is None
+    long, long_mask = left_padded([40, 33], seed=5)  # 80 rows: the prefill GEMMs on panels
+    with torch.no_grad():
+        ref = llama(long, attention_mask=long_mask).logits
+    for r in (packed, plain):
+        got = r.forward(long, r.new_cache(2, 48), attention_mask=long_mask)
+        assert_close(got[long_mask.bool()], ref[long_mask.bool()], "fp32", "prefill vs HF")
     ids, mask = left_padded([4, 9], seed=8)
     ca, cb = packed.new_cache(2, 32), plain.new_cache(2, 32)
     la = packed.prefill(ids, ca, attention_mask=mask)
