@@ -144,10 +144,8 @@ def _panels(w: torch.Tensor, prep: Prep) -> torch.Tensor | None:
     model's decode weights: 9.1 -> 6.9 ms per step; 1 row 4.9 -> 4.7), and prefill
     GEMMs run on them too (4224 rows: 205-226 GF/s against MKL's 173-199 here). A
     merged weight is kept as panels only; a model parameter's panels are a second
-    copy of it (the model keeps its own). None for other dtypes, or with
-    ``ATB_PANELS=0``."""
-    if w.dtype != torch.float32 or not panels_enabled():
-        return None
+    copy of it (the model keeps its own). Only for fp32; ``ATB_PANELS=0`` keeps the
+    ``[out, in]`` rows instead."""
     from atbcore.backends.cpu_kernels.torch_decode import PANEL, pack_panels
 
     shape = (-(-w.shape[0] // PANEL), w.shape[1], PANEL)
@@ -162,7 +160,8 @@ class Lin:
     ``[in, out]`` contiguous copy; :meth:`into` is one ``mm``/``addmm`` into a
     preallocated buffer), "rows" (a merged ``[out, in]`` contiguous copy: up to
     :data:`ROWS_MAX` rows run the C few-row matmul, more rows torch's GEMM on the
-    transposed view) or "w8" (int8 ``[out, in]`` + per-channel scale; the C
+    transposed view; fp32 weights are ``panels`` instead, which the C matmul runs
+    at any row count) or "w8" (int8 ``[out, in]`` + per-channel scale; the C
     matmul for few rows when ``rows`` is set). :attr:`kernel` names what runs."""
 
     def __init__(self, weights: list, biases: list, prep: Prep) -> None:
@@ -194,15 +193,17 @@ class Lin:
         elif prep.fused and not self.rows_why:
             self.mode = "rows"
             self.k = Kern("Linear", bias=self.b is not None)
-            if len(ws) > 1 and prep.dtype == torch.float32 and panels_enabled():
-                # merged (a copy of the runner's own): kept as panels only, since every
-                # call runs on them; w is its shape and dtype (a meta tensor)
-                merged = torch.cat([w.to(prep.device, prep.dtype) for w in ws])
-                self.panels = _panels(merged, prep)
-                self.w = torch.empty(merged.shape, dtype=merged.dtype, device="meta")
+            if prep.dtype == torch.float32 and panels_enabled():
+                # every call runs on the panels: a merged weight is kept as panels only
+                # (w: its shape and dtype, a meta tensor), a single one stays the
+                # model's own tensor, where it is (no huge-page move: nothing streams it)
+                src = (torch.cat([w.to(prep.device, prep.dtype) for w in ws]) if len(ws) > 1
+                       else ws[0].to(prep.device, prep.dtype))
+                self.panels = _panels(src, prep)
+                self.w = (torch.empty(src.shape, dtype=src.dtype, device="meta") if len(ws) > 1
+                          else src)
             else:
                 self.w = _rows_weight(ws, weights, prep)                    # [out, in]
-                self.panels = _panels(self.w, prep)
         elif prep.fused:
             w = torch.cat(ws) if len(ws) > 1 else ws[0]
             self.w = w.to(prep.device, prep.dtype).t().contiguous()       # [in, out]

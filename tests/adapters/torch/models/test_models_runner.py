@@ -90,11 +90,14 @@ def test_prefill_workspace_reused_and_equal(arch):
     assert r.workspace.nbytes == 0
 
 
-def test_decode_weights_on_hugepages_shared_with_the_model():
-    """The weights the C matmul streams sit on huge pages; a single model parameter
-    moves there itself (one copy in memory) and the model's own forward is unchanged."""
+@pytest.mark.parametrize("panels", ["1", "0"])
+def test_decode_weights_on_hugepages_shared_with_the_model(panels, monkeypatch):
+    """The weights the C matmul streams sit on huge pages: the fp32 panels, or with
+    ATB_PANELS=0 the [out, in] rows, where a single model parameter moves itself (one
+    copy in memory); the model's own forward is unchanged either way."""
     from atbcore.memory import hugepages
 
+    monkeypatch.setenv("ATB_PANELS", panels)
     m = tiny("llama", vocab_size=16384)  # a 4 MiB LM head
     ids = torch.randint(3, 16384, (1, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -102,9 +105,12 @@ def test_decode_weights_on_hugepages_shared_with_the_model():
     r = ModelRunner.from_hf(m, opt_level=2)
     head = r.lm_head.w
     assert head.data_ptr() == m.lm_head.weight.data_ptr()
+    streamed = head if r.lm_head.panels is None else r.lm_head.panels
+    assert (r.lm_head.panels is None) == (panels == "0" or not r.lm_head.rows)
     if hugepages.available() is None and r.lm_head.rows:
-        assert head.data_ptr() % hugepages.HUGE == 0
-        assert hugepages.on_hugepages(head) >= hugepages.HUGE
+        if panels == "0":  # moved alone: aligned (panels share the runner's arena)
+            assert streamed.data_ptr() % hugepages.HUGE == 0
+        assert hugepages.on_hugepages(streamed) >= hugepages.HUGE
     with torch.no_grad():
         assert torch.equal(m(ids).logits, before)
     c = r.new_cache(1, 16)
