@@ -34,17 +34,19 @@ _ARGMAX = struct.Struct("<7q")
 
 
 def pack_panels(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 ``w`` [N, K] as ceil(N / 32) panels ``[P, K, 32]`` (``p[i, k, j] = w[32 i + j,
-    k]``, zeros past N): the layout :func:`linear_rows` streams with ``panels=``.
-    ``out`` (that shape, fp32, contiguous) receives it, e.g. an arena's huge pages."""
+    """``w`` [N, K] (fp32/bf16/fp16/int8) as ceil(N / 32) panels ``[P, K, 32]`` of its
+    dtype (``p[i, k, j] = w[32 i + j, k]``, zeros past N): the layout
+    :func:`linear_rows` streams with ``panels=``. ``out`` (that shape and dtype,
+    contiguous) receives it, e.g. an arena's huge pages."""
+    if w.dim() != 2 or w.dtype not in LINEAR_WEIGHT_DTYPES:
+        raise ShapeError("pack_panels", "w", "an fp32/bf16/fp16/int8 [N, K] weight",
+                         f"{w.dtype} {tuple(w.shape)}")
     n, k = w.shape
     p = -(-n // PANEL)
-    if w.dtype != torch.float32:
-        raise ShapeError("pack_panels", "w", "an fp32 [N, K] weight", f"{w.dtype}")
     if out is None:
-        out = torch.empty(p, k, PANEL)
-    if out.shape != (p, k, PANEL) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ShapeError("pack_panels", "out", f"contiguous fp32 {(p, k, PANEL)}",
+        out = torch.empty(p, k, PANEL, dtype=w.dtype)
+    if out.shape != (p, k, PANEL) or out.dtype != w.dtype or not out.is_contiguous():
+        raise ShapeError("pack_panels", "out", f"contiguous {w.dtype} {(p, k, PANEL)}",
                          f"{out.dtype} {tuple(out.shape)}")
     if n % PANEL:
         out[-1].zero_()
@@ -66,8 +68,9 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
     (default torch's intra-op count) is the most pool threads the weight rows split over.
     With ``rms_norm_eps``, ``x`` is RmsNorm'd first (``rms_norm_weight`` optional), rounded
     to x's dtype exactly as the separate RmsNorm kernel would store it. ``panels``:
-    fp32 ``w`` packed by :func:`pack_panels`, which the kernel then reads instead of
-    ``w`` (the same sums, in the same order)."""
+    ``w`` packed by :func:`pack_panels`, which the kernel then reads instead of ``w``
+    (x broadcast against 32-output panel rows, K summed in blocks of 128), at any
+    row count: more than 64 rows run in 64-row blocks on torch's OpenMP team."""
     k, n = x.shape[-1], w.shape[0]
     x2, rows, xs = _rows(x, k)
     shape = (*x.shape[:-1], n)
@@ -87,11 +90,10 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
                                         rms_norm_weight.dtype not in DTYPE_CODES):
         raise ShapeError("linear_rows", "rms_norm_weight", f"a contiguous fp32/bf16/fp16 [{k}]",
                          f"{rms_norm_weight.dtype} {tuple(rms_norm_weight.shape)}")
-    if panels is not None and (w.dtype != torch.float32 or panels.dtype != torch.float32 or
-                               panels.shape != (-(-n // PANEL), k, PANEL)
-                               or not panels.is_contiguous()):
-        raise ShapeError("linear_rows", "panels", f"pack_panels of the fp32 [{n}, {k}] weight",
-                         f"{panels.dtype} {tuple(panels.shape)} for a {w.dtype} weight")
+    if panels is not None and (panels.dtype != w.dtype or not panels.is_contiguous()
+                               or panels.shape != (-(-n // PANEL), k, PANEL)):
+        raise ShapeError("linear_rows", "panels", f"pack_panels of the {w.dtype} [{n}, {k}] "
+                         "weight", f"{panels.dtype} {tuple(panels.shape)}")
     args = _LINEAR.pack(
         x2.data_ptr(), w.data_ptr() if panels is None else panels.data_ptr(),
         0 if scale is None else scale.data_ptr(),

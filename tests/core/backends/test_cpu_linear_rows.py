@@ -113,8 +113,12 @@ def test_pack_panels_layout():
     for n in range(70):
         assert torch.equal(p[n // 32, :, n % 32], w[n])
     assert not p[2, :, 70 - 64:].any()
-    with pytest.raises(ShapeError, match="pack_panels"):
-        pack_panels(w.bfloat16())
+    for dt in (torch.bfloat16, torch.float16, torch.int8):  # panels keep the dtype
+        q = pack_panels(w.to(dt))
+        assert q.dtype == dt and torch.equal(q[1, :, 3], w[35].to(dt))
+    for bad in (w.double(), w[0]):
+        with pytest.raises(ShapeError, match="pack_panels"):
+            pack_panels(bad)
     with pytest.raises(ShapeError, match="out"):
         pack_panels(w, out=torch.empty(3, 9, 16))
 
@@ -153,6 +157,32 @@ def test_linear_rows_panels(m, k, n, xdt):
     assert torch.equal(fused, linear_rows(h, w, panels=p))
 
 
+@pytest.mark.parametrize("wdt", [torch.bfloat16, torch.float16, torch.int8])
+@pytest.mark.parametrize("m", [1, 9, 70])
+def test_linear_rows_panels_half_and_int8_weights(wdt, m):
+    """bf16/fp16 panels (and int8 ones with a per-channel scale) widened in registers:
+    equal to float64 NumPy on the same weights, bf16 activations included."""
+    from atbcore.backends.cpu_kernels.torch_decode import linear_rows, pack_panels
+
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 200, generator=g)
+    if wdt == torch.int8:
+        w = torch.randint(-127, 128, (99, 200), generator=g, dtype=torch.int8)
+        s = torch.rand(99, generator=g) / 100
+    else:
+        w, s = torch.randn(99, 200, generator=g).to(wdt), None
+    b = torch.randn(99, generator=g)
+    p = pack_panels(w)
+    y = linear_rows(x, w, scale=s, bias=b, panels=p)
+    assert_close(y, _ref(x, w.float(), scale=s, bias=b).astype(np.float32), "fp32",
+                 f"{wdt} panels")
+    assert torch.equal(y, linear_rows(x, w, scale=s, bias=b, panels=p.clone()))
+    yb = linear_rows(x.bfloat16(), w, scale=s, bias=b.bfloat16(), panels=p)
+    assert yb.dtype == torch.bfloat16
+    assert_close(yb, _ref(x.bfloat16().float(), w.float(), scale=s,
+                          bias=b.bfloat16()).astype(np.float32), "bf16", f"{wdt} panels, bf16 x")
+
+
 def test_linear_rows_panels_threads_and_bad_panels():
     from atbcore.backends.cpu_kernels.torch_decode import linear_rows, pack_panels
 
@@ -169,7 +199,7 @@ def test_linear_rows_panels_threads_and_bad_panels():
     assert torch.equal(ys[0], ys[1])  # each output's sum is one thread's, in one order
     assert_close(ys[0], _ref(x, w).astype(np.float32), "fp32", "panels, 1 and 2 threads")
     out = torch.zeros(16, 3000)
-    for bad, wt in ((p[:-1], w), (p.bfloat16(), w), (p, w.bfloat16())):
+    for bad, wt in ((p[:-1], w), (p.bfloat16(), w), (p, w.bfloat16()), (p.transpose(1, 2), w)):
         with pytest.raises(ShapeError, match="panels"):
             linear_rows(x.to(wt.dtype), wt, panels=bad, out=out)
     assert not out.any()

@@ -132,20 +132,20 @@ def _rows_weight(ws: list, params: list, prep: Prep) -> torch.Tensor:
 
 
 def panels_enabled() -> bool:
-    """Whether fp32 decode weights get a panel-packed copy (``ATB_PANELS=0``: no)."""
+    """Whether decode weights are packed in panels (``ATB_PANELS=0``: no)."""
     return os.environ.get("ATB_PANELS", "1") != "0"
 
 
 def _panels(w: torch.Tensor, prep: Prep) -> torch.Tensor | None:
-    """The fp32 ``[out, in]`` weight ``w`` packed in 32-output panels for the C
+    """The ``[out, in]`` weight ``w`` packed in 32-output panels for the C
     matmul (:func:`atbcore.backends.cpu_kernels.torch_decode.pack_panels`), on huge
     pages in the runner's arena: each activation element is broadcast against a panel
     row, with no horizontal sums and the panel read sequentially (16 rows, the default
     model's decode weights: 9.1 -> 6.9 ms per step; 1 row 4.9 -> 4.7), and prefill
     GEMMs run on them too (4224 rows: 205-226 GF/s against MKL's 173-199 here). A
     merged weight is kept as panels only; a model parameter's panels are a second
-    copy of it (the model keeps its own). Only for fp32; ``ATB_PANELS=0`` keeps the
-    ``[out, in]`` rows instead."""
+    copy of it (the model keeps its own); int8 (w8) weights are panels only.
+    ``ATB_PANELS=0`` keeps the ``[out, in]`` rows instead."""
     from atbcore.backends.cpu_kernels.torch_decode import PANEL, pack_panels
 
     shape = (-(-w.shape[0] // PANEL), w.shape[1], PANEL)
@@ -181,7 +181,10 @@ class Lin:
             w = torch.cat(ws) if len(ws) > 1 else ws[0]
             self.w, scale = quantize_w8(w)
             self.w = self.w.to(prep.device).contiguous()
-            if not self.rows_why:  # the C matmul streams it every decode step
+            if not self.rows_why and panels_enabled():  # the C matmul runs on panels only
+                self.panels = _panels(self.w, prep)
+                self.w = torch.empty(self.w.shape, dtype=self.w.dtype, device="meta")
+            elif not self.rows_why:  # the C matmul streams it every decode step
                 self.w = prep.arena.place(self.w) if prep.arena else hugepages.place(self.w)
             # bf16 activations take the int8pack kernel only with bf16 scales
             self.scale = scale.to(prep.device, torch.bfloat16 if prep.dtype == torch.bfloat16
@@ -193,7 +196,7 @@ class Lin:
         elif prep.fused and not self.rows_why:
             self.mode = "rows"
             self.k = Kern("Linear", bias=self.b is not None)
-            if prep.dtype == torch.float32 and panels_enabled():
+            if panels_enabled():
                 # every call runs on the panels: a merged weight is kept as panels only
                 # (w: its shape and dtype, a meta tensor), a single one stays the
                 # model's own tensor, where it is (no huge-page move: nothing streams it)
@@ -249,7 +252,8 @@ class Lin:
             # many rows too: the panel GEMM (x in blocks of 64 rows kept in L2)
             from atbcore.backends.cpu_kernels.torch_decode import linear_rows
 
-            return linear_rows(x, self.w, bias=self.b, out=out, panels=self.panels)
+            return linear_rows(x, self.w, scale=self.scale32, bias=self.b, out=out,
+                               panels=self.panels)
         if (out is not None and self.mode in ("rows", "t") and x.dtype == self.w.dtype
                 and (self.b is None or self.b.dtype == x.dtype)):
             x2, o2 = x.reshape(-1, self.in_features), out.view(-1, self.out_features)

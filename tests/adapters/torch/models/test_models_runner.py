@@ -125,9 +125,9 @@ def test_decode_weights_on_hugepages_shared_with_the_model(panels, monkeypatch):
 
 
 def test_decode_weights_in_panels_unless_disabled(llama, monkeypatch):
-    """fp32 decode Linears carry a panel-packed copy the C matmul streams (shown by
+    """Decode Linears carry a panel-packed copy the C matmul streams (shown by
     explain()'s kernel names); with ATB_PANELS=0 they run on the [out, in] rows, and
-    both decode HF's logits. bf16 weights keep their rows."""
+    both prefill and decode HF's logits. bf16 and int8 weights are packed too."""
     from atbcore.backends.cpu_kernels import available
 
     packed = ModelRunner.from_hf(llama, opt_level=2)
@@ -139,7 +139,11 @@ def test_decode_weights_in_panels_unless_disabled(llama, monkeypatch):
         assert all(lin.panels is not None and "panels" in lin.kernel for lin in lins)
         assert packed.lm_head.panels.shape == (256 // 32, 64, 32)
     assert plain.lm_head.panels is None and "panels" not in plain.lm_head.kernel
-    assert ModelRunner.from_hf(tiny("llama").to(torch.bfloat16), opt_level=2).lm_head.panels is None
+    half = ModelRunner.from_hf(tiny("llama").to(torch.bfloat16), opt_level=2)
+    w8 = ModelRunner.from_hf(llama, opt_level=2, quantize="w8")
+    if available():  # panels keep the weights' dtype; w8 ones replace the int8 rows
+        assert half.lm_head.panels.dtype == torch.bfloat16
+        assert w8.blocks[0].qkv.panels.dtype == torch.int8 and w8.blocks[0].qkv.w.is_meta
     long, long_mask = left_padded([40, 33], seed=5)  # 80 rows: the prefill GEMMs on panels
     with torch.no_grad():
         ref = llama(long, attention_mask=long_mask).logits
