@@ -423,8 +423,21 @@ static void panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const flo
         }
         return;
     }
-    for (int i = 0; i < mb; ++i)
-        for (int64_t j = 0; j < nv; ++j) emit(a, m + i, n + j, res[i * ATB_PANEL + j]);
+    /* half-precision out (or bias): a row's 32 values in fp32, then one rounding each */
+    const float *sc = a->scale ? (const float *)P(a->scale) + n : NULL;
+    float bb[ATB_PANEL], yy[ATB_PANEL], v[ATB_PANEL];
+    const float *bi = a->bias ? atb_load(P(a->bias), (int)a->bias_dt, n, nv, bb) : NULL;
+    for (int i = 0; i < mb; ++i) {
+        const float *r = res + i * ATB_PANEL;
+        const int64_t off = (m + i) * a->y_stride + n;
+        const float *acc = a->accumulate ? atb_load(P(a->y), (int)a->y_dt, off, nv, yy) : NULL;
+        for (int64_t j = 0; j < nv; ++j) {
+            float t = sc ? r[j] * sc[j] : r[j];
+            if (bi) t += bi[j];
+            v[j] = acc ? acc[j] + t : t;
+        }
+        atb_store((void *)P(a->y), (int)a->y_dt, off, nv, v);
+    }
 }
 
 /* chunk: panels [p0, p1) against x rows [m0, m1) (one block of rows) */
