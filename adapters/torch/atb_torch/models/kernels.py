@@ -4,14 +4,12 @@
 its params object built at compile time; calling it is one kernel call, without
 ``Operation.execute``'s per-call validation and dispatch. :class:`Lin`, :class:`Norm`
 and :class:`Act` pair kernels with weights prepared per :class:`Prep` (merged,
-pre-transposed, cast or int8-quantized once); :func:`moe_forward` is the routed
-expert FFN.
+pre-transposed, cast, int8-quantized or packed in panels once: :mod:`.weight_prep`);
+:func:`moe_forward` is the routed expert FFN.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -21,7 +19,9 @@ from atbcore.backends import get_backend
 from atbcore.memory import hugepages
 from atbcore.ops import get_op
 
-__all__ = ["Kern", "Lin", "Norm", "Act", "Prep", "Workspace", "moe_forward", "detach", "ROWS_MAX"]
+from .weight_prep import ROWS_MAX, Prep, _panels, _rows_reason, _rows_weight, panels_enabled
+
+__all__ = ["Kern", "Lin", "Norm", "Act", "Prep", "moe_forward", "detach", "ROWS_MAX"]
 
 
 def detach(t: Any, dtype: torch.dtype | None = None) -> Any:
@@ -59,98 +59,6 @@ class Kern:
         if out is not None and self.writes_out:
             return self.fn(self.p, d, out=out)
         return self.fn(self.p, d)
-
-
-@dataclass(frozen=True)
-class Prep:
-    """How weights are prepared: ``opt_level`` (0 = unfused, model weights as they
-    are), compute ``dtype``, ``quantize`` (None | "w8"), ``device``; ``rows_kernel``:
-    decoding calls the Linears with a few rows, so keep ``[out, in]`` weights for
-    the C few-row matmul (:mod:`atbcore.backends.cpu_kernels`) where it runs;
-    ``arena``: the runner's :class:`atbcore.memory.hugepages.Arena` those weights are
-    packed into (None: each on its own)."""
-
-    opt_level: int
-    dtype: torch.dtype
-    quantize: str | None = None
-    device: torch.device = torch.device("cpu")
-    rows_kernel: bool = False
-    arena: Any = None
-
-    @property
-    def fused(self) -> bool:
-        return self.opt_level >= 1
-
-
-# Row counts up to which the C few-row matmul runs instead of torch's GEMM (steps
-# that use it park torch's pool: see cpu_kernels.threads.parked_torch_threads). Measured here
-# (2 cores, fp32, default model shapes, C vs F.linear): 32000x512 LM head 3.0 vs
-# 11.2 ms at 4 rows, 5.3 vs 11.9 at 16, 8.7 vs 15.4 at 32; 2752x512 gate/up 0.11
-# vs 0.32 ms at 4 rows, 0.30 vs 0.41 at 16, 0.60 vs 0.67 at 32 (the 4 x 4 tiles
-# of more than 4 rows are compute bound). C was still ahead at 64 rows (LM head
-# 15.1 vs 26.1 ms), but the margin shrinks with rows; 32 covers the engine's default
-# batch of decode rows, and prefills of more tokens take torch's blocked GEMM.
-ROWS_MAX = 32
-
-
-def _rows_reason(prep: Prep) -> str:
-    """Why the C few-row matmul cannot serve these Linears ('' = it can)."""
-    if not prep.rows_kernel:
-        return "not a decoder"
-    if prep.device.type != "cpu":
-        return f"C kernels run on the CPU, not {prep.device.type}"
-    if prep.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return f"dtype {prep.dtype}"
-    from atbcore.backends.cpu_kernels import unavailable_reason
-
-    return unavailable_reason() or ""
-
-
-def _rows_weight(ws: list, params: list, prep: Prep) -> torch.Tensor:
-    """The ``[out, in]`` weight the C few-row matmul streams every decode step, on huge
-    pages (:mod:`atbcore.memory.hugepages`): a merged one is built in the runner's
-    arena, as is a small one converted to the compute dtype; a model parameter of a
-    huge page or more already in that dtype moves to its own huge pages itself (its
-    ``.data``), so the model and the runner keep sharing one copy (a smaller one stays
-    where it is: copying it would keep two)."""
-    arena = prep.arena
-    if len(ws) > 1:
-        rows = sum(w.shape[0] for w in ws)
-        shape = (rows, ws[0].shape[1])
-        out = arena.empty(shape, prep.dtype) if arena else hugepages.empty(shape, prep.dtype)
-        return torch.cat([w.to(prep.dtype) for w in ws], out=out)
-    w = ws[0].to(prep.device, prep.dtype).contiguous()
-    p = params[0]
-    shared = (isinstance(p, torch.nn.Parameter) and p.data_ptr() == w.data_ptr()
-              and p.shape == w.shape and p.dtype == w.dtype and p.is_contiguous())
-    if w.numel() * w.element_size() < hugepages.HUGE:  # a copy made anyway joins the arena
-        return arena.place(w) if arena and not shared else w
-    placed = hugepages.place(w)
-    if placed is not w and shared:
-        p.data = placed  # the model's own tensor moves: no second copy stays behind
-    return placed
-
-
-def panels_enabled() -> bool:
-    """Whether decode weights are packed in panels (``ATB_PANELS=0``: no)."""
-    return os.environ.get("ATB_PANELS", "1") != "0"
-
-
-def _panels(w: torch.Tensor, prep: Prep) -> torch.Tensor | None:
-    """The ``[out, in]`` weight ``w`` packed in 32-output panels for the C
-    matmul (:func:`atbcore.backends.cpu_kernels.torch_decode.pack_panels`), on huge
-    pages in the runner's arena: each activation element is broadcast against a panel
-    row, with no horizontal sums and the panel read sequentially (16 rows, the default
-    model's decode weights: 9.1 -> 6.9 ms per step; 1 row 4.9 -> 4.7), and prefill
-    GEMMs run on them too (4224 rows: 205-226 GF/s against MKL's 173-199 here). A
-    merged weight is kept as panels only; a model parameter's panels are a second
-    copy of it (the model keeps its own); int8 (w8) weights are panels only.
-    ``ATB_PANELS=0`` keeps the ``[out, in]`` rows instead."""
-    from atbcore.backends.cpu_kernels.torch_decode import PANEL, pack_panels
-
-    shape = (-(-w.shape[0] // PANEL), w.shape[1], PANEL)
-    out = prep.arena.empty(shape, w.dtype) if prep.arena else hugepages.empty(shape, w.dtype)
-    return pack_panels(w, out=out)
 
 
 class Lin:
@@ -394,36 +302,6 @@ class Act:
         if up is None:
             x, up = x.chunk(2, dim=-1)  # [..., 2I] -> gate, up
         return self.mul(x=self._plain(x), y=up)[0]
-
-
-class Workspace:
-    """A runner's reusable prefill buffers, on huge pages: a name's buffer grows to
-    the largest request and the next layer takes it again, so a long prefill's big
-    intermediates (merged QKV, gate/up, the activation) are not allocated, page-faulted
-    and freed layer after layer (the batch prefill of 4,224 tokens spent ~0.1 s of its
-    1.25 s in page faults). Callers take a name only for a tensor that dies within
-    the layer; :meth:`release` gives the memory back."""
-
-    def __init__(self) -> None:
-        self.bufs: dict[str, torch.Tensor] = {}
-
-    def take(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        n = 1
-        for d in shape:
-            n *= int(d)
-        n *= dtype.itemsize
-        buf = self.bufs.get(name)
-        if buf is None or buf.numel() < n:
-            self.bufs.pop(name, None)                 # the old one goes before the new one
-            buf = self.bufs[name] = hugepages.empty((n,), torch.uint8)
-        return buf[:n].view(dtype).view(shape)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() for b in self.bufs.values())
-
-    def release(self) -> None:
-        self.bufs.clear()
 
 
 def moe_forward(x: torch.Tensor, router: torch.Tensor, experts: list[tuple[Lin, Lin]],

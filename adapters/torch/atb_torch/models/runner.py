@@ -49,7 +49,8 @@ from atbcore.memory import hugepages
 
 from .arch import ModelSpec, ModelWeights, resolve_architecture
 from .cache import ContiguousKVCache
-from .kernels import ROWS_MAX, Workspace
+from .kernels import ROWS_MAX
+from .workspace import Workspace
 from .layers import AttnCtx, DecoderBlock, EncoderBlock, Kern, Lin, Norm, Prep, detach
 from .runner_paged import PagedCtx, PagedMixin
 

@@ -8,18 +8,12 @@
  * each of its loads feeds up to 4 activation rows (16 accumulators in registers).
  *
  * AVX-512 (x86-64-v4 build): intrinsics, bf16/int8 widened to fp32 in registers.
- * Other builds: plain loops the compiler vectorises.
+ * Other builds: plain loops the compiler vectorises. With LinArgs.packed the
+ * weight is in 32-output panels instead and panel.c runs it (at any row count).
  */
-#include "common.h"
+#include "linear.h"
 #include "norm.h"
 #include "pool.h"
-#include "simd.h"
-
-#ifdef ATB_AVX512
-#define ATB_LIN_AVX512 1
-#endif
-
-enum { W_F32 = 0, W_BF16 = 1, W_F16 = 2, W_I8 = 4 };
 
 /* up to this many x rows every weight row streams alone (bandwidth bound); more
  * rows take the 4 x 4 tiles (compute bound) */
@@ -30,52 +24,7 @@ enum { W_F32 = 0, W_BF16 = 1, W_F16 = 2, W_I8 = 4 };
  * tile: 11.9; 8 rows ahead: 10.0; 24: 11.6; into L2 instead of L1: 10.6-10.9) */
 #define ATB_PREFETCH_ROWS 4
 
-typedef struct {
-    int64_t x, w, scale, bias, y;               /* addresses; scale/bias 0 = absent */
-    int64_t x_dt, w_dt, bias_dt, y_dt;
-    int64_t m, k, n;
-    int64_t x_stride, w_stride, y_stride;       /* elements between rows */
-    int64_t threads;
-    int64_t accumulate;                         /* 1: y += result (read at y's dtype) */
-    int64_t norm, norm_w, norm_w_dt;            /* norm 1: RmsNorm x first (weight optional) */
-    double norm_eps, norm_offset;
-    int64_t packed;                             /* 1: w in 32-output panels (see run_panels) */
-} LinArgs;
-
-typedef struct {
-    const LinArgs *a;
-    const float *xf;   /* x as fp32, rows xs apart */
-    int64_t xs;
-    int64_t chunk_rows; /* weight rows per pool chunk (a multiple of 16); panels when packed */
-    int64_t mblock;     /* packed: x rows per chunk (a block kept in L2 across its panels) */
-    int64_t pchunks;    /* packed: panel chunks per block of rows */
-} Job;
-
-#define P(v) ((const void *)(intptr_t)(v))
-
-static inline int64_t wsize(int wdt) { return wdt == W_F32 ? 4 : (wdt == W_I8 ? 1 : 2); }
-
 #ifdef ATB_LIN_AVX512
-static inline __attribute__((always_inline)) __m512 loadw(int wdt, const uint8_t *p,
-                                                          __mmask16 mk, int full) {
-    switch (wdt) {
-    case W_F32:
-        return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mk, p);
-    case W_BF16: {
-        __m256i h = full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(mk, p);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    case W_F16: {
-        __m256i h = full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(mk, p);
-        return _mm512_cvtph_ps(h);
-    }
-    default: {
-        __m128i b = full ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(mk, p);
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-    }
-    }
-}
-
 /* res[i] = dot(x row i, the weight row wr) for MB activation rows. One weight row
  * at a time: the row streams sequentially (measured here: 20 GB/s from one core,
  * against 11 GB/s when four rows are read side by side), four vectors per step
@@ -152,15 +101,6 @@ static inline __attribute__((always_inline)) void tile4(int MB, int wdt, const f
     _mm512_storeu_ps(res, atb_reduce16(v));
 }
 #else
-static inline float wval(int wdt, const uint8_t *p, int64_t k) {
-    switch (wdt) {
-    case W_F32: return ((const float *)p)[k];
-    case W_BF16: return atb_bf16_to_f32(((const uint16_t *)p)[k]);
-    case W_F16: return atb_f16_to_f32(((const uint16_t *)p)[k]);
-    default: return (float)((const int8_t *)p)[k];
-    }
-}
-
 static inline __attribute__((always_inline)) void tile(int MB, int wdt, const float *const *xr,
                                                        const uint8_t *wr, int64_t K,
                                                        float res[4]) {
@@ -188,15 +128,6 @@ static inline __attribute__((always_inline)) void tile4(int MB, int wdt, const f
 }
 #endif
 
-/* CALL(MB, WDT) for a runtime (mb, wdt) with both as constants, so the compiler
- * unrolls each tile for its row count and weight dtype */
-#define ATB_BY_WDT(MB, CALL)                                         \
-    switch (wdt) {                                                   \
-    case W_F32: CALL(MB, W_F32); break;                              \
-    case W_BF16: CALL(MB, W_BF16); break;                            \
-    case W_F16: CALL(MB, W_F16); break;                              \
-    default: CALL(MB, W_I8); break;                                  \
-    }
 #define ATB_BY_MB_WDT(CALL)                                          \
     switch (mb) {                                                    \
     case 1: ATB_BY_WDT(1, CALL) break;                               \
@@ -217,16 +148,6 @@ static void tile4_rt(int mb, int wdt, const float *const *xr, const uint8_t *con
 #define ATB_TILE4(MB, W) tile4(MB, W, xr, wr, K, pf, pfs, npf, res)
     ATB_BY_MB_WDT(ATB_TILE4)
 #undef ATB_TILE4
-}
-
-/* y[m, n] (+)= v * scale[n] + bias[n], rounded once to y's dtype */
-static inline void emit(const LinArgs *a, int64_t m, int64_t n, float v) {
-    float tmp;
-    if (a->scale) v *= ((const float *)P(a->scale))[n];
-    if (a->bias) v += *atb_load(P(a->bias), (int)a->bias_dt, n, 1, &tmp);
-    if (a->accumulate) /* the residual add rides in the matmul */
-        v += *atb_load(P(a->y), (int)a->y_dt, m * a->y_stride + n, 1, &tmp);
-    atb_store((void *)P(a->y), (int)a->y_dt, m * a->y_stride + n, 1, &v);
 }
 
 /* the 4 x 4 tile res[i * 4 + j] into y[m + i, n + j]: fp32 outputs (and bias)
@@ -322,145 +243,6 @@ static void run_rows(void *ctx, int64_t chunk) {
     }
 }
 
-/* Panel-packed weights (``packed``, any weight dtype): w holds ceil(N / 32) panels,
- * panel p the [K, 32] block w[k, j] = W[32 p + j, k] (zeros past N). Each x element is broadcast
- * against two vectors of a panel row, so a tile is 8 x rows by 32 outputs in 16
- * accumulators, with no horizontal sums and the panel read sequentially from
- * memory (one core, 16 x 32000 x 512 from DRAM: 105 GF/s against 74 for the 4 x 4
- * tiles on [N, K] rows; in L2 116 against 80, this machine's FMA peak). */
-#define ATB_PANEL 32
-
-/* sums over K in blocks of this many, added up in res: fp32 error ~ (block + K / block)
- * roundings instead of K (16 x 768 x 512 against float64: 9e-5 -> 2e-5, as the 4 x 4
- * tiles' split sums) */
-#define ATB_PANEL_KB 128
-/* x rows per chunk of a many-row matmul (64 x K fp32 stays in L2 for K up to ~4000) */
-#define ATB_PANEL_MBLOCK 64
-
-#ifdef ATB_LIN_AVX512
-/* res[i * 32 + j] = x row i . panel column j for MB rows; a panel row is 32 weights
- * of dtype WDT, widened to fp32 in registers */
-static inline __attribute__((always_inline)) void panel_tile(int MB, int WDT, const float *x,
-                                                             int64_t xs, const uint8_t *w,
-                                                             int64_t K, float *res) {
-    const int64_t es = wsize(WDT);
-    __m512 acc[16];
-    for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
-        const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
-        for (int i = 0; i < 2 * MB; ++i) acc[i] = _mm512_setzero_ps();
-        for (int64_t k = k0; k < k1; ++k) {
-            const __m512 w0 = loadw(WDT, w + k * ATB_PANEL * es, 0, 1);
-            const __m512 w1 = loadw(WDT, w + (k * ATB_PANEL + 16) * es, 0, 1);
-            for (int i = 0; i < MB; ++i) {
-                const __m512 xb = _mm512_set1_ps(x[i * xs + k]);
-                acc[2 * i] = _mm512_fmadd_ps(xb, w0, acc[2 * i]);
-                acc[2 * i + 1] = _mm512_fmadd_ps(xb, w1, acc[2 * i + 1]);
-            }
-        }
-        for (int i = 0; i < 2 * MB; ++i) {
-            __m512 v = acc[i];
-            if (k0) v = _mm512_add_ps(v, _mm512_loadu_ps(res + i * 16));
-            _mm512_storeu_ps(res + i * 16, v);
-        }
-    }
-}
-
-static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
-                          int64_t K, float *res) {
-#define ATB_PT(MB, W) panel_tile(MB, W, x, xs, w, K, res)
-    switch (mb) {
-    case 1: ATB_BY_WDT(1, ATB_PT) break;
-    case 2: ATB_BY_WDT(2, ATB_PT) break;
-    case 3: ATB_BY_WDT(3, ATB_PT) break;
-    case 4: ATB_BY_WDT(4, ATB_PT) break;
-    case 5: ATB_BY_WDT(5, ATB_PT) break;
-    case 6: ATB_BY_WDT(6, ATB_PT) break;
-    case 7: ATB_BY_WDT(7, ATB_PT) break;
-    default: ATB_BY_WDT(8, ATB_PT) break;
-    }
-#undef ATB_PT
-}
-#else
-static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
-                          int64_t K, float *res) {
-    memset(res, 0, (size_t)mb * ATB_PANEL * sizeof(float));
-    for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
-        const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
-        float part[8 * ATB_PANEL] = {0}, wk[ATB_PANEL];
-        for (int64_t k = k0; k < k1; ++k) {
-            for (int j = 0; j < ATB_PANEL; ++j) wk[j] = wval(wdt, w, k * ATB_PANEL + j);
-            for (int i = 0; i < mb; ++i) {
-                const float xv = x[i * xs + k];
-                float *r = part + i * ATB_PANEL;
-#pragma omp simd
-                for (int j = 0; j < ATB_PANEL; ++j) r[j] += xv * wk[j];
-            }
-        }
-        for (int j = 0; j < mb * ATB_PANEL; ++j) res[j] += part[j];
-    }
-}
-#endif
-
-/* y[m .. m+mb, n .. n+32) of one panel (res: mb rows of 32 sums) */
-static void panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float *res) {
-    const int64_t nv = a->n - n < ATB_PANEL ? a->n - n : ATB_PANEL;
-    if (a->y_dt == ATB_F32 && (!a->bias || a->bias_dt == ATB_F32)) {
-        /* fp32 out: per-channel scale, bias and the residual in one pass per row */
-        const float *sc = a->scale ? (const float *)P(a->scale) + n : NULL;
-        const float *bi = a->bias ? (const float *)P(a->bias) + n : NULL;
-        for (int i = 0; i < mb; ++i) {
-            float *y = (float *)P(a->y) + (m + i) * a->y_stride + n;
-            const float *r = res + i * ATB_PANEL;
-            if (!sc && !bi && !a->accumulate) {
-                memcpy(y, r, (size_t)nv * sizeof(float));
-                continue;
-            }
-            for (int64_t j = 0; j < nv; ++j) {
-                float v = sc ? r[j] * sc[j] : r[j];
-                if (bi) v += bi[j];
-                y[j] = a->accumulate ? y[j] + v : v;
-            }
-        }
-        return;
-    }
-    /* half-precision out (or bias): a row's 32 values in fp32, then one rounding each */
-    const float *sc = a->scale ? (const float *)P(a->scale) + n : NULL;
-    float bb[ATB_PANEL], yy[ATB_PANEL], v[ATB_PANEL];
-    const float *bi = a->bias ? atb_load(P(a->bias), (int)a->bias_dt, n, nv, bb) : NULL;
-    for (int i = 0; i < mb; ++i) {
-        const float *r = res + i * ATB_PANEL;
-        const int64_t off = (m + i) * a->y_stride + n;
-        const float *acc = a->accumulate ? atb_load(P(a->y), (int)a->y_dt, off, nv, yy) : NULL;
-        for (int64_t j = 0; j < nv; ++j) {
-            float t = sc ? r[j] * sc[j] : r[j];
-            if (bi) t += bi[j];
-            v[j] = acc ? acc[j] + t : t;
-        }
-        atb_store((void *)P(a->y), (int)a->y_dt, off, nv, v);
-    }
-}
-
-/* chunk: panels [p0, p1) against x rows [m0, m1) (one block of rows) */
-static void run_panels(void *ctx, int64_t chunk) {
-    const Job *job = (const Job *)ctx;
-    const LinArgs *a = job->a;
-    const int wdt = (int)a->w_dt;
-    const int64_t K = a->k, np = (a->n + ATB_PANEL - 1) / ATB_PANEL;
-    const int64_t pc = chunk % job->pchunks, m0 = chunk / job->pchunks * job->mblock;
-    const int64_t M = m0 + job->mblock < a->m ? m0 + job->mblock : a->m;
-    const int64_t p0 = pc * job->chunk_rows, p1 = p0 + job->chunk_rows < np ? p0 + job->chunk_rows : np;
-    const uint8_t *w = (const uint8_t *)P(a->w);
-    for (int64_t p = p0; p < p1; ++p) {
-        const uint8_t *wp = w + p * K * ATB_PANEL * wsize(wdt);
-        for (int64_t m = m0; m < M; m += 8) {
-            const int mb = M - m < 8 ? (int)(M - m) : 8;
-            float res[8 * ATB_PANEL];
-            panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp, K, res);
-            panel_emit(a, m, p * ATB_PANEL, mb, res);
-        }
-    }
-}
-
 /* Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_NOMEM when x cannot be widened. */
 ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     if (!a || a->m < 0 || a->k <= 0 || a->n <= 0 || !a->x || !a->w || !a->y) return ATB_ERR_ARGS;
@@ -500,23 +282,8 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     int nth = (int)(a->threads > 0 ? a->threads : 1);
     int64_t bytes = a->n * a->k * wsize((int)a->w_dt) * ((a->m + 3) / 4);
     if (bytes < (64 << 10)) nth = 1;
-    if (a->packed) {
-        /* chunks of (rows, panels), about 8 per thread: decode rows are one block;
-         * many rows (a prefill GEMM) go in blocks of ATB_PANEL_MBLOCK, each kept in
-         * L2 while its chunk's panels stream past, on torch's OpenMP team (see
-         * atb_parallel_chunks_big): 4224 x 2752 x 512 on one core 114 GF/s against
-         * 101 for torch.mm (MKL) */
-        const int64_t np = (a->n + ATB_PANEL - 1) / ATB_PANEL;
-        const int big = a->m > ATB_PANEL_MBLOCK;
-        job.mblock = big ? ATB_PANEL_MBLOCK : a->m;
-        const int64_t nmb = (a->m + job.mblock - 1) / job.mblock;
-        const int64_t per_block = (8 * nth + nmb - 1) / nmb;   /* panel chunks a block needs */
-        job.chunk_rows = (np + per_block - 1) / per_block;
-        job.pchunks = (np + job.chunk_rows - 1) / job.chunk_rows;
-        if (big)
-            atb_parallel_chunks_big(run_panels, &job, nmb * job.pchunks, nth);
-        else
-            atb_parallel_chunks(run_panels, &job, job.pchunks, nth);
+    if (a->packed) { /* 32-output panels: panel.c */
+        atb_linear_panels(&job, nth);
         free(tmp);
         free(normed);
         return 0;
