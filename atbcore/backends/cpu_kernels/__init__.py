@@ -24,8 +24,9 @@ torch eager composite      -                    12 us (6 aten ops)
 * the kernels are row loops the compiler vectorises: AVX-512 (x86-64-v4) where
   ``/proc/cpuinfo`` has it, AVX2 + FMA + F16C (v3) else, a generic build as the
   fallback; fp32 math, one rounding per output. Norms, RoPE, activations and softmax
-  are single-threaded; the decode matmul (``linear_rows``: bandwidth-bound rows up
-  to 4, 4 x 4 register tiles up to 32) and cache attention (``decode_attention``,
+  are single-threaded; the decode matmul (``linear_rows``: on ``[N, K]`` rows
+  bandwidth-bound rows up to 4, 4 x 4 register tiles up to 32; on 32-output panels
+  8 x 32 broadcast tiles at any row count) and cache attention (``decode_attention``,
   ``paged_decode_attention`` reading the blocks in place) split their work over a
   small pthread pool (``csrc/pool.c``: chunks claimed by compare-and-swap, the caller
   working too, a back-off to one thread when a worker is late on a busy machine).

@@ -44,7 +44,8 @@ class Prep:
 # vs 0.32 ms at 4 rows, 0.30 vs 0.41 at 16, 0.60 vs 0.67 at 32 (the 4 x 4 tiles
 # of more than 4 rows are compute bound). C was still ahead at 64 rows (LM head
 # 15.1 vs 26.1 ms), but the margin shrinks with rows; 32 covers the engine's default
-# batch of decode rows, and prefills of more tokens take torch's blocked GEMM.
+# batch of decode rows, and prefills of more tokens take torch's blocked GEMM (or,
+# with panels, the C panel GEMM on torch's OpenMP team, unparked).
 ROWS_MAX = 32
 
 
