@@ -105,14 +105,13 @@ class Lin:
             self.mode = "rows"
             self.k = Kern("Linear", bias=self.b is not None)
             if panels_enabled():
-                # every call runs on the panels: a merged weight is kept as panels only
-                # (w: its shape and dtype, a meta tensor), a single one stays the
-                # model's own tensor, where it is (no huge-page move: nothing streams it)
+                # every call runs on the panels, so they are all the runner keeps (w:
+                # the shape and dtype, a meta tensor); the model's own tensors stay
+                # where they are, the model's to keep or drop
                 src = (torch.cat([w.to(prep.device, prep.dtype) for w in ws]) if len(ws) > 1
                        else ws[0].to(prep.device, prep.dtype))
                 self.panels = _panels(src, prep)
-                self.w = (torch.empty(src.shape, dtype=src.dtype, device="meta") if len(ws) > 1
-                          else src)
+                self.w = torch.empty(src.shape, dtype=src.dtype, device="meta")
             else:
                 self.w = _rows_weight(ws, weights, prep)                    # [out, in]
         elif prep.fused:

@@ -98,10 +98,10 @@ def _panels(w: torch.Tensor, prep: Prep) -> torch.Tensor | None:
     pages in the runner's arena: each activation element is broadcast against a panel
     row, with no horizontal sums and the panel read sequentially (16 rows, the default
     model's decode weights: 9.1 -> 6.9 ms per step; 1 row 4.9 -> 4.7), and prefill
-    GEMMs run on them too (4224 rows: 205-226 GF/s against MKL's 173-199 here). A
-    merged weight is kept as panels only; a model parameter's panels are a second
-    copy of it (the model keeps its own); int8 (w8) weights are panels only.
-    ``ATB_PANELS=0`` keeps the ``[out, in]`` rows instead."""
+    GEMMs run on them too (4224 rows: 205-226 GF/s against MKL's 173-199 here). The
+    runner keeps the panels only (a model parameter stays the model's: while the
+    model lives its panels are a second copy). ``ATB_PANELS=0`` keeps the
+    ``[out, in]`` rows instead."""
     from atbcore.backends.cpu_kernels.torch_decode import PANEL, pack_panels
 
     shape = (-(-w.shape[0] // PANEL), w.shape[1], PANEL)

@@ -27,11 +27,17 @@ def test_decode_weights_on_hugepages_shared_with_the_model(panels, monkeypatch):
     ids = torch.randint(3, 16384, (1, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         before = m(ids).logits
+    param = m.lm_head.weight.data_ptr()
     r = ModelRunner.from_hf(m, opt_level=2)
     head = r.lm_head.w
-    assert head.data_ptr() == m.lm_head.weight.data_ptr()
-    streamed = head if r.lm_head.panels is None else r.lm_head.panels
     assert (r.lm_head.panels is None) == (panels == "0" or not r.lm_head.rows)
+    streamed = head if r.lm_head.panels is None else r.lm_head.panels
+    # the runner holds the panels alone (the parameter stays the model's, unmoved)
+    # or the parameter itself, moved in place
+    if r.lm_head.panels is not None:
+        assert head.is_meta and m.lm_head.weight.data_ptr() == param
+    else:
+        assert head.data_ptr() == m.lm_head.weight.data_ptr()
     if hugepages.available() is None and r.lm_head.rows:
         if panels == "0":  # moved alone: aligned (panels share the runner's arena)
             assert streamed.data_ptr() % hugepages.HUGE == 0
@@ -40,13 +46,20 @@ def test_decode_weights_on_hugepages_shared_with_the_model(panels, monkeypatch):
         assert torch.equal(m(ids).logits, before)
     c = r.new_cache(1, 16)
     assert_close(r.prefill(ids, c), before[:, -1], "fp32", "runner after the move")
-    r2 = ModelRunner.from_hf(m, opt_level=2)  # a second compile finds it there: no copy
-    assert r2.lm_head.w.data_ptr() == head.data_ptr() == m.lm_head.weight.data_ptr()
+    if r.lm_head.panels is None:
+        r2 = ModelRunner.from_hf(m, opt_level=2)  # a second compile finds it there: no copy
+        assert r2.lm_head.w.data_ptr() == head.data_ptr() == m.lm_head.weight.data_ptr()
     # tied embeddings: the embedding table follows the head (no stale second copy)
     t = tiny("llama", vocab_size=16384, tie_word_embeddings=True)
     rt = ModelRunner.from_hf(t, opt_level=2)
-    assert (rt.embed_w.data_ptr() == rt.lm_head.w.data_ptr()
-            == t.model.embed_tokens.weight.data_ptr() == t.lm_head.weight.data_ptr())
+    assert rt.embed_w.data_ptr() == t.model.embed_tokens.weight.data_ptr() == \
+        t.lm_head.weight.data_ptr()
+    if rt.lm_head.panels is None:
+        assert rt.lm_head.w.data_ptr() == rt.embed_w.data_ptr()
+    ids_t = torch.randint(3, 16384, (1, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert_close(rt.prefill(ids_t, rt.new_cache(1, 8)), t(ids_t).logits[:, -1], "fp32",
+                     "tied head")
 
 
 def test_decode_weights_in_panels_unless_disabled(llama, monkeypatch):
