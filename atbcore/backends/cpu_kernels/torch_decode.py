@@ -19,14 +19,13 @@ from .threads import pool_threads
 from .torch_ops import (DTYPE_CODES, _ROPE, _check, _deliver, _fn, _rope_fields, _rope_status,
                         _rows, _unit_last)
 
-__all__ = ["linear_rows", "pack_panels", "PANEL", "LINEAR_WEIGHT_DTYPES", "decode_attention", "decode_attention_bound",
+__all__ = ["linear_rows", "linear_rows_bound", "pack_panels", "PANEL", "LINEAR_WEIGHT_DTYPES", "decode_attention", "decode_attention_bound",
            "paged_decode_attention", "rope_cache_bound", "rope_bound", "reshape_and_cache",
            "reshape_and_cache_bound", "argmax_rows"]
 
 # weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
 LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
 
-_LINEAR = struct.Struct("<20q2dq")
 PANEL = 32  # ATB_PANEL in linear.c: outputs per panel of a packed weight
 _ATTN = struct.Struct("<32qd2q")
 _CACHE = struct.Struct("<17q")
@@ -94,19 +93,60 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
                                or panels.shape != (-(-n // PANEL), k, PANEL)):
         raise ShapeError("linear_rows", "panels", f"pack_panels of the {w.dtype} [{n}, {k}] "
                          "weight", f"{panels.dtype} {tuple(panels.shape)}")
-    args = _LINEAR.pack(
+    head, tail = _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, rms_norm_eps,
+                                rms_norm_weight, panels)
+    _check(_fn("linear_rows")(head + _Q.pack(threads or pool_threads()) + tail), "linear_rows")
+    return _deliver(out, y)
+
+
+_Q = struct.Struct("<q")
+_LINEAR_HEAD = struct.Struct("<15q")  # LinArgs up to threads
+_LINEAR_TAIL = struct.Struct("<4q2dq")  # after threads
+
+
+def _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, panels) -> tuple:
+    """LinArgs packed around its threads field: (before, after)."""
+    k, n = x2.shape[-1], w.shape[0]
+    head = _LINEAR_HEAD.pack(
         x2.data_ptr(), w.data_ptr() if panels is None else panels.data_ptr(),
         0 if scale is None else scale.data_ptr(),
-        0 if bias is None else bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype],
+        0 if bias is None else bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x2.dtype],
         LINEAR_WEIGHT_DTYPES[w.dtype], 0 if bias is None else DTYPE_CODES[bias.dtype],
-        DTYPE_CODES[y.dtype], rows, k, n, xs, w.stride(0), n,
-        threads or pool_threads(),
-        int(accumulate), int(rms_norm_eps is not None),
-        0 if rms_norm_weight is None else rms_norm_weight.data_ptr(),
-        0 if rms_norm_weight is None else DTYPE_CODES[rms_norm_weight.dtype],
-        float(rms_norm_eps or 0.0), 0.0, int(panels is not None))
-    _check(_fn("linear_rows")(args), "linear_rows")
-    return _deliver(out, y)
+        DTYPE_CODES[y.dtype], rows, k, n, xs, w.stride(0), n)
+    tail = _LINEAR_TAIL.pack(
+        int(accumulate), int(eps is not None), 0 if nw is None else nw.data_ptr(),
+        0 if nw is None else DTYPE_CODES[nw.dtype], float(eps or 0.0), 0.0,
+        int(panels is not None))
+    return head, tail
+
+
+def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
+                      scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                      accumulate: bool = False, rms_norm_eps: float | None = None,
+                      rms_norm_weight: torch.Tensor | None = None,
+                      panels: torch.Tensor | None = None) -> Callable[[], None] | None:
+    """:func:`linear_rows` of these very buffers, its arguments packed once: the
+    returned ``call()`` reruns it (the pool's thread count read per call), for a
+    prebuilt decode plan whose ``x`` and ``out`` are fixed. None when the buffers are
+    not as the kernel reads them in place (x and out contiguous, out [..., N] in a
+    kernel dtype, w contiguous or given as panels): then call :func:`linear_rows`."""
+    k, n = x.shape[-1], w.shape[0]
+    if (not x.is_contiguous() or out.shape != (*x.shape[:-1], n) or not out.is_contiguous()
+            or out.dtype not in DTYPE_CODES or x.dtype not in DTYPE_CODES
+            or (panels is None and not w.is_contiguous())
+            or (rms_norm_weight is not None and (not rms_norm_weight.is_contiguous()
+                                                 or rms_norm_weight.numel() != k))
+            or (panels is not None and (panels.dtype != w.dtype or not panels.is_contiguous()
+                                        or panels.shape != (-(-n // PANEL), k, PANEL)))):
+        return None
+    head, tail = _linear_fields(x, x.numel() // k, k, w, scale, bias, out, accumulate,
+                                rms_norm_eps, rms_norm_weight, panels)
+    fn, keep = _fn("linear_rows"), (x, w, out, scale, bias, rms_norm_weight, panels)
+
+    def call() -> None:
+        _check(fn(head + _Q.pack(pool_threads()) + tail), "linear_rows")
+    call.keep = keep  # type: ignore[attr-defined]  # the buffers live as long as the call
+    return call
 
 
 def _attention_dtypes(op: str, named: tuple) -> None:

@@ -196,6 +196,21 @@ class Lin:
         y = self(x2, out=out)  # the GEMM writes into out where it can (no copy then)
         return y if y is out else out.copy_(y)
 
+    def bound(self, x2: torch.Tensor, out: torch.Tensor, norm: "Norm | None" = None,
+              accumulate: bool = False) -> Callable[[], None] | None:
+        """:meth:`into` (or :meth:`acc` with ``accumulate``) of these fixed buffers as
+        one prebuilt C call (a decode plan's); None where that cannot be (more rows
+        than the C matmul takes, a norm it cannot apply itself, buffers it would have
+        to copy): then call the method."""
+        if not self._few(x2) or (norm is not None and (accumulate or not norm.fusable)):
+            return None
+        from atbcore.backends.cpu_kernels.torch_decode import linear_rows_bound
+
+        return linear_rows_bound(x2, self.w, out, scale=self.scale32, bias=self.b,
+                                 accumulate=accumulate, panels=self.panels,
+                                 rms_norm_eps=None if norm is None else norm.eps,
+                                 rms_norm_weight=None if norm is None else norm.w)
+
     def acc(self, x2: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y += lin(x2)`` in place (a residual add riding in the matmul)."""
         if self._few(x2):

@@ -99,7 +99,8 @@ class PagedDecodePlan(DecodePlan):
         qh, win = q.view(b, nh, hd), blk.window
         scale = blk.scale if blk.scale is not None else hd ** -0.5
         self._acc(blk.o, lambda: paged_decode_attention(
-            qh, kc, vc, self.tables, self.lens, scale=scale, window=win, out=out).view(b, qs), 1)
+            qh, kc, vc, self.tables, self.lens, scale=scale, window=win, out=out).view(b, qs), 1,
+            out.view(b, qs))
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor, batch: Any) -> torch.Tensor:
         """One token per sequence of ``batch`` (its :class:`PagedBatch`): writes the

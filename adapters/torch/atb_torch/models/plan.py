@@ -137,7 +137,8 @@ class DecodePlan:
         x, n = self.x, norm.launches
         if lin.rows and x.shape[0] <= ROWS_MAX:  # the C few-row matmul, bias (and RmsNorm) inside
             self.parked = True
-            self._call(lambda: lin.into(x, out, norm=norm), 1 if norm.fusable else n + 1)
+            call = lin.bound(x, out, norm)  # its arguments packed once (fixed buffers)
+            self._call(call or (lambda: lin.into(x, out, norm=norm)), 1 if norm.fusable else n + 1)
         elif lin.mode == "t" and lin.b is None:
             self._call(lambda: torch.mm(norm(x), lin.w, out=out), n + 1)
         elif lin.mode == "t":
@@ -145,12 +146,29 @@ class DecodePlan:
         else:
             self._call(lambda: out.copy_(lin(norm(x))), n + lin.k.launches + 1)
 
-    def _acc(self, lin: Any, src: Callable[[], torch.Tensor], launches: int) -> None:
-        """``x += lin(src())``: the residual add rides in the GEMM (beta = 1)."""
+    def _acc(self, lin: Any, src: Callable[[], torch.Tensor], launches: int,
+             src_out: torch.Tensor | None = None) -> None:
+        """``x += lin(src())``: the residual add rides in the GEMM (beta = 1).
+        ``src_out``: the buffer ``src()`` writes and returns, when it is one; the
+        matmul then runs as a prebuilt call on it (checked per step: a ``src`` that
+        returned another tensor takes the general call)."""
         x = self.x
         if lin.rows and x.shape[0] <= ROWS_MAX:  # C few-row matmul accumulating into x
             self.parked = True
-            self._call(lambda: lin.acc(src(), x), launches + 1)
+            call = None if src_out is None else lin.bound(src_out, x, accumulate=True)
+            if call is None:
+                self._call(lambda: lin.acc(src(), x), launches + 1)
+                return
+            ptr = src_out.data_ptr()
+
+            def step() -> None:
+                r = src()
+                if r.data_ptr() == ptr and r.shape == src_out.shape:
+                    call()
+                else:
+                    lin.acc(r, x)
+            step.bound = call  # type: ignore[attr-defined]
+            self._call(step, launches + 1)
         elif lin.mode == "t" and lin.b is None:
             self._call(lambda: x.addmm_(src(), lin.w), launches + 1)
         elif lin.mode == "t":
@@ -219,7 +237,9 @@ class DecodePlan:
             gu = torch.empty(b, inter, device=r.device, dtype=r.dtype)
             self._into(mlp.up, blk.mlp_norm, gu)
         act = mlp.act
-        self._acc(mlp.down, lambda: act(gu), act.k.launches if act.k is not None else 3)
+        a = torch.empty(b, inter, device=r.device, dtype=r.dtype)  # the gated kernel's out
+        self._acc(mlp.down, lambda: act(gu, out=a), act.k.launches if act.k is not None else 3,
+                  a if act.gated and not act.split else None)
 
     def _attend_layer(self, blk: Any, qkv: torch.Tensor) -> None:
         """RoPE of the step's q/k in ``qkv``, its k/v into the cache, and ``x +=
@@ -279,7 +299,7 @@ class DecodePlan:
                     q3, kv[0], kv[1], scale=scale, key_mask=m, out=out)
             end = self.t + 1
             return bound["call"](max(0, end - win) if win is not None else 0, end).view(b, qs)
-        self._acc(blk.o, attend, 1)
+        self._acc(blk.o, attend, 1, out.view(b, qs))
 
     def _attention(self, blk: Any, q: torch.Tensor, kv: torch.Tensor) -> Callable[[], torch.Tensor]:
         """A function running attention of the step's query over the cache, as ``[B, Q]``."""

@@ -38,6 +38,38 @@ def test_decode_plan_matches_general_path(arch):
     assert ca.capacity >= ca.length and fast.stats["plans_built"] >= 2  # rebuilt after growth
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_decode_plan_binds_its_matmuls_once(arch, monkeypatch):
+    """The CPU decode plan packs each C matmul's arguments at build time (its buffers
+    are fixed): the bound steps give the same bits as the plan that calls the
+    general method every step. GPT-2's LayerNorm is not fused into the matmul and
+    its GELU writes a fresh tensor, so only its output projection is bound."""
+    from atbcore.backends.cpu_kernels import available
+    from atb_torch.models.kernels import Lin
+
+    m = tiny(arch)
+    ids, mask = left_padded([4, 9], seed=8)
+
+    def steps(r):
+        c = r.new_cache(2, 32)
+        tok = r.prefill(ids, c, attention_mask=mask).argmax(-1)
+        out = []
+        for _ in range(6):
+            out.append(r.decode(tok, c).clone())
+            tok = out[-1].argmax(-1)
+        return torch.stack(out), plan_for(r, c)
+
+    bound, plan = steps(ModelRunner.from_hf(m, opt_level=2))
+    n_bound = sum(hasattr(f, "keep") or hasattr(f, "bound") for f in plan.calls)
+    layers = len(plan.runner.blocks)
+    if available():  # llama: the LM head, and qkv, o, gate_up, down per layer; GPT-2: o
+        assert n_bound == (1 + 4 * layers if arch == "llama" else layers)
+    monkeypatch.setattr(Lin, "bound", lambda *a, **k: None)
+    general, plan2 = steps(ModelRunner.from_hf(m, opt_level=2))
+    assert not any(hasattr(f, "keep") or hasattr(f, "bound") for f in plan2.calls)
+    assert torch.equal(bound, general)
+
+
 def test_static_plan_matches_dynamic(llama):
     r = ModelRunner.from_hf(llama, opt_level=2)
     ids, mask = left_padded([3, 7], seed=9)
