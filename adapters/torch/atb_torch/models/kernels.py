@@ -19,7 +19,7 @@ from atbcore.backends import get_backend
 from atbcore.memory import hugepages
 from atbcore.ops import get_op
 
-from .weight_prep import ROWS_MAX, Prep, _panels, _rows_reason, _rows_weight, panels_enabled
+from .weight_prep import ROWS_MAX, Prep, panels_enabled, rows_reason, rows_weight, weight_panels
 
 __all__ = ["Kern", "Lin", "Norm", "Act", "Prep", "moe_forward", "detach", "ROWS_MAX"]
 
@@ -68,8 +68,8 @@ class Lin:
     ``[in, out]`` contiguous copy; :meth:`into` is one ``mm``/``addmm`` into a
     preallocated buffer), "rows" (a merged ``[out, in]`` contiguous copy: up to
     :data:`ROWS_MAX` rows run the C few-row matmul, more rows torch's GEMM on the
-    transposed view; fp32 weights are ``panels`` instead, which the C matmul runs
-    at any row count) or "w8" (int8 ``[out, in]`` + per-channel scale; the C
+    transposed view; with panels, the default, the weight is kept only as
+    32-output ``panels``, which the C matmul runs at any row count) or "w8" (int8 ``[out, in]`` + per-channel scale; the C
     matmul for few rows when ``rows`` is set). :attr:`kernel` names what runs."""
 
     def __init__(self, weights: list, biases: list, prep: Prep) -> None:
@@ -82,7 +82,7 @@ class Lin:
                                 torch.zeros(w.shape[0], dtype=prep.dtype, device=w.device)
                                 for w, b in zip(ws, biases)]).to(prep.device)
         self.scale = self.scale32 = self.panels = None
-        self.rows_why = _rows_reason(prep) if prep.fused or prep.quantize else "opt_level 0"
+        self.rows_why = rows_reason(prep) if prep.fused or prep.quantize else "opt_level 0"
         if prep.quantize == "w8":
             from atbcore.ops.linear import quantize_w8
 
@@ -90,7 +90,7 @@ class Lin:
             self.w, scale = quantize_w8(w)
             self.w = self.w.to(prep.device).contiguous()
             if not self.rows_why and panels_enabled():  # the C matmul runs on panels only
-                self.panels = _panels(self.w, prep)
+                self.panels = weight_panels(self.w, prep)
                 self.w = torch.empty(self.w.shape, dtype=self.w.dtype, device="meta")
             elif not self.rows_why:  # the C matmul streams it every decode step
                 self.w = prep.arena.place(self.w) if prep.arena else hugepages.place(self.w)
@@ -110,10 +110,10 @@ class Lin:
                 # where they are, the model's to keep or drop
                 src = (torch.cat([w.to(prep.device, prep.dtype) for w in ws]) if len(ws) > 1
                        else ws[0].to(prep.device, prep.dtype))
-                self.panels = _panels(src, prep)
+                self.panels = weight_panels(src, prep)
                 self.w = torch.empty(src.shape, dtype=src.dtype, device="meta")
             else:
-                self.w = _rows_weight(ws, weights, prep)                    # [out, in]
+                self.w = rows_weight(ws, weights, prep)                    # [out, in]
         elif prep.fused:
             w = torch.cat(ws) if len(ws) > 1 else ws[0]
             self.w = w.to(prep.device, prep.dtype).t().contiguous()       # [in, out]

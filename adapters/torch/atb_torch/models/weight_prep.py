@@ -13,15 +13,16 @@ import torch
 
 from atbcore.memory import hugepages
 
-__all__ = ["Prep", "ROWS_MAX", "panels_enabled"]
+__all__ = ["Prep", "ROWS_MAX", "panels_enabled", "rows_reason", "rows_weight", "weight_panels"]
 
 
 @dataclass(frozen=True)
 class Prep:
     """How weights are prepared: ``opt_level`` (0 = unfused, model weights as they
     are), compute ``dtype``, ``quantize`` (None | "w8"), ``device``; ``rows_kernel``:
-    decoding calls the Linears with a few rows, so keep ``[out, in]`` weights for
-    the C few-row matmul (:mod:`atbcore.backends.cpu_kernels`) where it runs;
+    decoding calls the Linears with a few rows, so prepare the weights for the C
+    matmul (:mod:`atbcore.backends.cpu_kernels`) where it runs: panels, or
+    ``[out, in]`` rows with ``ATB_PANELS=0``;
     ``arena``: the runner's :class:`atbcore.memory.hugepages.Arena` those weights are
     packed into (None: each on its own)."""
 
@@ -49,7 +50,7 @@ class Prep:
 ROWS_MAX = 32
 
 
-def _rows_reason(prep: Prep) -> str:
+def rows_reason(prep: Prep) -> str:
     """Why the C few-row matmul cannot serve these Linears ('' = it can)."""
     if not prep.rows_kernel:
         return "not a decoder"
@@ -62,7 +63,7 @@ def _rows_reason(prep: Prep) -> str:
     return unavailable_reason() or ""
 
 
-def _rows_weight(ws: list, params: list, prep: Prep) -> torch.Tensor:
+def rows_weight(ws: list, params: list, prep: Prep) -> torch.Tensor:
     """The ``[out, in]`` weight the C few-row matmul streams every decode step, on huge
     pages (:mod:`atbcore.memory.hugepages`): a merged one is built in the runner's
     arena, as is a small one converted to the compute dtype; a model parameter of a
@@ -92,7 +93,7 @@ def panels_enabled() -> bool:
     return os.environ.get("ATB_PANELS", "1") != "0"
 
 
-def _panels(w: torch.Tensor, prep: Prep) -> torch.Tensor | None:
+def weight_panels(w: torch.Tensor, prep: Prep) -> torch.Tensor:
     """The ``[out, in]`` weight ``w`` packed in 32-output panels for the C
     matmul (:func:`atbcore.backends.cpu_kernels.torch_decode.pack_panels`), on huge
     pages in the runner's arena: each activation element is broadcast against a panel
