@@ -353,6 +353,13 @@ class ModelRunner(PagedMixin):
         return self.workspace if tokens > ROWS_MAX else None
 
     # ------------------------------------------------------------------ info
+    def explain(self) -> str:
+        """What runs: each Linear's kernels and weight layout, the attention kernels,
+        the bytes a decode step reads (see :mod:`.explain`)."""
+        from .explain import explain_runner
+
+        return explain_runner(self)
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of the prepared weights read per decode step (the GEMV floor)."""

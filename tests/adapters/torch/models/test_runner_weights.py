@@ -101,3 +101,26 @@ def test_decode_weights_in_panels_unless_disabled(llama, monkeypatch):
             ref = llama(seq, attention_mask=mask).logits[:, -1]
         assert_close(la, ref, "fp32", f"panels step {step} vs HF")
         assert_close(lb, ref, "fp32", f"rows step {step} vs HF")
+
+
+def test_explain_names_each_linear_kernel_and_layout(llama, monkeypatch):
+    """``runner.explain()`` says per Linear what runs for few and many rows, with the
+    weight layout, and the bytes a decode step reads."""
+    from atbcore.backends.cpu_kernels import available
+
+    r = ModelRunner.from_hf(llama, opt_level=2)
+    text = r.explain()
+    lines = {ln.split()[0]: ln for ln in text.splitlines()[1:]}
+    assert text.startswith("llama: 2 layers, float32, opt_level 2, quantize none, cpu")
+    for name, shape in (("qkv", "[128 x 64]"), ("o", "[64 x 64]"), ("gate_up", "[256 x 64]"),
+                        ("down", "[64 x 128]"), ("lm_head", "[256 x 64]")):
+        lin = r.lm_head if name == "lm_head" else getattr(r.blocks[0], name)
+        assert shape in lines[name] and lines[name].endswith(lin.kernel)
+        if available():
+            assert "32-output panels" in lines[name] and "C panel GEMM" in lines[name]
+    mib = r.weight_bytes / 2**20
+    assert f"weights read per decode step: {mib:.1f} MiB" in text
+    monkeypatch.setenv("ATB_PANELS", "0")
+    plain = ModelRunner.from_hf(llama, opt_level=2).explain()
+    assert "panels" not in plain and "torch F.linear on [out, in]" in plain
+    assert "F.linear" in ModelRunner.from_hf(llama, opt_level=0).explain()
