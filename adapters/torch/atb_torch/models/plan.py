@@ -30,7 +30,9 @@ step is one ``graph.replay()``; elsewhere opt 3 runs as opt 2 (logged by compile
     plan = plan_for(runner, cache)        # built or reused (cache.plans)
     logits = plan.step(ids, positions)    # [B, V], the plan's own buffer
     plan.launches                         # declared kernel launches per step
-    count_ops(lambda: plan.step(ids, positions))   # aten compute ops actually dispatched
+
+(``atb_torch.llm.bench.measure.count_ops(lambda: plan.step(ids, positions))`` counts
+the aten ops a step actually dispatches.)
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from atbcore.backends.cpu_kernels.threads import parked_torch_threads
 from .cache import ContiguousKVCache
 from .kernels import ROWS_MAX
 
-__all__ = ["DecodePlan", "plan_for", "count_ops"]
+__all__ = ["DecodePlan", "plan_for"]
 
 
 def plan_for(runner: Any, cache: ContiguousKVCache) -> "DecodePlan | None":
@@ -237,9 +239,9 @@ class DecodePlan:
             gu = torch.empty(b, inter, device=r.device, dtype=r.dtype)
             self._into(mlp.up, blk.mlp_norm, gu)
         act = mlp.act
-        a = torch.empty(b, inter, device=r.device, dtype=r.dtype)  # the gated kernel's out
-        self._acc(mlp.down, lambda: act(gu, out=a), act.k.launches if act.k is not None else 3,
-                  a if act.gated and not act.split else None)
+        a = (torch.empty(b, inter, device=r.device, dtype=r.dtype)  # the merged gated
+             if act.gated and not act.split else None)             # kernel writes into it
+        self._acc(mlp.down, lambda: act(gu, out=a), act.k.launches if act.k is not None else 3, a)
 
     def _attend_layer(self, blk: Any, qkv: torch.Tensor) -> None:
         """RoPE of the step's q/k in ``qkv``, its k/v into the cache, and ``x +=
@@ -375,36 +377,3 @@ class DecodePlan:
         self._execute()
         cache.length = t + 1
         return self.logits
-
-
-_VIEWS = ("view", "_unsafe_view", "t", "transpose", "unsqueeze", "squeeze", "slice", "select",
-          "expand", "split", "split_with_sizes", "unflatten", "alias", "permute", "as_strided",
-          "detach", "reshape", "chunk", "narrow")
-
-
-_ALLOCS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
-
-
-def count_ops(fn: Callable[[], Any]) -> dict[str, int]:
-    """Run ``fn`` once and count the aten ops it dispatches: ``{"compute": n, "views":
-    m, "allocs": a, "by_op": {...}}`` (views, aliases and allocations launch no
-    kernel; everything else is counted as a launch)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    counts: dict[str, Any] = {"compute": 0, "views": 0, "allocs": 0, "by_op": {}}
-
-    class _Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.__name__.split(".")[0]
-            if func.is_view or name in _VIEWS:
-                counts["views"] += 1
-            elif name in _ALLOCS:
-                counts["allocs"] += 1
-            else:
-                counts["compute"] += 1
-                counts["by_op"][func.__name__] = counts["by_op"].get(func.__name__, 0) + 1
-            return func(*args, **(kwargs or {}))
-
-    with _Count():
-        fn()
-    return counts

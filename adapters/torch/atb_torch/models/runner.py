@@ -32,7 +32,7 @@ Entry points (all under ``torch.no_grad``; tensors on the runner's device):
 
 Diagnostics: ``runner.stats`` (``plans_built``, ``plan_steps``, ``general_steps``,
 ``prefix_hits``), ``runner.weight_bytes`` (weights read per decode step: the GEMV
-floor), ``plan.launches`` and :func:`.plan.count_ops` (launches per step).
+floor), ``plan.launches`` and :func:`atb_torch.llm.bench.measure.count_ops` (launches per step).
 
 Threading: a runner and its caches serve one caller at a time (plans write shared
 buffers); use one runner per thread.
