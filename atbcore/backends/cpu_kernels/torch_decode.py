@@ -89,14 +89,20 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
                                         rms_norm_weight.dtype not in DTYPE_CODES):
         raise ShapeError("linear_rows", "rms_norm_weight", f"a contiguous fp32/bf16/fp16 [{k}]",
                          f"{rms_norm_weight.dtype} {tuple(rms_norm_weight.shape)}")
-    if panels is not None and (panels.dtype != w.dtype or not panels.is_contiguous()
-                               or panels.shape != (-(-n // PANEL), k, PANEL)):
+    if panels is not None and not _panels_fit(panels, w):
         raise ShapeError("linear_rows", "panels", f"pack_panels of the {w.dtype} [{n}, {k}] "
                          "weight", f"{panels.dtype} {tuple(panels.shape)}")
     head, tail = _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, rms_norm_eps,
                                 rms_norm_weight, panels)
     _check(_fn("linear_rows")(head + _Q.pack(threads or pool_threads()) + tail), "linear_rows")
     return _deliver(out, y)
+
+
+def _panels_fit(panels: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``panels`` is :func:`pack_panels`' layout of a weight shaped like ``w``."""
+    n, k = w.shape
+    return (panels.dtype == w.dtype and panels.is_contiguous()
+            and panels.shape == (-(-n // PANEL), k, PANEL))
 
 
 _Q = struct.Struct("<q")
@@ -136,8 +142,7 @@ def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
             or (panels is None and not w.is_contiguous())
             or (rms_norm_weight is not None and (not rms_norm_weight.is_contiguous()
                                                  or rms_norm_weight.numel() != k))
-            or (panels is not None and (panels.dtype != w.dtype or not panels.is_contiguous()
-                                        or panels.shape != (-(-n // PANEL), k, PANEL)))):
+            or (panels is not None and not _panels_fit(panels, w))):
         return None
     head, tail = _linear_fields(x, x.numel() // k, k, w, scale, bias, out, accumulate,
                                 rms_norm_eps, rms_norm_weight, panels)

@@ -148,19 +148,19 @@ class Lin:
         why = "" if self.mode == "dense" else f" (C few-row matmul: {self.rows_why})"
         return f"{many}{why}"
 
+    def _c(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        """The C matmul on this Linear's weight (its panels when packed, the fp32 scale
+        of int8 weights, the bias): :func:`~atbcore.backends.cpu_kernels.torch_decode.
+        linear_rows` with ``kw``."""
+        from atbcore.backends.cpu_kernels.torch_decode import linear_rows
+
+        return linear_rows(x, self.w, scale=self.scale32, bias=self.b, panels=self.panels, **kw)
+
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ W^T + b``; ``out`` (contiguous ``[..., out_features]`` in x's dtype), when
         given, receives a many-row GEMM's result (the prefill workspace), which is returned."""
-        if self._few(x):
-            from atbcore.backends.cpu_kernels.torch_decode import linear_rows
-
-            return linear_rows(x, self.w, scale=self.scale32, bias=self.b, panels=self.panels)
-        if self.panels is not None:
-            # many rows too: the panel GEMM (x in blocks of 64 rows kept in L2)
-            from atbcore.backends.cpu_kernels.torch_decode import linear_rows
-
-            return linear_rows(x, self.w, scale=self.scale32, bias=self.b, out=out,
-                               panels=self.panels)
+        if self._few(x) or self.panels is not None:  # panels: the C GEMM at any row count
+            return self._c(x, out=out)
         if (out is not None and self.mode in ("rows", "t") and x.dtype == self.w.dtype
                 and (self.b is None or self.b.dtype == x.dtype)):
             x2, o2 = x.reshape(-1, self.in_features), out.view(-1, self.out_features)
@@ -181,16 +181,9 @@ class Lin:
         RmsNorm ``norm`` the C matmul normalises the rows itself (one call, the same
         rounding as the norm kernel's stored output), else ``norm(x2)`` runs first."""
         if self._few(x2):
-            from atbcore.backends.cpu_kernels.torch_decode import linear_rows
-
             if norm is not None and norm.fusable:
-                return linear_rows(x2, self.w, scale=self.scale32, bias=self.b, out=out,
-                                   rms_norm_eps=norm.eps, rms_norm_weight=norm.w,
-                                   panels=self.panels)
-            if norm is not None:
-                x2 = norm(x2)
-            return linear_rows(x2, self.w, scale=self.scale32, bias=self.b, out=out,
-                               panels=self.panels)
+                return self._c(x2, out=out, rms_norm_eps=norm.eps, rms_norm_weight=norm.w)
+            return self._c(x2 if norm is None else norm(x2), out=out)
         if norm is not None:
             x2 = norm(x2)
         y = self(x2, out=out)  # the GEMM writes into out where it can (no copy then)
@@ -214,10 +207,7 @@ class Lin:
     def acc(self, x2: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y += lin(x2)`` in place (a residual add riding in the matmul)."""
         if self._few(x2):
-            from atbcore.backends.cpu_kernels.torch_decode import linear_rows
-
-            return linear_rows(x2, self.w, scale=self.scale32, bias=self.b, out=y,
-                               accumulate=True, panels=self.panels)
+            return self._c(x2, out=y, accumulate=True)
         if self.mode == "t" and self.b is None:
             return y.addmm_(x2, self.w)
         return y.add_(self(x2))

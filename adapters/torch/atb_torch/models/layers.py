@@ -32,7 +32,7 @@ from .arch import LayerWeights, ModelSpec
 from .kernels import Act, Kern, Lin, Norm, Prep, detach, moe_forward
 
 __all__ = ["AttnCtx", "DecoderBlock", "EncoderBlock", "Kern", "Lin", "Norm", "Act", "Prep",
-           "moe_forward", "detach"]
+           "moe_forward", "detach", "run_blocks"]
 
 
 @dataclass
@@ -250,6 +250,17 @@ class DecoderBlock:
             residual, ws = residual[:, keep], None
         h, residual = self.mlp_norm.add(a, residual, out=bufs("res_b"))
         return self.mlp(h, ws), residual
+
+
+def run_blocks(blocks: list, x: torch.Tensor, ctx: Any,
+               keep: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoder blocks over ``x`` (embeddings), returning the last one's
+    ``(mlp_out, residual)``; ``keep``: the rows wanted at the end (see
+    :meth:`DecoderBlock.forward`), which the last block runs alone."""
+    res, last = None, len(blocks) - 1
+    for i, blk in enumerate(blocks):
+        x, res = blk.forward(x, res, ctx, keep if i == last else None)
+    return x, res
 
 
 class _SplitGateUp:

@@ -51,7 +51,7 @@ from .arch import ModelSpec, ModelWeights, resolve_architecture
 from .cache import ContiguousKVCache
 from .kernels import ROWS_MAX
 from .workspace import Workspace
-from .layers import AttnCtx, DecoderBlock, EncoderBlock, Kern, Lin, Norm, Prep, detach
+from .layers import AttnCtx, DecoderBlock, EncoderBlock, Kern, Lin, Norm, Prep, detach, run_blocks
 from .runner_paged import PagedCtx, PagedMixin
 
 __all__ = ["ModelRunner", "PagedCtx"]
@@ -191,9 +191,7 @@ class ModelRunner(PagedMixin):
         keep = logits_to_keep
         if isinstance(logits_to_keep, int):
             keep = slice(t - logits_to_keep, t) if 0 < logits_to_keep < t else None
-        res, last = None, len(self.blocks) - 1
-        for i, blk in enumerate(self.blocks):
-            x, res = blk.forward(x, res, ctx, keep if i == last else None)
+        x, res = run_blocks(self.blocks, x, ctx, keep)
         h = self.final_norm.add(x, res)[0]
         if cache is not None:
             cache.length = start + t

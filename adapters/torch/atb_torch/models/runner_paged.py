@@ -18,6 +18,7 @@ from atbcore.backends.cpu_kernels.threads import parked_torch_threads
 from atbcore.errors import CapabilityError
 
 from .kernels import ROWS_MAX
+from .layers import run_blocks
 
 __all__ = ["PagedCtx", "PagedMixin", "c_paged_decode"]
 
@@ -78,9 +79,7 @@ class PagedMixin:
         keep = None if all_logits or len(ql) == x.shape[1] else \
             batch.q_seq_lens.to(self.device).long().cumsum(0) - 1
         with self.parked(x.shape[1]):
-            res, last = None, len(self.blocks) - 1
-            for i, blk in enumerate(self.blocks):
-                x, res = blk.forward(x, res, ctx, keep if i == last else None)
+            x, res = run_blocks(self.blocks, x, ctx, keep)
             h = self.final_norm.add(x, res)[0][0]                        # [B|T, H]
             return h if self.lm_head is None else self.lm_head(h)
 
