@@ -13,7 +13,7 @@ from .backends import select_backend
 from .errors import AtbError, DtypeError, InputError, ParamsError, ShapeError
 from .ops.base import OpDef, Params
 from .ops.registry import get_op
-from .tensor import TensorDesc, convert, describe, framework_of, is_tensor
+from .tensor import TensorDesc, convert, copy_into, describe, framework_of, is_tensor
 
 __all__ = ["Operation", "Builder", "destroy_operations"]
 
@@ -112,7 +112,7 @@ class Operation:
             if isinstance(slot, TensorDesc) or slot is None:
                 outputs[i] = convert(r, framework)
             else:
-                _copy_into(slot, r, backend.native)
+                copy_into(slot, r, backend.native)
         return outputs
 
     __call__ = execute
@@ -159,16 +159,6 @@ class Operation:
 
     def __exit__(self, *exc: Any) -> None:
         self.destroy()
-
-
-def _copy_into(dst: Any, src: Any, native: str) -> None:
-    view = convert(dst, native)
-    if native == "numpy":
-        import numpy as np
-
-        np.copyto(view, src)
-    else:
-        view.copy_(src)
 
 
 class Builder:

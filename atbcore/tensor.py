@@ -28,6 +28,7 @@ __all__ = [
     "from_torch",
     "from_numpy",
     "convert",
+    "copy_into",
     "is_tensor",
 ]
 
@@ -332,3 +333,18 @@ def convert(x: Any, framework: str) -> Any:
     if src in _FROM:
         return _FROM[src](x, framework)
     return from_torch(to_torch(x), framework)
+
+
+def copy_into(dst: Any, src: Any, native: str | None = None) -> None:
+    """Copy ``src`` (any framework) into the existing tensor ``dst`` in place, both
+    seen as ``native`` tensors (default: NumPy for a NumPy ``dst``, else torch; the
+    views share ``dst``'s memory, so the caller's tensor receives the values)."""
+    if native is None:
+        native = "numpy" if framework_of(dst) == "numpy" else "torch"
+    view, value = convert(dst, native), convert(src, native)
+    if native == "numpy":
+        import numpy as np
+
+        np.copyto(view, value)
+    else:
+        view.copy_(value)

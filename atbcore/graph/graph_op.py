@@ -38,7 +38,7 @@ from ..runtime.executor import ExecPlan, build_plan, infer_descs, native_weight
 from ..runtime.plan_cache import PlanCache
 from ..runtime.profiler import Profiler
 from ..runtime.scheduler import schedule
-from ..tensor import TensorDesc, convert, describe, framework_of, is_tensor
+from ..tensor import TensorDesc, convert, copy_into, describe, framework_of, is_tensor
 from .graph_op_explain import explain_text, plugin_points
 from .graph_op_io import load_graph_op_kwargs, make_fusion_config, save_graph_op
 from .graph_op_kv import KVBinder, kv_dim_names
@@ -215,7 +215,7 @@ class GraphOp:
             if slot is None or isinstance(slot, TensorDesc):
                 outputs[i] = r
             else:
-                _copy_into(slot, r)
+                copy_into(slot, r)
         return outputs
 
     def _run_plan(self, plan: ExecPlan, exact: Mapping[str, TensorDesc],
@@ -392,13 +392,3 @@ class GraphOp:
     def __repr__(self) -> str:
         n = len(self.graph.nodes) if self.graph else "?"
         return f"GraphOp({self.name!r}, nodes={n})"
-
-
-def _copy_into(dst: Any, src: Any) -> None:
-    fw = framework_of(dst)
-    if fw == "numpy":
-        import numpy as np
-
-        np.copyto(dst, convert(src, "numpy"))
-    else:
-        convert(dst, "torch").copy_(convert(src, "torch"))
