@@ -82,35 +82,21 @@ static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uin
 }
 #endif
 
-/* y[m .. m+mb, n .. n+32) of one panel (res: mb rows of 32 sums) */
+/* y[m .. m+mb, n .. n+32) of one panel (res: mb rows of 32 sums): per-channel scale,
+ * bias and the residual in fp32 over a row at a time, then one rounding each (fp32
+ * rows and biases are read and written in place by atb_load / atb_store) */
 static void panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float *res) {
     const int64_t nv = a->n - n < ATB_PANEL ? a->n - n : ATB_PANEL;
-    if (a->y_dt == ATB_F32 && (!a->bias || a->bias_dt == ATB_F32)) {
-        /* fp32 out: per-channel scale, bias and the residual in one pass per row */
-        const float *sc = a->scale ? (const float *)P(a->scale) + n : NULL;
-        const float *bi = a->bias ? (const float *)P(a->bias) + n : NULL;
-        for (int i = 0; i < mb; ++i) {
-            float *y = (float *)P(a->y) + (m + i) * a->y_stride + n;
-            const float *r = res + i * ATB_PANEL;
-            if (!sc && !bi && !a->accumulate) {
-                memcpy(y, r, (size_t)nv * sizeof(float));
-                continue;
-            }
-            for (int64_t j = 0; j < nv; ++j) {
-                float v = sc ? r[j] * sc[j] : r[j];
-                if (bi) v += bi[j];
-                y[j] = a->accumulate ? y[j] + v : v;
-            }
-        }
-        return;
-    }
-    /* half-precision out (or bias): a row's 32 values in fp32, then one rounding each */
     const float *sc = a->scale ? (const float *)P(a->scale) + n : NULL;
     float bb[ATB_PANEL], yy[ATB_PANEL], v[ATB_PANEL];
     const float *bi = a->bias ? atb_load(P(a->bias), (int)a->bias_dt, n, nv, bb) : NULL;
     for (int i = 0; i < mb; ++i) {
         const float *r = res + i * ATB_PANEL;
         const int64_t off = (m + i) * a->y_stride + n;
+        if (!sc && !bi && !a->accumulate) {
+            atb_store((void *)P(a->y), (int)a->y_dt, off, nv, r);
+            continue;
+        }
         const float *acc = a->accumulate ? atb_load(P(a->y), (int)a->y_dt, off, nv, yy) : NULL;
         for (int64_t j = 0; j < nv; ++j) {
             float t = sc ? r[j] * sc[j] : r[j];
