@@ -30,6 +30,7 @@ __all__ = [
     "convert",
     "copy_into",
     "is_tensor",
+    "raw_signature",
 ]
 
 
@@ -333,6 +334,27 @@ def convert(x: Any, framework: str) -> Any:
     if src in _FROM:
         return _FROM[src](x, framework)
     return from_torch(to_torch(x), framework)
+
+
+def raw_signature(xs: Sequence[Any]) -> tuple | None:
+    """A hashable signature of tensors read straight off them (type, shape, dtype,
+    device) without building descriptors: the plan cache's key for a call it has seen.
+    None when some input is not a NumPy, torch, Paddle or MindSpore tensor."""
+    key = []
+    for x in xs:
+        t = type(x)
+        mod = t.__module__
+        if t is np.ndarray:
+            key.append((t, x.shape, x.dtype))
+        elif mod.startswith("torch") and hasattr(x, "data_ptr"):
+            key.append((t, tuple(x.shape), x.dtype, x.device))
+        elif mod.startswith("paddle") and hasattr(x, "place"):
+            key.append((t, tuple(x.shape), str(x.dtype), str(x.place)))
+        elif "mindspore" in sys.modules and isinstance(x, sys.modules["mindspore"].Tensor):
+            key.append((t, tuple(x.shape), str(x.dtype)))
+        else:
+            return None
+    return tuple(key)
 
 
 def copy_into(dst: Any, src: Any, native: str | None = None) -> None:

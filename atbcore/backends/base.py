@@ -21,7 +21,11 @@ class Kernel:
     ``check`` returns the reasons it cannot run a call (empty = can run);
     ``impl`` names what runs, for logs and ``explain()``; ``launches`` is how many
     device kernels one call dispatches (a fused op built from several torch calls
-    counts as that many); ``writes_out`` kernels accept ``out=[...]`` buffers.
+    counts as that many); ``writes_out`` kernels accept ``out=[...]`` buffers;
+    ``bind(params, ins, outs) -> call(env) | None`` binds the kernel once to its
+    buffers for a plan (see :mod:`atbcore.runtime.binding`; a ``writes_out`` kernel
+    without one is bound generically); ``workspace(params, shapes) -> bytes`` is the
+    scratch a bound call needs (placed in the plan's arena, given as ``ctx.workspace``).
     """
 
     op: str
@@ -32,6 +36,8 @@ class Kernel:
     devices: tuple[str, ...] = ("cpu",)
     # True when ``fn(params, ins, out=[...])`` writes into given (planned) buffers
     writes_out: bool = False
+    bind: Callable[..., Any] | None = None
+    workspace: Callable[[Params, Mapping[str, Any]], int] | None = None
 
 
 @dataclass

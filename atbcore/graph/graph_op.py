@@ -30,6 +30,8 @@ Plugins receive and return tensors of the caller's framework (converted zero-cop
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from typing import Any, Mapping, Sequence
 
 from ..errors import AtbError, GraphError, InputError, ParamsError, ShapeError, DtypeError
@@ -38,7 +40,8 @@ from ..runtime.executor import ExecPlan, build_plan, infer_descs, native_weight
 from ..runtime.plan_cache import PlanCache
 from ..runtime.profiler import Profiler
 from ..runtime.scheduler import schedule
-from ..tensor import TensorDesc, convert, copy_into, describe, framework_of, is_tensor
+from ..tensor import (TensorDesc, convert, copy_into, describe, framework_of, is_tensor,
+                      raw_signature)
 from .graph_op_explain import explain_text, plugin_points
 from .graph_op_io import load_graph_op_kwargs, make_fusion_config, save_graph_op
 from .graph_op_kv import KVBinder, kv_dim_names
@@ -47,6 +50,20 @@ from .ir import Graph
 __all__ = ["GraphOp"]
 
 _UNSET: Any = object()  # kv_cache not passed (None is a value: "start a cache")
+
+
+def _plugin_manager() -> Any:
+    """``atbcore.plugin.get_plugin_manager`` (imported on first use: plugins load
+    lazily, and an import statement per call costs more than the call)."""
+    global _GET_PM
+    if _GET_PM is None:
+        from ..plugin import get_plugin_manager
+
+        _GET_PM = get_plugin_manager
+    return _GET_PM
+
+
+_GET_PM: Any = None
 
 class GraphOp:
     """A fused, planned graph of ops; see the module docstring.
@@ -97,6 +114,9 @@ class GraphOp:
         self._points: dict[str, tuple[str | None, str | None]] = {}
         self._kv: KVBinder | None = None
         self._destroyed = False
+        # Plan lookup and building are serialised; runs hold their plan's own lock.
+        self._lock = threading.RLock()
+        self._finalizer: Any = None
 
     # ------------------------------------------------------------------ building
     def _descs_of(self, inputs: Sequence[Any]) -> list[TensorDesc]:
@@ -124,10 +144,14 @@ class GraphOp:
         self.graph, self.pass_reports = run_pipeline(self.graph_unfused, self.fusion_config)
         self._points = plugin_points(self.graph)
         self._kv = KVBinder(self.graph, f"{self.name}@{id(self):x}")
-        self._cache = PlanCache(self._build, name=self.name, inputs=self.graph.inputs,
+        # The cache must not keep this GraphOp alive (its finalizer releases the cache).
+        build = weakref.WeakMethod(self._build)
+        self._cache = PlanCache(lambda d, fw: build()(d, fw), name=self.name, inputs=self.graph.inputs,
                                 dim_names={**kv_dim_names(self.graph), **self.dim_names},
                                 dynamic_shape=self._dynamic,
                                 max_plans=self.max_plans, backend=self.backend)
+        # A GraphOp dropped without destroy() still gives its arenas back to the pool.
+        self._finalizer = weakref.finalize(self, PlanCache.clear, self._cache)
         return self.graph
 
     def _build(self, descs: Mapping[str, TensorDesc], framework: str | None) -> ExecPlan:
@@ -155,13 +179,20 @@ class GraphOp:
     def plan_for(self, inputs: Sequence[Any]) -> tuple[ExecPlan, dict[str, TensorDesc]]:
         """The compiled plan (from the cache) for inputs given as tensors or descriptors."""
         self._check_alive()
-        descs = self._descs_of(inputs)
-        self._ensure_graph(descs)
-        assert self._cache is not None
-        fw = next((framework_of(x) for x in inputs if not isinstance(x, TensorDesc)), None)
-        plan, exact = self._cache.get(self._bind_inputs(descs), fw)
-        self.last_plan = plan
-        return plan, exact
+        raw = raw_signature(inputs)
+        with self._lock:
+            if raw is not None and self._cache is not None:
+                hit = self._cache.get_raw(raw)
+                if hit is not None:
+                    self.last_plan = hit[0]
+                    return hit
+            descs = self._descs_of(inputs)
+            self._ensure_graph(descs)
+            assert self._cache is not None
+            fw = next((framework_of(x) for x in inputs if not isinstance(x, TensorDesc)), None)
+            plan, exact = self._cache.get(self._bind_inputs(descs), fw, raw)
+            self.last_plan = plan
+            return plan, exact
 
     # ------------------------------------------------------------------ running
     def __call__(self, *inputs: Any, kv_cache: Any = _UNSET) -> Any:
@@ -277,9 +308,7 @@ class GraphOp:
         if any(self._plugins.values()):
             return True
         try:
-            from ..plugin import get_plugin_manager
-
-            hook = get_plugin_manager().hook
+            hook = _plugin_manager()().hook
             return bool(hook.atb_preprocess.get_hookimpls() or
                         hook.atb_postprocess.get_hookimpls())
         except (ImportError, NotImplementedError, AttributeError):
@@ -311,9 +340,10 @@ class GraphOp:
     def set_dynamic_shape(self, ranges: Mapping[str, Any]) -> None:
         """Declare dynamic dim ranges (see :mod:`atbcore.runtime.plan_cache`)."""
         self._dynamic = dict(ranges)
-        if self._cache is not None:
-            self._cache.set_dynamic_shape(ranges)
-            self._captured.clear()
+        with self._lock:
+            if self._cache is not None:
+                self._cache.set_dynamic_shape(ranges)
+                self._captured.clear()
 
     def explain(self, *inputs: Any) -> str:
         """Nodes before and after fusion, pass reports, per node the kernel and
@@ -372,12 +402,13 @@ class GraphOp:
     def destroy(self) -> None:
         """Free every plan's arena back to the pool and drop cached weights; the
         GraphOp can no longer run."""
-        if self._cache is not None:
-            self._cache.clear()
-        self._captured.clear()
-        self._weights.clear()
-        self.last_plan = None
-        self._destroyed = True
+        with self._lock:
+            if self._cache is not None:
+                self._cache.clear()
+            self._captured.clear()
+            self._weights.clear()
+            self.last_plan = None
+            self._destroyed = True
 
     def _check_alive(self) -> None:
         if self._destroyed:

@@ -105,8 +105,13 @@ def explain_text(op: Any) -> str:
         lines.append(f"Plan for {{{sig}}} on {plan.device} "
                      f"({len(plan.levels)} levels, streams={plan.num_streams}):")
         for row in plan.nodes_table():
+            how = {True: "bound once", False: "called per run", None: "not bound yet"}
+            ws = f", workspace {row['workspace']} B" if row["workspace"] else ""
             lines.append(f"  {row['node']}: {row['op']} -> {row['backend']} "
-                         f"[{row['kernel']}] launches={row['launches']}")
+                         f"[{row['kernel']}] launches={row['launches']} "
+                         f"({how[row['bound']]}{ws})")
+            for w, layout in row["layouts"].items():
+                lines.append(f"      weight {w}: {layout}")
             for fb in row["fallbacks"]:
                 lines.append(f"      fell back past {fb}")
         lines.append(f"Launches per run: {plan.launches}"

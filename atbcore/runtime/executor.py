@@ -1,25 +1,32 @@
-"""The executor: a graph compiled once into a list of bound kernel calls, then run.
+"""The executor: a graph compiled once into a plan of bound kernel calls, then run.
 
 ``build_plan(graph, input_descs)`` infers every tensor's descriptor along the schedule,
 plans memory, and dispatches each node once (``select_backend``), recording the
 kernel that runs, how many device launches it makes and why other backends were
-passed over. ``ExecPlan.run(inputs)`` then only looks tensors up and calls kernels.
+passed over. ``ExecPlan.run(inputs)`` then runs the plan's :class:`BoundProgram` for
+the call's exact signature (:mod:`atbcore.runtime.binding`): each kernel bound once to
+its buffers, a run a loop of bound calls.
 
-What is real about buffers (today's kernels return new tensors):
+Buffers:
 
-* each intermediate is dropped at its last use (the plan's liveness), so the
-  framework's caching allocator reuses its memory for later tensors;
-* a kernel that declares ``writes_out`` (``fn(params, ins, out=[...])``) gets arena
-  views at the planned offsets and writes into them; no built-in kernel declares it
-  yet, so on the built-in backends the arena is the planner's accounting of what a
-  run needs, and is only reserved from the pool when a kernel will write into it
-  (``arena="auto"``) or when asked (``arena="always"``);
-* graph outputs are never in the arena: they are the kernels' fresh tensors, so
-  callers own them.
+* the memory plan's arena is reserved from the memory pool when the plan is built
+  (``arena="auto"``/``"always"``), so a pool too small for a plan raises
+  :class:`~atbcore.errors.PoolExhaustedError` there; the block is pinned (views stay
+  valid across defragmentation) and given back by :meth:`ExecPlan.release`;
+* kernels that bind (or declare ``writes_out``) write intermediates into arena views
+  at the planned offsets; a kernel that returns fresh tensors keeps them off the arena,
+  and each such intermediate is dropped at its last use;
+* graph outputs are never in the arena: each run allocates them, so callers own them.
+
+Threads: a run holds the plan's lock (the arena is one per plan), so one GraphOp
+called from several threads gives the serial results; independent GraphOps run in
+parallel.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,7 +37,8 @@ from ..graph.ir import Graph, Node
 from ..ops.base import OpDef
 from ..ops.registry import get_op
 from ..tensor import TensorDesc, convert, describe
-from .planner import MemoryPlan, plan_memory
+from .binding import BoundProgram, bind_program, binder_of
+from .planner import MemoryPlan, plan_memory, workspace_id
 from .profiler import NodeEvent, Profiler
 from .scheduler import assign_streams, flatten, schedule
 
@@ -103,6 +111,9 @@ class BoundCall:
     stream: int = 0
     pre: str | None = None
     post: str | None = None
+    bind: Callable | None = None  # the kernel's binder (see atbcore.runtime.binding)
+    workspace: tuple[int | None, int] = (None, 0)  # (arena offset, bytes) of its scratch
+    layouts: dict[str, str] = field(default_factory=dict)  # weight input -> layout bound
 
 
 @dataclass
@@ -124,6 +135,9 @@ class ExecPlan:
     runs: int = 0
     skip_checks: bool = False  # set while capturing a CUDA graph (no host syncs)
     framework: str | None = None  # the caller's framework the plan was dispatched for
+    programs: dict[tuple, BoundProgram] = field(default_factory=dict)
+    arena_finalizer: Any = None
+    lock: Any = field(default_factory=threading.Lock)
 
     @property
     def launches(self) -> int:
@@ -136,8 +150,13 @@ class ExecPlan:
 
     def nodes_table(self) -> list[dict[str, Any]]:
         """Per call: node, op, backend, kernel impl, launches, fallback reasons."""
+        bound: dict[str, bool] = {}
+        for prog in list(self.programs.values())[-1:]:
+            bound = prog.bound
         return [{"node": c.node, "op": c.op, "backend": c.backend, "kernel": c.impl,
                  "launches": c.launches, "stream": c.stream,
+                 "bound": bound.get(c.node), "layouts": dict(c.layouts),
+                 "workspace": c.workspace[1],
                  "fallbacks": ["%s: %s" % (b, "; ".join(r)) for b, r in c.fallbacks]}
                 for c in self.calls]
 
@@ -145,13 +164,38 @@ class ExecPlan:
     def run(self, inputs: Mapping[str, Any], *, descs: Mapping[str, TensorDesc] | None = None,
             profiler: Profiler | None = None, hook: PointHook | None = None) -> list:
         """Run on backend-native inputs (id -> tensor); returns the graph outputs.
-        ``descs`` (exact descriptors of this call) sizes arena views."""
+        ``descs`` (exact descriptors of this call) sizes arena views. Without a
+        profiler, plugin hook or side streams this runs the bound program."""
+        if profiler is None and hook is None and self.num_streams == 1:
+            return self._run_program(inputs, descs or self.descs)
         if self.uses_torch:
             import torch
 
             with torch.no_grad():
                 return self._run(inputs, descs, profiler, hook)
         return self._run(inputs, descs, profiler, hook)
+
+    def program(self, descs: Mapping[str, TensorDesc]) -> BoundProgram:
+        """The bound program for these exact descriptors (built once, then cached)."""
+        key = tuple(descs[i] for i in self.graph.inputs)
+        prog = self.programs.get(key)
+        if prog is None:
+            if len(self.programs) >= _MAX_PROGRAMS:
+                self.programs.pop(next(iter(self.programs)))
+            prog = self.programs[key] = bind_program(self, descs)
+        return prog
+
+    def _run_program(self, inputs: Mapping[str, Any], descs: Mapping[str, TensorDesc]) -> list:
+        xs = [inputs[i] for i in self.graph.inputs]
+        with self.lock:
+            prog = self.program(descs)
+            self.runs += 1
+            if self.uses_torch:
+                import torch
+
+                with torch.no_grad():
+                    return prog.run(xs)
+            return prog.run(xs)
 
     def _run(self, inputs: Mapping[str, Any], descs: Mapping[str, TensorDesc] | None,
              profiler: Profiler | None, hook: PointHook | None) -> list:
@@ -234,9 +278,15 @@ class ExecPlan:
     # ------------------------------------------------------------------ lifetime
     def release(self) -> None:
         """Give the arena block back to its pool (idempotent)."""
-        if self.arena_block is not None and not self.arena_block.freed:
+        self.programs.clear()  # they hold views of the arena
+        if self.arena_finalizer is not None:
+            self.arena_finalizer()  # frees the block, once
+        elif self.arena_block is not None and not self.arena_block.freed:
             self.arena_block.free()
         self.arena_block = None
+
+
+_MAX_PROGRAMS = 8  # exact signatures bound per plan (a bucket's shapes)
 
 
 def _synchronizer(device: str) -> Callable[[], None]:
@@ -265,8 +315,22 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
     """
     levels = levels if levels is not None else schedule(graph)
     descs, bindings = infer_descs(graph, levels, input_descs)
-    memory = plan_memory(graph, levels, descs)
     order = flatten(levels)
+    chosen: dict[str, tuple[Any, list]] = {}
+    workspaces: dict[str, int] = {}
+    for n in order:
+        opdef = get_op(n.op)
+        bdescs = {k: _descs_of(v, descs) for k, v in bindings[n.name].items()}
+        try:
+            chosen[n.name] = select_backend(opdef, n.params, bdescs, backend, framework)
+        except AtbError as e:
+            raise node_error(graph, n, e) from None
+        k = chosen[n.name][0].kernel(opdef.name)
+        if getattr(k, "workspace", None) is not None:
+            shapes = {name: tuple(d.shape) for name, d in bdescs.items()
+                      if isinstance(d, TensorDesc)}
+            workspaces[n.name] = int(k.workspace(n.params, shapes))
+    memory = plan_memory(graph, levels, descs, workspaces)
     device = next((input_descs[i].device for i in graph.inputs), "cpu")
     cuda = device.startswith("cuda")
     streams = assign_streams(levels, num_streams) if cuda and num_streams > 1 else {}
@@ -285,11 +349,7 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
     for step, n in enumerate(order):
         opdef = get_op(n.op)
         b = bindings[n.name]
-        bdescs = {k: _descs_of(v, descs) for k, v in b.items()}
-        try:
-            be, skipped = select_backend(opdef, n.params, bdescs, backend, framework)
-        except AtbError as e:
-            raise node_error(graph, n, e) from None
+        be, skipped = chosen[n.name]
         k = be.kernel(opdef.name)
         assert k is not None
         for v in b.values():
@@ -312,7 +372,8 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
             check=type(opdef).check_values is not OpDef.check_values,
             writes_out=bool(getattr(k, "writes_out", False)),
             out_offsets=tuple(memory.offsets.get(o) for o in n.outputs),
-            stream=streams.get(n.name, 0), pre=p, post=post))
+            stream=streams.get(n.name, 0), pre=p, post=post, bind=binder_of(k),
+            workspace=(memory.offsets.get(workspace_id(n.name)), workspaces.get(n.name, 0))))
 
     entry = "torch" if any(c.native == "torch" for c in calls) else "numpy"
     for i in graph.inputs:
@@ -349,10 +410,8 @@ def native_weight(arr: Any, native: str, device: str) -> Any:
 
 
 def _reserve_arena(plan: ExecPlan, arena: str) -> None:
-    wants = any(c.writes_out for c in plan.calls)
-    if arena == "never" or (arena == "auto" and not wants) or plan.memory.arena_bytes == 0:
-        plan.arena_note = ("not reserved: no kernel writes into planned buffers"
-                           if arena == "auto" else "not reserved")
+    if arena == "never" or plan.memory.arena_bytes == 0:
+        plan.arena_note = "not reserved" if arena == "never" else "no planned buffers"
         return
     try:
         from ..memory import get_memory_pool
@@ -366,5 +425,13 @@ def _reserve_arena(plan: ExecPlan, arena: str) -> None:
         for c in plan.calls:
             c.writes_out = False
         return
-    plan.arena_block = pool.alloc(plan.memory.arena_bytes)
+    block = pool.alloc(plan.memory.arena_bytes)  # PoolExhaustedError when it cannot
+    plan.arena_block = block.pin() if hasattr(block, "pin") else block
     plan.arena_note = f"reserved {plan.memory.arena_bytes} B from the pool"
+    # a plan dropped without release() still gives its arena back
+    plan.arena_finalizer = weakref.finalize(plan, _free_block, block)
+
+
+def _free_block(block: Any) -> None:
+    if not block.freed:
+        block.free()

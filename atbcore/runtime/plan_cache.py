@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..backends import select_backend
 from ..dtypes import Dtype
-from ..errors import AtbError, ParamsError, ShapeError
+from ..errors import AtbError, ParamsError, PoolExhaustedError, ShapeError
 from ..tensor import TensorDesc
 from .executor import ExecPlan, _descs_of, infer_descs
 
@@ -81,6 +81,7 @@ class PlanCache:
         self._plans: OrderedDict[Any, ExecPlan] = OrderedDict()
         self._exact: dict[tuple, tuple[Any, dict[str, TensorDesc]]] = {}
         self._unbucketable: set[Any] = set()
+        self._raw: dict[tuple, tuple] = {}  # raw tensor signature -> exact signature
         self.hits = self.misses = self.evictions = 0
         if dynamic_shape:
             self.set_dynamic_shape(dynamic_shape)
@@ -150,11 +151,27 @@ class PlanCache:
         return tuple(sorted(descs.items()))
 
     # ------------------------------------------------------------------ lookup
-    def get(self, descs: Mapping[str, TensorDesc], framework: str | None = None
-            ) -> tuple[ExecPlan, dict[str, TensorDesc]]:
+    def get_raw(self, raw: tuple) -> tuple[ExecPlan, dict[str, TensorDesc]] | None:
+        """The plan a previous :meth:`get` with this ``raw`` key found (a signature
+        the caller reads off its tensors without describing them), or None."""
+        exact_sig = self._raw.get(raw)
+        hit = None if exact_sig is None else self._exact.get(exact_sig)
+        if hit is None or hit[0] not in self._plans:
+            return None
+        self.hits += 1
+        self._plans.move_to_end(hit[0])
+        return self._plans[hit[0]], hit[1]
+
+    def get(self, descs: Mapping[str, TensorDesc], framework: str | None = None,
+            raw: tuple | None = None) -> tuple[ExecPlan, dict[str, TensorDesc]]:
         """The plan for these input descriptors (of ``framework``'s tensors) and the
-        exact descriptors of every tensor."""
+        exact descriptors of every tensor; ``raw`` (see :meth:`get_raw`) is
+        remembered as another key of this signature."""
         exact_sig = (framework, self._sig(descs))
+        if raw is not None:
+            if len(self._raw) >= 4 * self.max_plans:
+                self._raw.pop(next(iter(self._raw)))
+            self._raw[raw] = exact_sig
         hit = self._exact.get(exact_sig)
         if hit is not None and hit[0] in self._plans:
             self.hits += 1
@@ -177,8 +194,8 @@ class PlanCache:
         self.misses += 1
         try:
             plan = self.build(rep if key[0] == "bucket" else descs, framework)
-        except AtbError:
-            if key[0] != "bucket":
+        except AtbError as e:
+            if key[0] != "bucket" or isinstance(e, PoolExhaustedError):
                 raise
             # The bucket bound is not a valid shape for this graph: plan exactly.
             self._unbucketable.add(key)
@@ -239,4 +256,5 @@ class PlanCache:
             p.release()
         self._plans.clear()
         self._exact.clear()
+        self._raw.clear()
         self._unbucketable.clear()

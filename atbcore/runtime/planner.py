@@ -31,7 +31,7 @@ from ..graph.ir import Graph, Node
 from ..tensor import TensorDesc
 from .scheduler import flatten
 
-__all__ = ["MemoryPlan", "plan_memory", "ALIGNMENT", "VIEW_OPS"]
+__all__ = ["MemoryPlan", "plan_memory", "ALIGNMENT", "VIEW_OPS", "workspace_id"]
 
 ALIGNMENT = 64
 # Ops whose (single) output is a view of their first input.
@@ -79,6 +79,11 @@ class MemoryPlan:
                 f"(no-reuse total {self.total_intermediate_bytes} B, reuse x{self.reuse_ratio:.2f})")
 
 
+def workspace_id(node: str) -> str:
+    """The buffer id of a node's workspace (its kernel's scratch) in a memory plan."""
+    return f"{node}#workspace"
+
+
 def _inplace_map(op: str) -> Mapping[int, int]:
     # Unknown op names (hand-built test graphs) simply declare nothing in place.
     try:
@@ -101,11 +106,14 @@ def _alias_edges(node: Node) -> dict[str, str]:
 
 
 def plan_memory(graph: Graph, levels: Sequence[Sequence[Node]],
-                descs: Mapping[str, TensorDesc]) -> MemoryPlan:
+                descs: Mapping[str, TensorDesc],
+                workspaces: Mapping[str, int] | None = None) -> MemoryPlan:
     """Plan the arena for ``graph`` run in the order of ``levels``.
 
     ``descs`` gives every tensor's descriptor (sizes come from it); a produced id
     missing from ``descs`` or with a ``-1`` dim is treated as run-time sized.
+    ``workspaces`` (node name -> bytes) places each node's kernel scratch, live
+    during that node only, as buffer :func:`workspace_id`.
     """
     order = flatten(levels)
     external_src = set(graph.inputs) | {w for w, _ in graph.weights}
@@ -151,6 +159,11 @@ def plan_memory(graph: Graph, levels: Sequence[Sequence[Node]],
             continue
         sizes[t] = _align(max(d.nbytes, 1))
 
+    for step, n in enumerate(order):
+        nbytes = (workspaces or {}).get(n.name, 0)
+        if nbytes > 0:
+            w = workspace_id(n.name)
+            sizes[w], span[w] = _align(nbytes), (step, step)
     offsets = _best_fit(sizes, span)
     arena = max((offsets[t] + sizes[t] for t in offsets), default=0)
     total = sum(sizes.values())

@@ -47,7 +47,7 @@ from . import profiling
 from .devices import check_to_args
 from .graph_binding import GraphRunner, desc_of, host_array, real_mode
 from .graph_kv import KVSlotSpec, full_inputs, is_cache_object, pasts_of, run_guarded, store
-from .library_graph import register_runner
+from .library_graph import no_alias, register_runner
 from .module_base import AtbModule
 from .tensors import as_torch
 
@@ -60,6 +60,16 @@ _CORE_KWARGS = ("dim_names", "dynamic_shape", "profile", "cuda_graph", "num_stre
 
 def _graph_op(*args: Any) -> list[Tensor]:
     return torch.ops.atb.graph_op(*args)
+
+
+def _eager(xs: list[Tensor], weights: list[Tensor]) -> bool:
+    """Whether a call may skip ``torch.ops.atb.graph_op``: not tracing, and no
+    gradient could be asked for (the custom op is what refuses ``backward``)."""
+    if torch.compiler.is_compiling():
+        return False
+    if not torch.is_grad_enabled():
+        return True
+    return not any(t.requires_grad for t in (*xs, *weights))
 
 
 class GraphOp(nn.Module):
@@ -99,6 +109,8 @@ class GraphOp(nn.Module):
         self._runner = GraphRunner(self)
         self._handle = register_runner(self._runner)
         self._key = f"{self.name}@{id(self):x}"
+        self._weight_refs: tuple | None = None  # (layer ids, [(owner, name)]): weight_tensors
+        self._materialized: tuple | None = None  # the layer ids whose shapes are known
 
     def __getstate__(self) -> dict:
         state = dict(super().__getstate__())
@@ -173,9 +185,21 @@ class GraphOp(nn.Module):
         return [f"{n}.{k}" for n, m in self.named_layers() for k in m.core_weights()]
 
     def weight_tensors(self) -> list[Tensor]:
+        """The parameters behind :meth:`weight_ids`, read from their owning modules
+        each call (a replaced parameter is seen); where they live is looked up once
+        per set of layers."""
         if self._graph_src is not None:
             return [self.weights[k] for k in self._param_key.values()]
-        return [p for _, m in self.named_layers() for p in m.core_weights().values()]
+        layers = tuple(self.layers.values())
+        key, refs = tuple(map(id, layers)), self._weight_refs
+        if refs is None or refs[0] != key:
+            owners = []
+            for m in layers:
+                for qual in m.core_weights():
+                    prefix, _, leaf = qual.rpartition(".")
+                    owners.append((m.get_submodule(prefix) if prefix else m, leaf))
+            refs = self._weight_refs = (key, owners)
+        return [owner._parameters[leaf] for owner, leaf in refs[1]]
 
     def core_source(self, host: Mapping[str, Any]) -> list[CoreLayer] | Graph:
         """Core layers (or the core graph) carrying the weights ``host`` (by graph id)."""
@@ -218,10 +242,16 @@ class GraphOp(nn.Module):
                                "one eager call or load_state_dict before compiling", "lazy")
         else:
             self.check_alive()
-            self._materialize(xs[0])
+            layer_ids = tuple(map(id, self.layers.values())) if self._graph_src is None else ()
+            if self._materialized != layer_ids:  # lazy shapes are set once per set of layers
+                self._materialize(xs[0])
+                self._materialized = layer_ids
         weights = self.weight_tensors()
         if not self._slots:
-            outs = _graph_op(self._handle, xs, weights)
+            if _eager(xs, weights):  # the core plan directly: no custom-op dispatch
+                outs = no_alias(self._runner.run(xs, weights), xs, weights)
+            else:
+                outs = _graph_op(self._handle, xs, weights)
             out = outs[0] if len(outs) == 1 else tuple(outs)
             return out if kv_cache is _UNSET else (out, kv_cache)
         if is_cache_object(kv_cache):

@@ -24,7 +24,7 @@ from atbcore.errors import AtbError
 
 from .library import OPS, refusing_autograd
 
-__all__ = ["GraphRunner", "register_runner", "get_runner", "graph_op"]
+__all__ = ["GraphRunner", "register_runner", "get_runner", "graph_op", "no_alias"]
 
 
 class GraphRunner(Protocol):
@@ -57,13 +57,18 @@ def get_runner(handle: str) -> Any:
     return r
 
 
-def _graph_op(handle: str, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]:
-    runner = get_runner(handle)
-    outs = runner.run(list(inputs), list(weights))
-    # A custom op must not return its inputs or views of them.
+def no_alias(outs: list[Tensor], inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]:
+    """``outs`` with any output sharing an input's or weight's storage cloned (a
+    custom op must not return its inputs or views of them; eager calls keep the
+    same contract)."""
     ptrs = {t.untyped_storage().data_ptr() for t in (*inputs, *weights) if t.numel()}
     return [o.clone() if o.numel() and o.untyped_storage().data_ptr() in ptrs else o
             for o in outs]
+
+
+def _graph_op(handle: str, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]:
+    runner = get_runner(handle)
+    return no_alias(runner.run(list(inputs), list(weights)), inputs, weights)
 
 
 graph_op = torch.library.custom_op("atb::graph_op", _graph_op, mutates_args=())

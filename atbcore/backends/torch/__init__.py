@@ -20,13 +20,16 @@ TORCH_KERNELS: dict[str, Kernel] = {}
 
 
 def kernel(op: str, *, check: Check | None = None, impl: str = "", launches: int = 1,
-           devices: tuple[str, ...] = ("cpu", "cuda"), writes_out: bool = False
+           devices: tuple[str, ...] = ("cpu", "cuda"), writes_out: bool = False,
+           bind: Callable | None = None, workspace: Callable | None = None
            ) -> Callable[[Callable], Callable]:
-    """Register ``fn(params, ins) -> list`` as the torch kernel of ``op``."""
+    """Register ``fn(params, ins) -> list`` as the torch kernel of ``op`` (``bind`` and
+    ``workspace``: see :class:`~atbcore.backends.base.Kernel`)."""
 
     def deco(fn: Callable) -> Callable:
         TORCH_KERNELS[op] = Kernel(op=op, fn=fn, check=check, impl=impl or fn.__qualname__,
-                                   launches=launches, devices=devices, writes_out=writes_out)
+                                   launches=launches, devices=devices, writes_out=writes_out,
+                                   bind=bind, workspace=workspace)
         return fn
 
     return deco

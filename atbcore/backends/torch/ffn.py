@@ -23,6 +23,7 @@ from ...ops.ffn import ffn_layout
 from ..cpu_kernels import torch_ops as ck
 from . import kernel
 from .activation import c_activation
+from .ffn_cpu import CpuFfn, bind_cpu_ffn, ffn_workspace_bytes, why_not_cpu_ffn
 from .linear import mm_fp32
 
 __all__: list[str] = []
@@ -32,18 +33,27 @@ def _wt(ins, lay, w: str) -> torch.Tensor:
     return ins[w] if lay.transposed[w] else ins[w].t()                     # [in, out]
 
 
-@kernel("FusedFeedForward", impl="mm (gate/up) + C bias+activation (CPU) + addmm (down, residual)"
-        ", fp32 compute; else registry torch activation",
-        launches=ck.c_launches(5, with_c=3))
+@kernel("FusedFeedForward", impl="C matmuls on 32-output panels + C bias+activation, residual "
+        "accumulated in the down matmul (CPU); else mm + C activation + addmm, or the registry "
+        "torch activation; fp32 compute",
+        launches=ck.c_launches(5, with_c=4), bind=bind_cpu_ffn,
+        workspace=lambda p, shapes: ffn_workspace_bytes(p, shapes))
 def fused_feed_forward(p, ins):
     x = ins["x"]
-    lay = ffn_layout("FusedFeedForward", p, {n: t.shape for n, t in ins.items() if t is not None})
+    shapes = {n: tuple(t.shape) for n, t in ins.items() if t is not None}
+    lay = ffn_layout("FusedFeedForward", p, shapes)
     act = p.activation
     name, why = c_activation(act)
     why = why or ck.why_not(x)
     if why:
         ck.log_fallback("FusedFeedForward", why)
         return _composite(p, ins, lay)
+    if why_not_cpu_ffn(p, ins) is None:  # the bound call's kernels, on fresh buffers
+        ffn = CpuFfn(p, ins, shapes)
+        y = torch.empty(x.shape, dtype=x.dtype)
+        ws = torch.empty(x.numel() // lay.hidden * ffn.ws_floats, dtype=torch.float32)
+        ffn.run(x, ins.get("residual"), y, ws)
+        return [y]
     x2 = x.reshape(-1, lay.hidden)                                          # [T, H]
     b = {n: ins.get(n[:-1] + "b") for n in ("gate_up_w", "gate_w", "up_w", "down_w")}
     if p.gate_up_merged:

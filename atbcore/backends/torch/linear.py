@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ...log import logger
 from . import kernel
+from .linear_cpu import CpuLinear, bind_cpu_linear, why_not_cpu_linear
 
 __all__ = ["w8_plan", "mm_fp32", "transposed_weight_cache", "TransposedWeightCache"]
 
@@ -195,10 +196,13 @@ def _dense_linear(p, x, w, b):
     return F.linear(x, wv, b)
 
 
-@kernel("Linear", impl="F.linear / cached-transposed GEMV; w8: aten._weight_int8pack_mm or "
-        "fp32 dequantize + GEMM")
-def linear(p, ins):
+@kernel("Linear", impl="C matmul on 32-output panels (CPU; fp32/bf16/fp16/w8 weights); else "
+        "F.linear / cached-transposed GEMV; w8: aten._weight_int8pack_mm or fp32 dequantize + "
+        "GEMM", writes_out=True, bind=bind_cpu_linear)
+def linear(p, ins, out=None):
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
+    if why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s) is None:
+        return [CpuLinear(p, w, b, s).run(x, None if out is None else out[0])]
     if p.quant == "w8":
         return [_w8_linear(p, x, w, b, s)]
     return [_dense_linear(p, x, w, b)]

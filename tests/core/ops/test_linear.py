@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import atbcore as atb
+from atbcore.backends.cpu_kernels import torch_ops as ck
+from atbcore.backends.torch import weight_layout
 from atbcore.backends.torch.linear import transposed_weight_cache, w8_plan
 from atbcore.ops.linear import quantize_w8
 from oracle import FLOATS, check_error, check_op, rand
@@ -32,10 +34,14 @@ def test_linear_fp32_bias_for_half_layer():
     check_op("Linear", {}, [x, w, rand((32,), "fp32", 3)])
 
 
+@pytest.mark.parametrize("panels", ["1", "0"])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_linear_vs_torch_functional(rows):
-    """fp32 vs F.linear; one-row calls repeat with the same weight so the cached
-    pre-transposed GEMV path runs, and an in-place weight update is seen."""
+def test_linear_vs_torch_functional(rows, panels, monkeypatch):
+    """fp32 vs F.linear; calls repeat with the same weight so the C matmul's panels
+    (or, with ATB_PANELS=0, the cached pre-transposed GEMV) are reused, and an
+    in-place weight update is seen."""
+    monkeypatch.setenv("ATB_PANELS", panels)
+    c_matmul = panels == "1" and ck.unavailable_reason() is None
     torch.manual_seed(0)
     transposed_weight_cache.clear()
     w, b = torch.randn(96, 64), torch.randn(96)
@@ -44,7 +50,9 @@ def test_linear_vs_torch_functional(rows):
         x = torch.randn(rows, 64)
         y, = op.execute([x, w, b])
         atb.assert_close(y, F.linear(x, w, b), "fp32", f"Linear vs F.linear, call {i}")
-    assert len(transposed_weight_cache) == (1 if rows == 1 else 0)
+    assert len(transposed_weight_cache) == (1 if rows == 1 and not c_matmul else 0)
+    if c_matmul:
+        assert weight_layout.panels(w)[0].shape == (3, 64, 32)  # made once, reused
     with torch.no_grad():
         w.mul_(-2.0)                                   # in place: the cached copy is stale
     x = torch.randn(rows, 64)
@@ -52,7 +60,8 @@ def test_linear_vs_torch_functional(rows):
     atb.assert_close(y, F.linear(x, w, b), "fp32", "Linear after an in-place weight update")
 
 
-def test_transposed_cache_drops_freed_weights():
+def test_transposed_cache_drops_freed_weights(monkeypatch):
+    monkeypatch.setenv("ATB_PANELS", "0")  # the cache serves the GEMV without panels
     transposed_weight_cache.clear()
     op = atb.Builder().build_operation("Linear")
     for _ in range(3):

@@ -97,7 +97,7 @@ def pool():
     set_memory_pool(prev)
 
 
-def test_arena_is_reserved_only_when_a_kernel_writes_into_it(pool):
+def test_intermediates_live_in_the_pool_arena(pool):
     g = Graph("two_ln", ("x",), ("y",), (
         Node("ln1", "LayerNorm", P("LayerNorm"), ("x", "w", "b"), ("a",)),
         Node("ln2", "LayerNorm", P("LayerNorm"), ("a", "w", "b"), ("y",)),
@@ -106,20 +106,29 @@ def test_arena_is_reserved_only_when_a_kernel_writes_into_it(pool):
     neg = Graph("two_neg", ("x",), ("y",), (
         Node("n1", "Elewise", P("Elewise", elewise_type="neg"), ("x",), ("a",)),
         Node("n2", "Elewise", P("Elewise", elewise_type="neg"), ("a",), ("y",))))
-    plan = build_plan(neg, {"x": TensorDesc(x.shape)})  # Elewise kernels return new tensors
-    assert plan.arena_block is None and "no kernel writes" in plan.arena_note
+    # Elewise kernels return new tensors: the intermediate is copied into its buffer
+    plan = build_plan(neg, {"x": TensorDesc(x.shape)})
+    assert plan.arena_block is not None and pool.stats()["num_blocks"] == 1
+    (y,) = plan.run({"x": torch.from_numpy(x)})
+    np.testing.assert_array_equal(y.numpy(), x)
+    a = plan.arena_block.view(plan.memory.offsets["a"], x.shape, "float32")
+    np.testing.assert_array_equal(a.numpy(), -x)
+    plan.release()
     assert pool.stats()["num_blocks"] == 0
     calls: list = []
     with installed("arena", calls):
         plan = build_plan(g, {"x": TensorDesc(x.shape)})
         assert pool.stats()["num_blocks"] == 1 and plan.arena_block.nbytes == 256
         (y,) = plan.run({"x": torch.from_numpy(x)})
-    # ln1's output is an intermediate: it got a view at its planned offset;
-    # ln2's output is the graph's: no view, a fresh tensor the caller owns.
-    assert calls[0][0] is not None and calls[1][0] is None
+        (y2,) = plan.run({"x": torch.from_numpy(x)})
+    # ln1's output is an intermediate: a view at its planned offset; ln2's output is
+    # the graph's: a fresh buffer per run, outside the arena, that the caller owns.
     base = plan.arena_block.raw().data_ptr()
     assert calls[0][0].data_ptr() == base + plan.memory.offsets["a"]
+    assert not base <= calls[1][0].data_ptr() < base + plan.arena_block.nbytes
+    assert y.data_ptr() != y2.data_ptr()
     atb.assert_close(y, reference(g, x)[0], what="arena-written plan")
+    atb.assert_close(y2, reference(g, x)[0], what="arena-written plan, second run")
     plan.release()
     assert pool.stats()["num_blocks"] == 0
 

@@ -1,0 +1,85 @@
+"""Linear on the CPU as one C matmul over panel-packed weights.
+
+``y = x @ W^T * scale + bias`` with fp32 sums and one rounding, for fp32/bf16/fp16
+weights and int8 ``w8`` weights with their per-channel scale, any row count (the
+panels are read sequentially, each activation broadcast against a panel row). The
+panels are made once per weight (:mod:`.weight_layout`), so a bound call, an unbound
+one and every plan of a GraphOp read the same copy and compute the same bits. A
+bound call with fixed buffers packs its C arguments once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ...runtime.binding import Slot, resolve
+from ..cpu_kernels import torch_ops as ck
+from ..cpu_kernels.torch_decode import LINEAR_WEIGHT_DTYPES, linear_rows, linear_rows_bound
+from .weight_layout import PANELS_LAYOUT, panels, panels_enabled
+
+__all__ = ["CpuLinear", "why_not_cpu_linear", "bind_cpu_linear"]
+
+
+def why_not_cpu_linear(p: Any, x_dtype: torch.dtype, device: str, w: Any, b: Any,
+                       s: Any) -> str | None:
+    """Why the C matmul cannot run this Linear (None = it can)."""
+    if not str(device).startswith("cpu"):
+        return f"C kernels run on the CPU, not {device}"
+    why = ck.unavailable_reason()
+    if why:
+        return why
+    if not panels_enabled():
+        return "ATB_PANELS=0"
+    wd = w.desc.dtype.torch if type(w) is Slot else w.dtype
+    if x_dtype not in ck.DTYPE_CODES or wd not in LINEAR_WEIGHT_DTYPES:
+        return f"x {x_dtype} / weight {wd}: not a C matmul dtype pair"
+    if (wd == torch.int8) != (p.quant == "w8"):
+        return "int8 weights run as w8 only"
+    if b is not None and (b.desc.dtype.torch if type(b) is Slot else b.dtype) not in \
+            ck.DTYPE_CODES:
+        return "bias dtype"
+    if s is not None and (s.desc.dtype.torch if type(s) is Slot else s.dtype) != torch.float32:
+        return "the C matmul takes an fp32 w8 scale"
+    if type(w) is Slot:
+        return "the weight changes per run"
+    if w.is_inference():
+        return "an inference-mode weight (no version counter to keep its panels current)"
+    return None
+
+
+class CpuLinear:
+    """One Linear's weight as panels (plus its bias and scale), ready to run."""
+
+    def __init__(self, p: Any, w: torch.Tensor, b: torch.Tensor | None,
+                 s: torch.Tensor | None) -> None:
+        self.panels, self.meta = panels(w, transposed=not p.transpose_weight)
+        self.bias, self.scale = b, s
+
+    def run(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return linear_rows(x, self.meta, scale=self.scale, bias=self.bias, out=out,
+                           panels=self.panels)
+
+    def bound(self, x: torch.Tensor, out: torch.Tensor) -> Callable[[], None] | None:
+        """The call with these fixed buffers, its C arguments packed once."""
+        return linear_rows_bound(x, self.meta, out, scale=self.scale, bias=self.bias,
+                                 panels=self.panels)
+
+
+def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
+                    ) -> Callable[[list], None] | None:
+    """The binder of Linear (None where the C matmul cannot run: then its ``fn``)."""
+    x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
+    xd = x.dtype if type(x) is not Slot else x.desc.dtype.torch
+    dev = str(x.device) if type(x) is not Slot else x.desc.device
+    if why_not_cpu_linear(p, xd, dev, w, b, s) is not None or type(b) is Slot \
+            or type(s) is Slot:
+        return None
+    lin, y = CpuLinear(p, w, b, s), outs[0]
+    ctx.note_layout("weight", PANELS_LAYOUT)
+    if type(x) is not Slot and type(y) is not Slot:
+        call = lin.bound(x, y)
+        if call is not None:
+            return lambda env: call()
+    return lambda env: lin.run(resolve(x, env), resolve(y, env))

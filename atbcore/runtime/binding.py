@@ -1,0 +1,281 @@
+"""Binding a plan: every kernel bound once to its buffers, so a run is a loop of calls.
+
+:meth:`ExecPlan.program` turns a plan and one exact input signature into a
+:class:`BoundProgram` (cached on the plan per signature). Each tensor id gets a home:
+
+* a weight: the plan's native weight tensor (fixed);
+* an intermediate that the memory plan placed, produced by a kernel that binds: a view
+  of the plan's arena at its offset (fixed; the arena comes from the memory pool);
+* everything else — graph inputs, graph outputs, tensors of kernels that return fresh
+  tensors — a :class:`Slot`: an index into the list ``env`` that one run fills.
+
+A kernel with a binder (``Kernel.bind``) is called once here::
+
+    call = kernel.bind(params, ins, outs, ctx)  # ins: name -> tensor | Slot | list | None
+    call(env)                                   # each run: reads/writes env[slot.index]
+
+and must write every output it is given (fixed views and slots alike; the program puts
+a fresh tensor of the exact shape in an output slot before the run). A binder returns
+``None`` for a call it cannot bind (the plan then wraps the kernel's ``fn``). So a run
+is ``for step in steps: step(env)`` — no per-node dispatch, dict building or shape
+logic — and the arena views are made once, not per call.
+
+A program writes the plan's arena, so one plan runs one program at a time: the plan's
+lock is held for the run (:meth:`ExecPlan.run`), and concurrent calls of one GraphOp
+give exactly the serial results.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from ..dtypes import Dtype
+from ..errors import AtbError
+from ..tensor import TensorDesc, convert, copy_into
+
+__all__ = ["Slot", "BindContext", "BoundProgram", "bind_program", "resolve", "binder_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """A tensor that changes per run: ``env[index]``, described by ``desc``."""
+
+    index: int
+    desc: TensorDesc
+
+
+@dataclass
+class BindContext:
+    """What a binder gets besides its tensors: the node's name, its ``workspace`` (a
+    uint8 tensor in the plan's arena of the bytes the kernel's ``workspace`` asked
+    for, or None) and where it records the layout it reads each weight in."""
+
+    node: str
+    workspace: Any = None
+    layouts: dict[str, str] | None = None
+
+    def note_layout(self, name: str, layout: str) -> None:
+        """Say that weight input ``name`` is read as ``layout`` (shown by explain())."""
+        if self.layouts is not None:
+            self.layouts[name] = layout
+
+
+def resolve(v: Any, env: Sequence[Any]) -> Any:
+    """The tensor a binder was given: ``env[v.index]`` for a :class:`Slot`, else ``v``."""
+    return env[v.index] if type(v) is Slot else v
+
+
+@dataclass
+class BoundProgram:
+    """One plan bound to one exact signature; ``run(inputs) -> outputs``.
+
+    ``steps``: per node ``(call, frees)``; ``allocs``: output slots the program fills
+    with fresh tensors before a run; ``bound``: node name -> True when its kernel's
+    binder took it (else its ``fn`` is wrapped).
+    """
+
+    input_slots: tuple[int, ...]
+    output_slots: tuple[int, ...]
+    size: int
+    steps: list[tuple[Callable[[list], None], tuple[int, ...]]]
+    allocs: list[tuple[int, Callable[[], Any]]]
+    bound: dict[str, bool]
+
+    def run(self, inputs: Sequence[Any]) -> list:
+        env: list[Any] = [None] * self.size
+        for i, x in zip(self.input_slots, inputs):
+            env[i] = x
+        for i, alloc in self.allocs:
+            env[i] = alloc()
+        for call, frees in self.steps:
+            call(env)
+            for i in frees:
+                env[i] = None
+        return [env[i] for i in self.output_slots]
+
+
+def binder_of(kernel: Any) -> Callable[..., Any]:
+    """The kernel's binder: its own ``bind``, else a generic one around ``fn``. A
+    ``writes_out`` kernel gets its bound buffers as ``out``; a kernel returning fresh
+    tensors has them copied into its arena buffers (so intermediates live in the pool's
+    memory either way) and left as they are for outputs in slots (nothing to copy)."""
+    own = getattr(kernel, "bind", None)
+    if own is not None:
+        return own
+    fn, writes_out = kernel.fn, bool(getattr(kernel, "writes_out", False))
+
+    def bind(params: Any, ins: Mapping[str, Any], outs: list, ctx: BindContext
+             ) -> Callable[[list], None]:
+        items = tuple(ins.items())
+        fixed = all(type(v) is not Slot and type(v) is not list for _, v in items)
+        if writes_out and fixed and not any(type(o) is Slot for o in outs):
+            fixed_ins, fixed_outs = dict(items), list(outs)
+
+            def call_fixed(env: list) -> None:
+                for o, r in zip(fixed_outs, fn(params, fixed_ins, out=fixed_outs)):
+                    if r is not o:
+                        copy_into(o, r)
+            return call_fixed
+
+        def call(env: list) -> None:
+            got = {n: ([resolve(t, env) for t in v] if type(v) is list else resolve(v, env))
+                   for n, v in items}
+            if writes_out:
+                bufs = [resolve(o, env) for o in outs]
+                results = fn(params, got, out=bufs)
+            else:
+                results = fn(params, got)
+            if len(results) != len(outs):
+                raise AtbError(ctx.node, f"kernel returned {len(results)} outputs", len(outs),
+                               len(results))
+            for o, r in zip(outs, results):
+                if type(o) is Slot:
+                    if writes_out and r is not env[o.index]:
+                        copy_into(env[o.index], r)
+                    elif not writes_out:
+                        env[o.index] = r
+                elif r is not o:
+                    copy_into(o, r)
+        return call
+
+    # a binder that sets its output slots itself needs no buffers made for them
+    bind.fills_slots = not writes_out  # type: ignore[attr-defined]
+    return bind
+
+
+def _empty(native: str, desc: TensorDesc) -> Callable[[], Any]:
+    shape = tuple(desc.shape)
+    if native == "torch":
+        import torch
+
+        dt, dev = desc.dtype.torch, desc.device
+        return lambda: torch.empty(shape, dtype=dt, device=dev)
+    if native == "numpy":
+        import numpy as np
+
+        dt = desc.dtype.numpy
+        return lambda: np.empty(shape, dtype=dt)
+    raise AtbError("plan", f"no allocator for {native} tensors", "torch or numpy", native)
+
+
+def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
+    """Bind ``plan`` (an :class:`~atbcore.runtime.executor.ExecPlan`) for the exact
+    descriptors ``exact`` (every tensor id of this call's shapes)."""
+    slots: dict[str, int] = {}
+
+    def slot(tid: str) -> int:
+        if tid not in slots:
+            slots[tid] = len(slots)
+        return slots[tid]
+
+    graph = plan.graph
+    for i in graph.inputs:
+        slot(i)
+    outputs = set(graph.outputs)
+    fixed: dict[str, Any] = dict(plan.weights_env)
+    allocs: list[tuple[int, Callable[[], Any]]] = []
+    steps: list[tuple[Callable[[list], None], tuple[int, ...]]] = []
+    bound: dict[str, bool] = {}
+    for c in plan.calls:
+        binder = c.bind if not any(conv for _, _, conv in c.ins) else None
+        call = None
+        if binder is not None:
+            outs: list[Any] = []
+            views: dict[str, Any] = {}
+            for o, off in zip(c.outs, c.out_offsets):
+                if off is not None and plan.arena_block is not None and o not in outputs:
+                    views[o] = convert(plan.arena_block.view(off, exact[o].shape, exact[o].dtype),
+                                       c.native)
+                    outs.append(views[o])
+                else:
+                    outs.append(Slot(slot(o), exact[o]))
+            ins = {n: _home(v, fixed, slot, exact) for n, v, _ in c.ins}
+            off, nbytes = c.workspace
+            ws = None
+            if off is not None and plan.arena_block is not None:
+                ws = convert(plan.arena_block.view(off, (nbytes,), Dtype.UINT8), c.native)
+            call = binder(c.params, {**dict.fromkeys(c.names), **ins}, outs,
+                          BindContext(c.node, ws, c.layouts))
+            if call is not None:
+                fixed.update(views)
+                if not getattr(binder, "fills_slots", False):
+                    allocs.extend((o.index, _empty(c.native, o.desc)) for o in outs
+                                  if type(o) is Slot)
+                if c.check:
+                    call = _checked(plan, c, ins, call)
+        bound[c.node] = call is not None
+        if call is None:
+            call = _generic(plan, c, fixed, slot, exact)
+        steps.append((call, tuple(slots[s] for s in c.frees if s in slots and s not in outputs)))
+    # graph outputs that are graph inputs or weights pass straight through
+    for o in graph.outputs:
+        if o in fixed and o not in slots:
+            v = fixed[o]
+            steps.append((lambda env, i=slot(o), v=v: env.__setitem__(i, v), ()))
+    return BoundProgram(input_slots=tuple(slots[i] for i in graph.inputs),
+                        output_slots=tuple(slots[o] for o in graph.outputs), size=len(slots),
+                        steps=steps, allocs=allocs, bound=bound)
+
+
+def _checked(plan: Any, c: Any, ins: Mapping[str, Any], call: Callable[[list], None]
+             ) -> Callable[[list], None]:
+    """``call`` preceded by the op's per-call value checks (indices in range, ...)."""
+    check, params, names = c.opdef.check_values, c.params, c.names
+    plan = weakref.proxy(plan)  # a program must not keep its plan (and arena) alive
+
+    def checked(env: list) -> None:
+        if not plan.skip_checks:
+            got = dict.fromkeys(names)
+            for n, v in ins.items():
+                got[n] = [resolve(t, env) for t in v] if type(v) is list else resolve(v, env)
+            check(params, got)
+        call(env)
+    return checked
+
+
+def _home(v: Any, fixed: Mapping[str, Any], slot: Callable[[str], int],
+          exact: Mapping[str, TensorDesc]) -> Any:
+    if isinstance(v, tuple):
+        return [_home(s, fixed, slot, exact) for s in v]
+    if v in fixed:
+        return fixed[v]
+    return Slot(slot(v), exact[v])
+
+
+def _generic(plan: Any, c: Any, fixed: Mapping[str, Any], slot: Callable[[str], int],
+             exact: Mapping[str, TensorDesc]) -> Callable[[list], None]:
+    """A node whose kernel does not bind: its ``fn`` called with the inputs gathered
+    from their homes; the returned tensors go to the outputs' slots."""
+    gets: list[tuple[str, Any, bool]] = []
+    for name, v, conv in c.ins:
+        gets.append((name, _home(v, fixed, slot, exact), conv))
+    outs = tuple(slot(o) for o in c.outs)
+    names, fn, params, native, node = c.names, c.fn, c.params, c.native, c.node
+    check = c.opdef.check_values if c.check else None
+    plan = weakref.proxy(plan)  # a program must not keep its plan (and arena) alive
+    views = None
+    if c.writes_out and plan.arena_block is not None and any(
+            off is not None for off in c.out_offsets):
+        views = [None if off is None or o in plan.graph.outputs else convert(
+            plan.arena_block.view(off, exact[o].shape, exact[o].dtype), native)
+            for o, off in zip(c.outs, c.out_offsets)]
+
+    def call(env: list) -> None:
+        ins: dict[str, Any] = dict.fromkeys(names)
+        for name, h, conv in gets:
+            x = [resolve(t, env) for t in h] if type(h) is list else resolve(h, env)
+            if conv:
+                x = [convert(t, native) for t in x] if type(x) is list else convert(x, native)
+            ins[name] = x
+        if check is not None and not plan.skip_checks:
+            check(params, ins)
+        results = fn(params, ins, out=list(views)) if views is not None else fn(params, ins)
+        if len(results) != len(outs):
+            raise AtbError(node, f"{c.backend} kernel {c.impl} returned {len(results)} outputs",
+                           len(outs), len(results))
+        for i, r in zip(outs, results):
+            env[i] = r
+
+    return call
