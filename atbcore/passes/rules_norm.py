@@ -1,5 +1,6 @@
 """Norm fusions: RMSNorm spelled as primitives -> ``RmsNorm``; an add feeding a
-norm -> ``AddRmsNorm`` / ``AddLayerNorm``."""
+norm -> ``AddRmsNorm`` / ``AddLayerNorm``; an RmsNorm read only by a Linear ->
+``RmsNormLinear`` (the norm applied as the matmul reads its rows)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import dataclasses
 
 from ..graph.ir import Node
 from .pattern import Alt, Match, Op, elewise
-from .rewrite import Rewrite
+from .rewrite import Rewrite, in_consumers_only
 
 __all__ = ["RMSNORM_PRIMITIVES", "ADD", "rmsnorm_rewrite", "add_rmsnorm_rewrite",
-           "add_layernorm_rewrite", "ADD_RMSNORM_PATTERN", "ADD_LAYERNORM_PATTERN"]
+           "add_layernorm_rewrite", "ADD_RMSNORM_PATTERN", "ADD_LAYERNORM_PATTERN",
+           "NORM_LINEAR_PATTERN", "norm_linear_rewrite"]
 
 # x * rsqrt(mean(x * x, -1, keepdim) + eps) * w, products in any operand order
 _SQ = Op("Elewise", ("x", "x"), where=elewise("mul"))
@@ -76,3 +78,27 @@ def add_rmsnorm_rewrite(m: Match) -> Rewrite | None:
 def add_layernorm_rewrite(m: Match) -> Rewrite | None:
     """-> ``AddLayerNorm(a, b, weight?, bias?)``, producing the norm and the sum."""
     return _fuse_add_norm(m, "AddLayerNorm")
+
+
+# ----------------------------------------------------------------------------- norm + linear
+NORM_LINEAR_PATTERN = Op("Linear", (Op("RmsNorm", ("x", "nw"), name="norm"), "w"), name="lin",
+                         partial=True)
+_LINEAR_FIELDS = ("in_features", "out_features", "bias", "transpose_weight", "quant", "dtype")
+
+
+def norm_linear_rewrite(m: Match) -> Rewrite | None:
+    """``Linear(RmsNorm(x, nw), w, ...)`` -> ``RmsNormLinear(x, nw, w, ...)`` when the
+    norm is over the last dim, with no weight offset, and read by this Linear alone."""
+    ctx, norm, lin = m.ctx, m["norm"], m["lin"]
+    p = norm.params
+    if p.weight_offset or (p.normalized_shape is not None and len(p.normalized_shape) != 1):
+        return None
+    if not in_consumers_only(ctx, norm.outputs[0], {lin.name}):
+        return None
+    dx, dw = ctx.desc(m["x"]), ctx.desc(m["nw"])
+    if dx is None or dw is None or tuple(dw.shape) != tuple(dx.shape[-1:]):
+        return None
+    values = {f: getattr(lin.params, f) for f in _LINEAR_FIELDS}
+    node = Node(lin.name, "RmsNormLinear", ctx.params("RmsNormLinear", eps=p.eps, **values),
+                (m["x"], m["nw"], *lin.inputs[1:]), lin.outputs)
+    return Rewrite(add=(node,))

@@ -35,7 +35,11 @@ from ..dtypes import Dtype
 from ..errors import AtbError
 from ..tensor import TensorDesc, convert, copy_into
 
-__all__ = ["Slot", "BindContext", "BoundProgram", "bind_program", "resolve", "binder_of"]
+__all__ = ["Slot", "BindContext", "BoundProgram", "bind_program", "resolve", "binder_of",
+           "POOL_ROWS_MAX"]
+
+# the C matmul splits up to this many rows over atb's pool (more go to torch's team)
+POOL_ROWS_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +59,18 @@ class BindContext:
     node: str
     workspace: Any = None
     layouts: dict[str, str] | None = None
+    pool_rows: list[int] | None = None
 
     def note_layout(self, name: str, layout: str) -> None:
         """Say that weight input ``name`` is read as ``layout`` (shown by explain())."""
         if self.layouts is not None:
             self.layouts[name] = layout
+
+    def note_pool_rows(self, rows: int) -> None:
+        """Say that the bound call runs a C matmul of ``rows`` rows on atb's thread pool
+        (a program whose matmuls are all few-row runs with torch's pool parked)."""
+        if self.pool_rows is not None:
+            self.pool_rows.append(int(rows))
 
 
 def resolve(v: Any, env: Sequence[Any]) -> Any:
@@ -82,8 +93,19 @@ class BoundProgram:
     steps: list[tuple[Callable[[list], None], tuple[int, ...]]]
     allocs: list[tuple[int, Callable[[], Any]]]
     bound: dict[str, bool]
+    park: bool = False
 
     def run(self, inputs: Sequence[Any]) -> list:
+        if self.park:
+            # torch's OpenMP workers spin after each parallel op and would hold the cores
+            # the C matmuls' pool needs (see cpu_kernels.threads)
+            from ..backends.cpu_kernels.threads import parked_torch_threads
+
+            with parked_torch_threads():
+                return self._run(inputs)
+        return self._run(inputs)
+
+    def _run(self, inputs: Sequence[Any]) -> list:
         env: list[Any] = [None] * self.size
         for i, x in zip(self.input_slots, inputs):
             env[i] = x
@@ -178,6 +200,7 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
     allocs: list[tuple[int, Callable[[], Any]]] = []
     steps: list[tuple[Callable[[list], None], tuple[int, ...]]] = []
     bound: dict[str, bool] = {}
+    pool_rows: list[int] = []
     for c in plan.calls:
         binder = c.bind if not any(conv for _, _, conv in c.ins) else None
         call = None
@@ -197,7 +220,7 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
             if off is not None and plan.arena_block is not None:
                 ws = convert(plan.arena_block.view(off, (nbytes,), Dtype.UINT8), c.native)
             call = binder(c.params, {**dict.fromkeys(c.names), **ins}, outs,
-                          BindContext(c.node, ws, c.layouts))
+                          BindContext(c.node, ws, c.layouts, pool_rows))
             if call is not None:
                 fixed.update(views)
                 if not getattr(binder, "fills_slots", False):
@@ -216,7 +239,8 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
             steps.append((lambda env, i=slot(o), v=v: env.__setitem__(i, v), ()))
     return BoundProgram(input_slots=tuple(slots[i] for i in graph.inputs),
                         output_slots=tuple(slots[o] for o in graph.outputs), size=len(slots),
-                        steps=steps, allocs=allocs, bound=bound)
+                        steps=steps, allocs=allocs, bound=bound,
+                        park=bool(pool_rows) and max(pool_rows) <= POOL_ROWS_MAX)
 
 
 def _checked(plan: Any, c: Any, ins: Mapping[str, Any], call: Callable[[list], None]

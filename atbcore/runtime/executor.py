@@ -168,12 +168,13 @@ class ExecPlan:
         profiler, plugin hook or side streams this runs the bound program."""
         if profiler is None and hook is None and self.num_streams == 1:
             return self._run_program(inputs, descs or self.descs)
-        if self.uses_torch:
-            import torch
+        with self.lock:  # node by node (profiled, plugin points, streams): same arena
+            if self.uses_torch:
+                import torch
 
-            with torch.no_grad():
-                return self._run(inputs, descs, profiler, hook)
-        return self._run(inputs, descs, profiler, hook)
+                with torch.no_grad():
+                    return self._run(inputs, descs, profiler, hook)
+            return self._run(inputs, descs, profiler, hook)
 
     def program(self, descs: Mapping[str, TensorDesc]) -> BoundProgram:
         """The bound program for these exact descriptors (built once, then cached)."""

@@ -130,9 +130,14 @@ def bind_cpu_ffn(p: Any, ins: dict[str, Any], outs: list, ctx: Any
     if (not str(device).startswith("cpu") or dtype not in ck.DTYPE_CODES
             or ck.unavailable_reason() or why_not_cpu_ffn(p, ins) or ctx.workspace is None):
         return None
-    ffn = CpuFfn(p, ins, shapes_of(ins))
+    shapes = shapes_of(ins)
+    ffn = CpuFfn(p, ins, shapes)
     for w in ffn.weights:
         ctx.note_layout(w, "32-output panels")
+    rows = 1
+    for d in shapes["x"][:-1]:
+        rows *= int(d)
+    ctx.note_pool_rows(rows)
     ws = ctx.workspace.view(torch.float32)
     r, y = ins.get("residual"), outs[0]
 

@@ -19,7 +19,7 @@ from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import LINEAR_WEIGHT_DTYPES, linear_rows, linear_rows_bound
 from .weight_layout import PANELS_LAYOUT, panels, panels_enabled
 
-__all__ = ["CpuLinear", "why_not_cpu_linear", "bind_cpu_linear"]
+__all__ = ["CpuLinear", "why_not_cpu_linear", "why_not_norm_weight", "bind_cpu_linear"]
 
 
 def why_not_cpu_linear(p: Any, x_dtype: torch.dtype, device: str, w: Any, b: Any,
@@ -49,37 +49,67 @@ def why_not_cpu_linear(p: Any, x_dtype: torch.dtype, device: str, w: Any, b: Any
     return None
 
 
+def why_not_norm_weight(nw: Any, k: int) -> str | None:
+    """Why the C matmul cannot apply RmsNorm with weight ``nw`` to rows of ``k``."""
+    if type(nw) is Slot:
+        return "the norm weight changes per run"
+    if nw.dtype not in ck.DTYPE_CODES or not nw.is_contiguous() or nw.numel() != k:
+        return f"norm weight {nw.dtype} {tuple(nw.shape)}"
+    return None
+
+
 class CpuLinear:
-    """One Linear's weight as panels (plus its bias and scale), ready to run."""
+    """One Linear's weight as panels (plus its bias and scale, and with ``norm`` =
+    ``(eps, weight)`` the RmsNorm of its input rows), ready to run."""
 
     def __init__(self, p: Any, w: torch.Tensor, b: torch.Tensor | None,
-                 s: torch.Tensor | None) -> None:
+                 s: torch.Tensor | None, norm: tuple[float, torch.Tensor] | None = None
+                 ) -> None:
         self.panels, self.meta = panels(w, transposed=not p.transpose_weight)
         self.bias, self.scale = b, s
+        self.eps, self.norm_weight = norm if norm is not None else (None, None)
 
     def run(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return linear_rows(x, self.meta, scale=self.scale, bias=self.bias, out=out,
-                           panels=self.panels)
+                           panels=self.panels, rms_norm_eps=self.eps,
+                           rms_norm_weight=self.norm_weight)
 
     def bound(self, x: torch.Tensor, out: torch.Tensor) -> Callable[[], None] | None:
         """The call with these fixed buffers, its C arguments packed once."""
         return linear_rows_bound(x, self.meta, out, scale=self.scale, bias=self.bias,
-                                 panels=self.panels)
+                                 panels=self.panels, rms_norm_eps=self.eps,
+                                 rms_norm_weight=self.norm_weight)
 
 
 def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
                     ) -> Callable[[list], None] | None:
-    """The binder of Linear (None where the C matmul cannot run: then its ``fn``)."""
+    """The binder of Linear and RmsNormLinear (None where the C matmul cannot run:
+    then the kernel's ``fn``)."""
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
     xd = x.dtype if type(x) is not Slot else x.desc.dtype.torch
     dev = str(x.device) if type(x) is not Slot else x.desc.device
     if why_not_cpu_linear(p, xd, dev, w, b, s) is not None or type(b) is Slot \
             or type(s) is Slot:
         return None
-    lin, y = CpuLinear(p, w, b, s), outs[0]
+    norm = None
+    if "norm_weight" in ins:
+        k = x.desc.shape[-1] if type(x) is Slot else x.shape[-1]
+        if why_not_norm_weight(ins["norm_weight"], k) is not None:
+            return None
+        norm = (float(p.eps), ins["norm_weight"])
+    lin, y = CpuLinear(p, w, b, s, norm), outs[0]
     ctx.note_layout("weight", PANELS_LAYOUT)
+    xs = x.desc.shape if type(x) is Slot else x.shape
+    ctx.note_pool_rows(_rows(xs))
     if type(x) is not Slot and type(y) is not Slot:
         call = lin.bound(x, y)
         if call is not None:
             return lambda env: call()
     return lambda env: lin.run(resolve(x, env), resolve(y, env))
+
+
+def _rows(shape: Any) -> int:
+    n = 1
+    for d in tuple(shape)[:-1]:
+        n *= int(d)
+    return n

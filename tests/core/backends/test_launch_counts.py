@@ -86,6 +86,8 @@ def examples() -> dict[str, tuple[dict, dict]]:
                                  "slot_mapping": _i([0, 5, -1])}),
         "ResidualAdd": ({}, {"x": x, "residual": x}),
         "RmsNorm": ({}, {"x": x, "weight": w}),
+        "RmsNormLinear": ({"eps": 1e-6}, {"x": x, "norm_weight": w,
+                                           "weight": _r(3 * H, H, seed=13)}),
         "RoPE": ({"num_heads": N}, {"q": x, "k": _r(B, S, H, seed=6)}),
         # the fused layer's attention: packed qkv, causal
         "RopeFlashAttention": ({"num_heads": N, "causal": True}, {"q": _r(B, S, 3 * H, seed=13)}),

@@ -28,12 +28,13 @@ def fused(rope=True, mask="const", dtype="fp32", **cfg):
 
 
 @pytest.mark.parametrize("rope", [True, False])
-def test_standard_fuses_the_layer_to_six_nodes(rope):
+def test_standard_fuses_the_layer_to_five_nodes(rope):
     g, out, _ = fused(rope)
     assert len(g.nodes) == (38 if rope else 37)
     assert [n.op for n in out.nodes] == fused_ops(rope)
-    qkv, attn, ffn = out.nodes[1], out.nodes[2], out.nodes[5]
-    w = out.weight_map[qkv.inputs[1]]
+    qkv, attn, ffn = out.nodes[0], out.nodes[1], out.nodes[4]
+    assert qkv.inputs[:2] == ("x", "input_layernorm.weight")  # the norm inside the matmul
+    w = out.weight_map[qkv.inputs[2]]
     ref = llama_weights(HID, NH, INTER)
     np.testing.assert_array_equal(w, np.concatenate([ref[f"self_attn.{p}_proj.weight"]
                                                      for p in "qkv"]))
@@ -41,7 +42,7 @@ def test_standard_fuses_the_layer_to_six_nodes(rope):
     assert attn.params.causal and attn.params.scale == pytest.approx(1 / np.sqrt(HID // NH))
     assert ffn.params.gate_up_merged and ffn.params.has_residual
     assert ffn.params.activation_type == "swiglu"
-    assert out.nodes[4].outputs[1] == ffn.inputs[-1]  # AddRmsNorm's sum is the FFN residual
+    assert out.nodes[3].outputs[1] == ffn.inputs[-1]  # AddRmsNorm's sum is the FFN residual
     # the weights the fused graph no longer needs are gone
     assert "self_attn.q_proj.weight" not in out.weight_map and "rms_eps" not in out.weight_map
 
@@ -69,7 +70,7 @@ def test_half_precision_fusion_loses_no_accuracy(dtype):
 
 def test_mask_input_stays_an_input_of_the_attention():
     g, out, _ = fused(rope=False, mask="input")
-    attn = out.nodes[2]
+    attn = out.nodes[1]
     assert attn.op == "FlashAttention" and attn.inputs[-1] == "mask" and not attn.params.causal
     mask = np.triu(np.full((S, S), -1e9, np.float32), 1)
     atb.assert_close(run_graph(out, [x_in(), mask])[0], run_graph(g, [x_in(), mask])[0],
@@ -110,7 +111,7 @@ def test_each_switch_turns_its_fusion_off(switch, kept):
     ops = [n.op for n in out.nodes]
     for op in set(kept):
         assert ops.count(op) >= kept.count(op), (switch, ops)
-    assert len(out.nodes) > 6
+    assert len(out.nodes) > 5
 
 
 def test_conservative_fuses_nothing_and_reports_every_pass():
@@ -129,6 +130,7 @@ def test_standard_reports_each_rule_in_pipeline_order():
     fuse_reports = [r for r in reports if r.name.startswith("fuse:")]
     changed = [r.name[5:] for r in fuse_reports if r.changed]
     assert changed == ["rmsnorm", "add_rmsnorm", "attention", "attention_bsnd", "attention_bsh",
-                       "qkv", "rope_attention", "packed_qkv", "ffn", "ffn_residual"]
+                       "qkv", "norm_linear", "rope_attention", "packed_qkv", "ffn",
+                       "ffn_residual"]
     qkv = next(r for r in reports if r.name == "fuse:qkv")
     assert "q_proj, k_proj, v_proj -> q_proj+k_proj+v_proj (Linear)" in qkv.detail

@@ -46,3 +46,14 @@ def linear_activation(p, ins):
     x = ins["x"]
     y = linear_fp32(p, x, ins["weight"], ins.get("bias"), ins.get("scale"))
     return [cast(ms_activation(p.activation_type, y), x.dtype)]
+
+
+@kernel("RmsNormLinear", impl="mindspore RmsNorm + mindspore Linear (the fused op's parts)",
+        launches=2)
+def rms_norm_linear(p, ins):
+    from . import MS_KERNELS
+
+    n, = MS_KERNELS["RmsNorm"].fn(get_op("RmsNorm").make_params({"eps": p.eps}),
+                                  {"x": ins["x"], "weight": ins["norm_weight"]})
+    return MS_KERNELS["Linear"].fn(p.linear(), {"x": n, "weight": ins["weight"],
+                                                "bias": ins.get("bias"), "scale": ins.get("scale")})

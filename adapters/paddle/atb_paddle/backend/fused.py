@@ -51,3 +51,14 @@ def linear_activation(p, ins):
     y = linear_fp32(x, ins["weight"], ins.get("bias"), p.transpose_weight,
                     ins.get("scale") if p.quant == "w8" else None)
     return [to_dtype(paddle_activation(p.activation_type, f32(y)), x.dtype)]
+
+
+@kernel("RmsNormLinear", launches=2,
+        impl="paddle fused_rms_norm + paddle.matmul (the RmsNorm and Linear kernels)")
+def rms_norm_linear(p, ins):
+    from atbcore.ops.registry import get_op as _op
+
+    n, = _part("RmsNorm")(_op("RmsNorm").make_params({"eps": p.eps}),
+                          {"x": ins["x"], "weight": ins["norm_weight"]})
+    return _part("Linear")(p.linear(), {"x": n, "weight": ins["weight"], "bias": ins.get("bias"),
+                                        "scale": ins.get("scale")})

@@ -1,0 +1,67 @@
+"""RmsNormLinear: ``Linear(RmsNorm(x, norm_weight), weight, bias?, scale?)`` in one op.
+
+The fusion ``norm_linear`` (:mod:`atbcore.passes.rules_norm`) makes it from an RmsNorm
+whose only reader is a Linear: the projections of a LLaMA-style block read the
+normed rows once, in the matmul. The normed rows are rounded to x's dtype before the
+matmul, exactly as the separate RmsNorm stores them, so the fused op gives the
+unfused graph's values. Params: the Linear's, plus the norm's ``eps``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ShapeError
+from .base import FLOAT_DTYPES, OpDef, expect_dtype
+from .linear import LinearParams, _check_linear, ref_linear
+from .norm import ref_rms_norm
+from .registry import register_op
+
+__all__ = ["RmsNormLinearParams"]
+
+
+@dataclass(frozen=True)
+class RmsNormLinearParams(LinearParams):
+    """Linear's params plus ``eps`` of the RmsNorm over the last dim."""
+
+    eps: float = 1e-6
+
+    def validate(self) -> None:
+        super().validate()
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float, np.floating)) \
+                or not 0 < float(self.eps) < float("inf"):
+            self.fail("eps", "a finite float > 0", repr(self.eps))
+
+    def linear(self) -> LinearParams:
+        """The Linear params inside."""
+        return LinearParams(in_features=self.in_features, out_features=self.out_features,
+                            bias=self.bias, transpose_weight=self.transpose_weight,
+                            quant=self.quant, dtype=self.dtype)
+
+
+@register_op
+class RmsNormLinear(OpDef):
+    """``x`` [..., K] -> RmsNorm (weight ``norm_weight`` [K]) -> Linear; see the module doc."""
+
+    name = "RmsNormLinear"
+    aliases = ("NormLinear",)
+    Params = RmsNormLinearParams
+    inputs = ("x", "norm_weight", "weight", "bias?", "scale?")
+    outputs = ("y",)
+
+    def infer_shape(self, p, ins):
+        x, nw = ins["x"], ins["norm_weight"]
+        expect_dtype(self.name, "norm_weight", nw, FLOAT_DTYPES)
+        if tuple(nw.shape) != tuple(x.shape[-1:]):
+            raise ShapeError(self.name, "input 'norm_weight' shape (x's last dim)",
+                             list(x.shape[-1:]), list(nw.shape))
+        return [_check_linear(self.name, p, ins)]
+
+    def reference(self, p, ins):
+        x = ins["x"]
+        n = ref_rms_norm(x, ins["norm_weight"], p.eps, 0.0, (np.asarray(x).ndim - 1,))
+        n = n.astype(np.asarray(x).dtype)  # rounded as the RmsNorm op stores it
+        y = ref_linear(p, n, ins["weight"], ins.get("bias"), ins.get("scale"))
+        return [y.astype(np.asarray(x).dtype)]
