@@ -24,6 +24,7 @@ import torch
 
 from atbcore.errors import InputError, ParamsError
 
+from ..devices import resolve_device
 from .checkpoint import load_checkpoint
 from .detok import Detokenizer
 from .engine import Engine, Request, SpecConfig
@@ -82,6 +83,7 @@ class LLM:
         if quantize not in (None, "w8"):
             raise ParamsError("LLM", "quantize", "None or 'w8'", repr(quantize))
         tdtype = _dtype(dtype)
+        device = resolve_device(device, "LLM")  # before any weights move: a DeviceError, not torch's
         if isinstance(model, (str, os.PathLike)):
             hf, tok = load_checkpoint(model, dtype=tdtype, device=device)
             self.path = str(model)
