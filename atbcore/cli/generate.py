@@ -130,6 +130,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace, LLM):  # noqa: N803  (the class, passed in)
     """The LLM of ``--model``, or the embedded default with its bundled tokenizer."""
+    from atbcore.backends.cpu_kernels import bindings
+    from atbcore.progress import progress
+
+    with progress("atb: building the CPU C kernels (first use; cached after)"):
+        bindings.library()
     kw = dict(device=args.device, dtype=args.dtype, quantize=args.quantize,
               enable_prefix_caching=not args.no_prefix_caching,
               enable_speculative=args.speculative)
@@ -138,4 +143,6 @@ def _load(args: argparse.Namespace, LLM):  # noqa: N803  (the class, passed in)
     from atb_torch.llm.bench.models import build_default_model, default_tokenizer
 
     tok = default_tokenizer()
-    return LLM(build_default_model(args.seed, tokenizer=tok), tokenizer=tok, **kw)
+    with progress("atb: building the embedded default model"):
+        model = build_default_model(args.seed, tokenizer=tok)
+    return LLM(model, tokenizer=tok, **kw)
