@@ -85,6 +85,13 @@ def test_generate_checks_its_input_before_importing_torch(argv, message):
     assert len(lines) == 1 and lines[0].startswith("atb generate: ") and message in lines[0]
 
 
+def test_bench_checks_its_input_before_importing_anything_heavy():
+    r = _cli_then_modules(["bench", "--model", "/nonexistent/atb-model"])
+    assert "RC 2" in r.stdout and "LOADED []" in r.stdout
+    assert r.stderr.strip() == ("atb bench: --model /nonexistent/atb-model: not a local "
+                                "directory (hub names are not fetched)")
+
+
 def test_generate_without_config_json_is_refused_up_front(tmp_path):
     r = _cli_then_modules(["generate", "--model", str(tmp_path)])
     assert "RC 2" in r.stdout and "LOADED []" in r.stdout
