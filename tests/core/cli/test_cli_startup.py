@@ -2,6 +2,7 @@
 command, bad input is one line and exit status 2 before torch is imported, and the CLI
 works where torch cannot be imported."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -117,13 +118,17 @@ def test_generate_on_an_unavailable_device_is_one_line(device):
     assert lines[0].startswith("atb generate: --device: ") and device in lines[0]
 
 
-def test_cli_works_without_torch():
+def test_cli_works_without_torch(tmp_path):
     r = _cli_then_modules(["--version"], prelude=BLOCK_TORCH)
     assert "RC 0" in r.stdout and f"atb {atbcore.__version__}" in r.stdout
-    r = _py(BLOCK_TORCH + textwrap.dedent("""
-        import runpy, sys
-        sys.argv = ["-m", "--version"]
-        sys.orig_argv = [sys.executable, "-m", "atb", "--version"]
-        runpy.run_module("atb", run_name="__main__", alter_sys=True)
-    """))
-    assert r.returncode == 0 and r.stdout.strip() == f"atb {atbcore.__version__}", r.stderr
+    # the real `python -m atb`, torch blocked from interpreter start (sitecustomize)
+    (tmp_path / "sitecustomize.py").write_text(BLOCK_TORCH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
+    for args, want in ((["--version"], f"atb {atbcore.__version__}"), (["--help"], "usage: atb")):
+        r = subprocess.run([sys.executable, "-m", "atb", *args], capture_output=True, text=True,
+                           env=env)
+        assert r.returncode == 0 and r.stdout.startswith(want), r.stderr
+    r = subprocess.run([sys.executable, "-c", "import atb"], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 1 and "blocked by the test" in r.stderr  # the blocker is active
