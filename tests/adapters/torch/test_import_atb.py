@@ -167,6 +167,96 @@ def rope_with_atb(Q, K, position_ids, rope_op):
     return outputs[0]
 '''
 
+SEED_MHA = '''
+import torch
+import atb
+import numpy as np
+
+def build_mha_operation(head_num=32, kv_head_num=8, size_per_head=128, is_causal=True):
+    """构建 Multi-Head Attention 算子"""
+    builder = atb.Builder()
+    mha_params = {
+        "head_num": head_num,
+        "kv_head_num": kv_head_num,         # GQA: 8，支持 MQA/GQA
+        "size_per_head": size_per_head,
+        "scale": 1.0 / (size_per_head ** 0.5),
+        "is_causal": is_causal,             # 因果掩码（自回归模型必需）
+        "fuse_qkv": True,                    # 融合 QKV 投影
+        "fuse_output": True,                 # 融合输出投影
+        "fuse_rope": True,                   # 融合 RoPE（如使用旋转位置编码）
+        "support_flash": True,               # 启用 FlashAttention 风格计算
+        "enable_opt": True,                 # 启用内存优化
+        "dtype": atb.Dtype.FP16,
+    }
+    mha_op = builder.build_operation("MhaV3", mha_params)
+    return mha_op
+
+def execute_mha(Q, K, V, attn_mask=None):
+    """执行 Multi-Head Attention 计算"""
+    batch_size, seq_len, hidden_size = Q.shape
+    mha_op = build_mha_operation(
+        head_num=32,
+        kv_head_num=8,
+        size_per_head=hidden_size // 32
+    )
+    Q_desc = atb.TensorDesc(shape=list(Q.shape), dtype=atb.Dtype.FP16)
+    K_desc = atb.TensorDesc(shape=list(K.shape), dtype=atb.Dtype.FP16)
+    V_desc = atb.TensorDesc(shape=list(V.shape), dtype=atb.Dtype.FP16)
+    output_shape = list(Q.shape)
+    output_desc = atb.TensorDesc(shape=output_shape, dtype=atb.Dtype.FP16)
+    inputs = [Q_desc, K_desc, V_desc]
+    outputs = [output_desc]
+    if attn_mask is not None:
+        mask_desc = atb.TensorDesc(shape=list(attn_mask.shape), dtype=atb.Dtype.FP16)
+        inputs.append(mask_desc)
+    mha_op.execute(inputs, outputs)
+    return outputs[0]
+'''
+
+SEED_FFN = '''
+import torch
+import atb
+
+class ATBFusedFFN:
+    """ATB 融合 FFN（支持 SwiGLU / FusedGLU）"""
+
+    def __init__(self, hidden_size, ffn_hidden_size=None, dtype=atb.Dtype.FP16):
+        self.hidden_size = hidden_size
+        self.ffn_hidden_size = ffn_hidden_size or hidden_size * 4
+        self.dtype = dtype
+        builder = atb.Builder()
+        ffn_params = {
+            "hidden_size": hidden_size,
+            "intermediate_size": self.ffn_hidden_size,
+            "activation_type": "swiglu",      # swiglu / gelu / relu
+            "dtype": dtype,
+            "fuse_gate_up": True,               # 融合 Gate+Up 投影
+            "fuse_activation": True,           # 融合激活函数
+            "fuse_down": True,                  # 融合 Down 投影
+            "fuse_add": True,                   # 融合残差连接
+            "intermediate_dtype": atb.Dtype.BF16,  # 中间结果用 BF16 省显存
+        }
+        self.ffn_op = builder.build_operation("FusedFeedForward", ffn_params)
+        self.gate_proj = torch.randn(hidden_size, self.ffn_hidden_size,
+                                     dtype=torch.float16, device="npu")
+        self.up_proj = torch.randn(hidden_size, self.ffn_hidden_size,
+                                   dtype=torch.float16, device="npu")
+        self.down_proj = torch.randn(self.ffn_hidden_size, hidden_size,
+                                     dtype=torch.float16, device="npu")
+
+    def forward(self, hidden_states, residual=None):
+        """前向计算"""
+        input_desc = atb.TensorDesc(shape=list(hidden_states.shape), dtype=self.dtype)
+        output_desc = atb.TensorDesc(shape=list(hidden_states.shape), dtype=self.dtype)
+        gate_desc = atb.TensorDesc(shape=list(self.gate_proj.shape), dtype=self.dtype)
+        up_desc = atb.TensorDesc(shape=list(self.up_proj.shape), dtype=self.dtype)
+        down_desc = atb.TensorDesc(shape=list(self.down_proj.shape), dtype=self.dtype)
+        inputs = [input_desc, gate_desc, up_desc, down_desc]
+        outputs = [output_desc]
+        self.ffn_op.execute(inputs, outputs)
+        return outputs[0]
+'''
+
 SEED_LLM = '''
 from atb import LLM
 model = LLM("meta-llama/Llama-2-7b-hf", device="npu:0")
@@ -233,6 +323,12 @@ def test_seed_version_check_prints_the_version():
         pos = torch.arange(6).unsqueeze(0).expand(2, -1)
         rope_with_atb(Q, None, pos, build_rope_operation(4, 16))
     """, "InputError: RoPE: input 0 has no data"),
+    (SEED_MHA, """
+        Q, K, V = (torch.randn(2, 8, 256, dtype=torch.float16) for _ in range(3))
+        execute_mha(Q, K, V)
+    """, "InputError: FlashAttention: input 0 has no data"),
+    (SEED_FFN, "ATBFusedFFN(64).forward(torch.randn(2, 8, 64).half())",
+     "InputError: FusedFeedForward: input 0 has no data"),
     # a hub id on an NPU: the device is refused before anything is loaded or fetched
     (SEED_LLM, "", "DeviceError: LLM: device 'npu' needs torch_npu"),
 ])
