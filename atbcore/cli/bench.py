@@ -69,22 +69,22 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    err = _check(args)
+    if err:  # before anything heavy is imported: one line on stderr, exit status 2
+        print(f"atb bench: {err}", file=sys.stderr)
+        return 2
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub from the bench
     from rich.console import Console
 
     con = Console()
-    err = _check(args)
-    if err:
-        con.print(f"[red]atb bench: {err}[/red]")
-        return 2
     try:
         from atb_torch.llm.bench.report import print_table, write_chart, write_json
         from atb_torch.llm.bench.run import BenchSettings, run_bench
     except ImportError as e:
-        con.print(f"[red]atb bench needs the torch front-end and transformers: {e}. "
-                  "Install with: pip install -e \".[bench]\"[/red]")
+        print(f"atb bench needs the torch front-end and transformers: {e}. "
+              "Install with: pip install -e \".[bench]\"", file=sys.stderr)
         return 2
     from transformers.utils import logging as hf_logging
 
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         results = _run_with_progress(s, run_bench, not args.no_progress, con)
     except AtbError as e:
-        con.print(f"[red]atb bench: {e}[/red]")
+        print(f"atb bench: {e}", file=sys.stderr)
         return 1
     print_table(results, con)
     out = write_json(results, args.out)

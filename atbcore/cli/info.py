@@ -46,8 +46,10 @@ def _cpu_runtime() -> dict:
     pages for the tensors decoding streams (or why not)."""
     from ..backends.cpu_kernels import bindings
     from ..memory import hugepages
+    from ..progress import progress
 
-    why = bindings.unavailable_reason()
+    with progress("atb: building the CPU C kernels (first use; cached after)"):
+        why = bindings.unavailable_reason()
     build = bindings.build_info()
     huge = hugepages.available()
     return {"c_kernels": why is None, "c_kernels_detail": build.isa if why is None else why,

@@ -1,46 +1,74 @@
-"""The ``atb`` command. Sub-commands register in ``COMMANDS``."""
+"""The ``atb`` command. Sub-commands register in ``COMMANDS``.
+
+Start-up is kept to argparse: a sub-command's module (and whatever it imports: NumPy,
+rich, torch) loads only when that sub-command runs, so ``atb --help`` and
+``atb --version`` answer at once, and each command checks its input before it imports
+anything heavy.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from typing import Callable
+from importlib.util import find_spec
+from typing import Any, Callable
 
-from . import info
+from .._version import __version__
 
 __all__ = ["main", "COMMANDS"]
 
-# name -> (module with add_arguments(parser) and run(args) -> int, help)
-COMMANDS: dict[str, tuple[object, str]] = {
-    "info": (info, "versions, backends, devices and compatibility"),
-    "ops": (info.OpsCommand, "list ops with their backends"),
+# name -> (module path, attribute of the module or "" for the module itself, help); the
+# object must have add_arguments(parser) and run(args) -> int
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "info": ("atbcore.cli.info", "", "versions, backends, devices and compatibility"),
+    "ops": ("atbcore.cli.info", "OpsCommand", "list ops with their backends"),
+    "verify": ("atbcore.cli.verify", "", "accuracy of every op against the reference"),
+    "bench": ("atbcore.cli.bench", "", "benchmark the embedded default model (the main job)"),
+    "generate": ("atbcore.cli.generate", "",
+                 "generate text (default: the embedded model and a bundled tokenizer)"),
+    "plugins": ("atbcore.cli.plugins", "", "list loaded plugins and their hooks"),
 }
 
 
-def _register_optional() -> None:
-    import importlib
+def _load(name: str) -> Any | None:
+    """The command object of ``name``, or None when its module is not shipped."""
+    module, attr, _ = COMMANDS[name]
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        return None
+    return getattr(mod, attr) if attr else mod
 
-    for name, module, helptext in (
-        ("verify", "atbcore.cli.verify", "accuracy of every op against the reference"),
-        ("bench", "atbcore.cli.bench", "benchmark the embedded default model (the main job)"),
-        ("generate", "atbcore.cli.generate", "generate text with a local checkpoint"),
-        ("plugins", "atbcore.cli.plugins", "list loaded plugins and their hooks"),
-    ):
-        try:
-            COMMANDS.setdefault(name, (importlib.import_module(module), helptext))
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
+
+def _chosen(argv: list[str]) -> str | None:
+    """The sub-command named on the command line (the first word that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _available(name: str) -> bool:
+    return find_spec(COMMANDS[name][0]) is not None
 
 
 def main(argv: list[str] | None = None) -> int:
-    _register_optional()
+    """Run the ``atb`` command line with ``argv`` (default ``sys.argv[1:]``); returns the
+    exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="atb", description="atb: Transformer acceleration layer")
+    parser.add_argument("--version", action="version", version=f"atb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (mod, helptext) in COMMANDS.items():
+    chosen = _chosen(argv)
+    for name, (_, _, helptext) in COMMANDS.items():
+        # only the command that runs pays for its imports; the others need only their help
+        command = _load(name) if name == chosen else None
+        if command is None and (name == chosen or not _available(name)):
+            continue
         p = sub.add_parser(name, help=helptext, description=helptext)
-        mod.add_arguments(p)  # type: ignore[attr-defined]
-        p.set_defaults(_run=mod.run)  # type: ignore[attr-defined]
+        if command is not None:
+            command.add_arguments(p)
+            p.set_defaults(_run=command.run)
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args._run
     return int(run(args) or 0)

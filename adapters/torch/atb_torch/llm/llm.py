@@ -23,7 +23,9 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from atbcore.errors import InputError, ParamsError
+from atbcore.progress import progress
 
+from ..devices import resolve_device
 from .checkpoint import load_checkpoint
 from .detok import Detokenizer
 from .engine import Engine, Request, SpecConfig
@@ -82,6 +84,7 @@ class LLM:
         if quantize not in (None, "w8"):
             raise ParamsError("LLM", "quantize", "None or 'w8'", repr(quantize))
         tdtype = _dtype(dtype)
+        device = resolve_device(device, "LLM")  # before any weights move: a DeviceError, not torch's
         if isinstance(model, (str, os.PathLike)):
             hf, tok = load_checkpoint(model, dtype=tdtype, device=device)
             self.path = str(model)
@@ -89,7 +92,8 @@ class LLM:
             hf, tok, self.path = model, tokenizer, None
         self.tokenizer = tok if tokenizer is None else tokenizer
         self.config = hf.config
-        self.runner = build_runner(hf, tdtype, quantize, opt_level)
+        with progress(f"atb: compiling {type(hf).__name__}"):  # a terminal only, after 2 s
+            self.runner = build_runner(hf, tdtype, quantize, opt_level)
         self.device, self.dtype = self.runner.device, self.runner.dtype
         spec = self.runner.spec
         if spec.kind != "decoder" or self.runner.lm_head is None:

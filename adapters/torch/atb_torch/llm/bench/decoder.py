@@ -222,7 +222,9 @@ def bench_decoder(model: Any, s: DecoderSettings, progress: Progress | None = No
                                 repeats=3 if s.repeats <= 3 else 5)
     step()
     floor["tokens_per_s"] = s.batch / floor["seconds"]
-    floor["read_gbps"] = read_bandwidth()
+    read = read_bandwidth(detail=True)
+    floor.update(read_gbps=read["gbps"], read_bytes=read["bytes"], read_method=read["method"],
+                 read_threads=read["threads"])
     floor["bandwidth_tokens_per_s"] = s.batch * floor["read_gbps"] * 1e9 / floor["bytes"]
     hf, ours = runs["hf_eager"], runs["atb"]
     return {
