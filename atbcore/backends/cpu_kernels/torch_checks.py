@@ -11,10 +11,12 @@ forms check once at bind time and per call only the ints that change.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import operator
 from typing import Any, Iterable
 
+import numpy as np
 import torch
 
 from atbcore.errors import DeviceError, DtypeError, InputError, ParamsError, ShapeError
@@ -136,31 +138,35 @@ def suffix_numel(op: str, name: str, t: torch.Tensor, n: int) -> None:
                          list(t.shape))
 
 
-# (block_tables, its version, context_lens, its version, num_blocks, block_size) of the
-# last tables found valid: a decode step attends every layer over the same tables,
-# so they are scanned once per step. A tensor's version counter moves with every
-# in-place torch write (copy_, indexing), so a changed table is scanned again.
+# The bytes of the last block tables and lengths found valid (with num_blocks and
+# block_size): a decode step attends every layer over the same tables, so they are
+# scanned once per step and compared (a memcmp) on the other layers. Bytes, not the
+# tensors' addresses or version counters: a freed table's address is reused by the
+# next one, and writes through a NumPy view bypass the version counter. NumPy, not
+# torch ops: the check dispatches no kernel, so launch counts stay the kernel's own.
 _CHECKED: list[tuple] = [()]
+
+
+def _snapshot(t: torch.Tensor) -> tuple:
+    return t.dtype, tuple(t.shape), ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
 
 
 def check_block_tables(op: str, tables: torch.Tensor, lens: torch.Tensor, num_blocks: int,
                        block_size: int) -> None:
     """Every block id a row reads (its first ``ceil(len / block_size)`` entries) is in
-    ``[0, num_blocks)``; ``lens`` in ``[0, columns * block_size]``."""
-    key = (tables.data_ptr(), tables._version, tuple(tables.shape), lens.data_ptr(),
-           lens._version, num_blocks, block_size)
+    ``[0, num_blocks)``; ``lens`` in ``[0, columns * block_size]``. Both contiguous."""
+    key = (num_blocks, block_size, _snapshot(tables), _snapshot(lens))
     if _CHECKED[0] == key:
         return
     reach = tables.shape[1] * block_size
-    if lens.numel():
-        lo, hi = int(lens.min()), int(lens.max())
-        if lo < 0 or hi > reach:
+    ln = lens.numpy().astype(np.int64)
+    if ln.size:
+        if ln.min() < 0 or ln.max() > reach:
             raise ShapeError(op, "context_lens", f"0 <= length <= {reach} (the block table's "
-                             "reach)", lens.tolist())
-        used = torch.arange(tables.shape[1]) < ((lens.long() + block_size - 1)
-                                                // block_size)[:, None]
-        ids = tables[used]
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+                             "reach)", ln.tolist())
+        used = np.arange(tables.shape[1]) < ((ln + block_size - 1) // block_size)[:, None]
+        ids = tables.numpy()[used]
+        if ids.size and (ids.min() < 0 or ids.max() >= num_blocks):
             bad = ids[(ids < 0) | (ids >= num_blocks)]
             raise InputError(op, "block_tables ids (the blocks the context lengths read)",
                              f"0 <= id < {num_blocks}", bad[:8].tolist())

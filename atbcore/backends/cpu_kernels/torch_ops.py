@@ -58,6 +58,8 @@ def why_not(*tensors: Any) -> str | None:
     for t in tensors:
         if t is None:
             continue
+        if not isinstance(t, torch.Tensor):
+            return f"C kernels take torch tensors; given {type(t).__name__}"
         if not t.is_cpu:
             return f"C kernels run on the CPU; tensor on {t.device}"
         if t.dtype not in DTYPE_CODES:
@@ -403,7 +405,11 @@ def into(out: list | None, i: int, y: torch.Tensor) -> torch.Tensor:
     o = None if out is None or i >= len(out) else out[i]
     if o is None or o is y:
         return y
-    o.copy_(y)
+    try:
+        o.copy_(y)
+    except RuntimeError as e:  # a buffer the result cannot go into (shape, device)
+        raise ShapeError("into", f"out[{i}]", f"a buffer taking {list(y.shape)} {y.dtype}",
+                         f"{list(o.shape)} {o.dtype} on {o.device} ({str(e)[:120]})") from None
     return o
 
 

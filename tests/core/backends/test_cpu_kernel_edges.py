@@ -90,3 +90,16 @@ def test_bound_calls_check_their_ints_per_call():
     torch.testing.assert_close(call(0, 5), ref, rtol=1e-4, atol=1e-5)
     with pytest.raises(ShapeError, match="decode_attention"):
         call(0, 17)
+
+
+def test_a_table_changed_behind_torchs_back_is_checked_again():
+    """Writes through a NumPy view do not move torch's version counter, and a new
+    table may reuse a freed one's address: the check compares contents."""
+    kc = torch.randn(4, 4, 1, 16)
+    q = torch.randn(1, 2, 16)
+    tables = torch.tensor([[0, 1]], dtype=torch.int32)
+    lens = torch.tensor([8], dtype=torch.int32)
+    cd.paged_decode_attention(q, kc, kc, tables, lens, scale=0.25)
+    tables.numpy()[0, 1] = 1 << 28
+    with pytest.raises(InputError, match="block_tables"):
+        cd.paged_decode_attention(q, kc, kc, tables, lens, scale=0.25)
