@@ -13,7 +13,6 @@ the view itself alive while using them (or ``pin()`` the block).
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 import weakref
 from typing import TYPE_CHECKING, Any, Sequence
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["Block"]
 
 _OP = "MemoryPool"
-_LEASES = itertools.count(1)
 
 
 class _Arena:
@@ -67,6 +65,19 @@ class _Arena:
         return [(o, self.free_size[o]) for o in self.free_offs]
 
 
+class _Lease:
+    """The callback of a view's weak reference: takes the reference out of its block's
+    leases (a referent like a NumPy array is unhashable, so refs are kept by id)."""
+
+    __slots__ = ("leases",)
+
+    def __init__(self, leases: dict[int, Any]) -> None:
+        self.leases = leases
+
+    def __call__(self, ref: Any) -> None:
+        self.leases.pop(id(ref), None)
+
+
 class Block:
     """Handle of one allocation: ``nbytes`` requested, ``size`` bytes reserved (aligned).
 
@@ -85,9 +96,9 @@ class Block:
         self._freed = False
         self.pinned = pinned
         self.version = 0  # bumped whenever defragmentation moves the block
-        # one token per live view; set.add/discard are atomic, so a view collected on
-        # any thread returns its lease without taking the pool's lock
-        self._leases: set[int] = set()
+        # id -> weak reference, one per live view; dict set/pop are atomic, so a view
+        # collected on any thread returns its lease without taking the pool's lock
+        self._leases: dict[int, weakref.ref] = {}
 
     # ------------------------------------------------------------------ location
     @property
@@ -131,9 +142,11 @@ class Block:
                                    f"offset {offset}, shape {list(shape)}, {dt.name}")
             start = self._arena.base + self._offset + offset
             v = self._pool.backing.view(self._arena.buf, start, shape, dt)
-            token = next(_LEASES)
-            self._leases.add(token)  # under the lock: no defragmentation sees it half-made
-            weakref.finalize(v, self._leases.discard, token)
+            # the lease: a weak reference whose callback (the view collected, on any
+            # thread) takes it out of the set; added under the lock, so no
+            # defragmentation sees a view without its lease
+            r = weakref.ref(v, _Lease(self._leases))
+            self._leases[id(r)] = r
             return v
 
     def tensor(self, shape: Sequence[int], dtype: Any) -> Any:
