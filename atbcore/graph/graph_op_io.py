@@ -57,15 +57,18 @@ def save_graph_op(op: Any, directory: str | os.PathLike) -> str:
 
 def load_graph_op_kwargs(directory: str | os.PathLike, overrides: Mapping[str, Any]
                          ) -> dict[str, Any]:
-    """Constructor arguments of the GraphOp saved in ``directory``."""
+    """Constructor arguments of the GraphOp saved in ``directory`` (GraphError for a
+    damaged one)."""
     from .serialize import load_graph
+
+    from .saved_doc import check_meta_doc, read_json
 
     graph = load_graph(directory)
     meta: dict[str, Any] = {}
     path = os.path.join(directory, META_FILE)
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = read_json(os.fspath(directory), path, META_FILE)
+        check_meta_doc(os.fspath(directory), meta)
     kw: dict[str, Any] = {
         "layers_or_graph": graph, "name": meta.get("name"), "backend": meta.get("backend"),
         "fusion_config": meta.get("fusion_config"), "dim_names": meta.get("dim_names"),

@@ -2,15 +2,19 @@
 its free list), the two records a :class:`~atbcore.memory.pool.MemoryPool` manages.
 
 A block's place (arena, offset) belongs to its pool, which updates it when a
-defragmentation moves the block; so the handle stays valid while views taken from it
-before a move point at the old bytes (``version`` counts the moves; pinned blocks
-never move).
+defragmentation moves the block (``version`` counts the moves). A block never moves
+while it is pinned or while a view it handed out (``view``/``tensor``/``raw``) is
+alive: each view holds a lease that its garbage collection returns, so a thread
+writing through its view cannot have the bytes moved under it by another thread's
+allocation. Slices or reshapes *of* a view share its memory but not its lease: keep
+the view itself alive while using them (or ``pin()`` the block).
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..dtypes import Dtype
@@ -61,6 +65,19 @@ class _Arena:
         return [(o, self.free_size[o]) for o in self.free_offs]
 
 
+class _Lease:
+    """The callback of a view's weak reference: takes the reference out of its block's
+    leases (a referent like a NumPy array is unhashable, so refs are kept by id)."""
+
+    __slots__ = ("leases",)
+
+    def __init__(self, leases: dict[int, Any]) -> None:
+        self.leases = leases
+
+    def __call__(self, ref: Any) -> None:
+        self.leases.pop(id(ref), None)
+
+
 class Block:
     """Handle of one allocation: ``nbytes`` requested, ``size`` bytes reserved (aligned).
 
@@ -70,7 +87,7 @@ class Block:
     """
 
     __slots__ = ("_pool", "_arena", "_offset", "size", "nbytes", "id", "_freed", "pinned",
-                 "version", "__weakref__")
+                 "version", "_leases", "__weakref__")
 
     def __init__(self, pool: "MemoryPool", arena: _Arena, offset: int, size: int, nbytes: int,
                  ident: int, pinned: bool) -> None:
@@ -79,6 +96,9 @@ class Block:
         self._freed = False
         self.pinned = pinned
         self.version = 0  # bumped whenever defragmentation moves the block
+        # id -> weak reference, one per live view; dict set/pop are atomic, so a view
+        # collected on any thread returns its lease without taking the pool's lock
+        self._leases: dict[int, weakref.ref] = {}
 
     # ------------------------------------------------------------------ location
     @property
@@ -96,6 +116,11 @@ class Block:
             self._check_live("location")
             return self._arena.id, self._offset
 
+    @property
+    def movable(self) -> bool:
+        """Whether a defragmentation may move the block now: not pinned, no live view."""
+        return not self.pinned and not self._leases
+
     def _check_live(self, what: str) -> None:
         if self._freed:
             raise MemoryError_(_OP, f"use of a freed block ({what})", "a live block",
@@ -103,7 +128,8 @@ class Block:
 
     # ------------------------------------------------------------------ views
     def view(self, offset: int, shape: Sequence[int], dtype: Any) -> Any:
-        """A typed tensor of ``shape`` starting ``offset`` bytes into the block."""
+        """A typed tensor of ``shape`` starting ``offset`` bytes into the block; the
+        block stays in place while this tensor object is alive."""
         dt = Dtype.of(dtype)
         shape = tuple(int(s) for s in shape)
         n = math.prod(shape) * dt.itemsize
@@ -115,7 +141,13 @@ class Block:
                                    f"offset % {dt.itemsize} == 0 and offset + {n} <= {self.nbytes}",
                                    f"offset {offset}, shape {list(shape)}, {dt.name}")
             start = self._arena.base + self._offset + offset
-            return self._pool.backing.view(self._arena.buf, start, shape, dt)
+            v = self._pool.backing.view(self._arena.buf, start, shape, dt)
+            # the lease: a weak reference whose callback (the view collected, on any
+            # thread) takes it out of the set; added under the lock, so no
+            # defragmentation sees a view without its lease
+            r = weakref.ref(v, _Lease(self._leases))
+            self._leases[id(r)] = r
+            return v
 
     def tensor(self, shape: Sequence[int], dtype: Any) -> Any:
         """``view(0, shape, dtype)``."""

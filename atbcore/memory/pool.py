@@ -8,11 +8,18 @@ growth up to ``max_size`` and defragmentation.
 
 A :class:`Block` is the handle of an allocation. The pool owns the record of where it
 lives (arena, offset) and updates it when :meth:`MemoryPool.defragment` moves the block,
-so the handle stays valid; tensor views taken from a block *before* a move keep pointing
-at the old bytes: take views again after a defragmentation, or ``pin()`` the block
-(pinned blocks never move; KV caches pin their storage). Misuse (double free, a handle
-of another pool, use after free) raises :class:`MemoryError_` and leaves the pool as it
-was. All methods are thread-safe.
+so the handle stays valid. A block never moves while a view it handed out is alive
+(the view holds a lease until it is garbage-collected) or while it is pinned (KV
+caches pin their storage); slices of a view do not hold the lease, so keep the view
+itself while using them. Misuse (double free, a handle of another pool, use after
+free) raises :class:`MemoryError_` and leaves the pool as it was.
+
+Thread safety: every method of the pool and of its blocks takes the pool's lock, and
+a defragmentation (explicit, or the one ``enable_defrag`` runs inside a failing
+``alloc``) moves only blocks with no live view, under that lock. So threads may
+alloc, write and read through their views, and free concurrently with defragmentation
+on: a block's contents stay intact until it is freed. What the lock cannot guard is
+two threads writing the *same* block: that is the caller's to order.
 """
 
 from __future__ import annotations
@@ -213,7 +220,8 @@ class MemoryPool:
                                          f"{nbytes} B")
 
     def defragment(self) -> dict[str, int]:
-        """Compact live, unpinned blocks (contents kept, handles updated) and release
+        """Compact live, movable blocks (unpinned, no live view; contents kept, handles
+        updated) and release
         emptied arenas. Returns ``{"moved_blocks", "moved_bytes", "released_bytes"}``."""
         with self._lock:
             return self._defragment()
@@ -226,7 +234,7 @@ class MemoryPool:
         for j in range(len(self._arenas) - 1, 0, -1):
             src = self._arenas[j]
             for blk in sorted(src.live.values(), key=lambda b: -b.size):
-                if blk.pinned:
+                if not blk.movable:
                     continue
                 place = self._best_fit(blk.size, self._arenas[:j])
                 if place is not None:
@@ -240,7 +248,7 @@ class MemoryPool:
         """Slide unpinned blocks, in address order, into the lowest free space below them
         that holds them (the free run right below a block always does, once merged)."""
         for blk in sorted(arena.live.values(), key=lambda b: b._offset):
-            if blk.pinned:
+            if not blk.movable:
                 continue
             for off in arena.free_offs:
                 if off >= blk._offset:

@@ -61,8 +61,15 @@ def _attributed(exc: BaseException) -> bool:
     return isinstance(exc, PluginError) and getattr(exc, "plugin", None) is not None
 
 
+# What a plugin may still raise through atb: the user's Ctrl-C, and the generator
+# protocol's own signal. Everything else (SystemExit from a sys.exit() in a hook
+# included) becomes a PluginError naming the plugin.
+_PASS_THROUGH = (KeyboardInterrupt, GeneratorExit)
+
+
 def guard(fn: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
-    """Wrap a hook function so its exceptions become PluginErrors naming ``plugin``.
+    """Wrap a hook function so its exceptions (any but KeyboardInterrupt) become
+    PluginErrors naming ``plugin``.
 
     Generator functions (pluggy wrappers) are wrapped as generators so that
     ``yield``/``send``/``throw`` pass straight through."""
@@ -70,7 +77,9 @@ def guard(fn: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
         def guarded_gen(*args: Any) -> Any:
             try:
                 return (yield from fn(*args))
-            except Exception as e:
+            except _PASS_THROUGH:
+                raise
+            except BaseException as e:  # noqa: BLE001 - see _PASS_THROUGH
                 if _attributed(e):
                     raise
                 raise hook_failure(plugin, hook, e) from e
@@ -80,7 +89,9 @@ def guard(fn: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
     def guarded(*args: Any) -> Any:
         try:
             return fn(*args)
-        except Exception as e:
+        except _PASS_THROUGH:
+            raise
+        except BaseException as e:  # noqa: BLE001 - see _PASS_THROUGH
             if _attributed(e):
                 raise
             raise hook_failure(plugin, hook, e) from e

@@ -69,8 +69,10 @@ def load_entry_point_plugins(pm: AtbPluginManager, group: str = ENTRY_POINT_GROU
 
     Returns the names loaded by this call. Names already registered or already
     recorded (failed, disabled) are skipped, so calling it again loads nothing
-    new. A plugin that fails to import or set up is logged with its name and
-    recorded as ``failed`` — or, with ``ATB_PLUGINS_STRICT=1``, raises PluginError."""
+    new. A plugin that fails to import or set up — any exception but
+    KeyboardInterrupt, ``SystemExit`` from a ``sys.exit()`` included — is logged with
+    its name and recorded as ``failed`` (the process goes on), or, with
+    ``ATB_PLUGINS_STRICT=1``, raises PluginError."""
     allow = env_names("ATB_PLUGINS")
     deny = env_names("ATB_DISABLE_PLUGINS") or set()
     strict = env_flag("ATB_PLUGINS_STRICT")
@@ -97,14 +99,23 @@ def load_entry_point_plugins(pm: AtbPluginManager, group: str = ENTRY_POINT_GROU
             if isinstance(plugin, type):  # a class names its own instance
                 plugin = plugin()
             pm.register(plugin, name=name, record=rec)
-        except Exception as e:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - sys.exit() at import is a broken plugin
+            # too, not a reason for the user's process to end without a word
             rec.status, rec.error = "failed", f"{type(e).__name__}: {e}"
+            if isinstance(e, PluginError) and getattr(e, "plugin", None):
+                failure = e
+            else:
+                failure = plugin_error(name, f"failed to load from {dist_name} {version} "
+                                       f"({ep.value}): {type(e).__name__}: {e}")
+                failure.__cause__ = e
             pm.records[name] = rec
+            pm.failures[name] = failure
             if strict:
-                if isinstance(e, PluginError) and getattr(e, "plugin", None):
+                if failure is e:
                     raise
-                raise plugin_error(name, f"failed to load from {dist_name} {version} "
-                                   f"({ep.value}): {type(e).__name__}: {e}") from e
+                raise failure from e
             logger.warning("plugin '%s' (%s %s) failed to load and is skipped: %s: %s",
                            name, dist_name, version, type(e).__name__, e)
             continue

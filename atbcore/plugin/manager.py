@@ -20,6 +20,7 @@ from typing import Any
 
 import pluggy
 
+from ..errors import PluginError
 from ..log import logger
 from . import hookspecs
 from .isolation import guarded_hookexec, plugin_error
@@ -65,6 +66,8 @@ class AtbPluginManager(pluggy.PluginManager):
         self.add_hookspecs(hookspecs)
         self._inner_hookexec = guarded_hookexec(self._inner_hookexec)
         self.records: dict[str, PluginRecord] = {}
+        # name -> the PluginError a failed load became (records stay plain data)
+        self.failures: dict[str, PluginError] = {}
         self.fusion_rules: list[tuple[str, Any]] = []
         self._undo: list[Any] = []  # undo callables (e.g. hook-call monitoring)
         self.trace_records: Any = None  # set by the tracing plugin when tracing is on
@@ -90,7 +93,7 @@ class AtbPluginManager(pluggy.PluginManager):
         self.records[registered] = rec
         try:
             self._setup(plugin, registered)
-        except Exception as e:
+        except BaseException as e:  # noqa: BLE001 - undone for every kind, then re-raised
             self.unregister(plugin)
             rec.status, rec.error = "failed", str(e)
             self.records[registered] = rec

@@ -18,7 +18,7 @@ import threading
 from typing import Callable
 
 from ...log import logger
-from .build import BuildResult, build_library
+from .build import BuildResult, build_library, check_private
 
 __all__ = ["library", "unavailable_reason", "build_info", "entry", "pool_stats", "SINKS",
            "ENTRY_POINTS"]
@@ -45,6 +45,16 @@ def _load() -> None:
     if res.path is None:
         _STATE.update(lib=None, reason=res.reason)
         logger.info("CPU kernels unavailable: %s; the torch composites run instead", res.reason)
+        return
+    try:
+        # loading runs the library's constructors: check it (and its directory) once
+        # more right before, as build.py did when it chose it
+        check_private(res.path.parent)
+        check_private(res.path, "file")
+    except OSError as e:
+        _STATE.update(lib=None, reason=f"the C kernel library was refused ({e})")
+        logger.warning("CPU kernels unavailable: %s; the torch composites run instead",
+                       _STATE["reason"])
         return
     try:
         lib = ctypes.CDLL(str(res.path))

@@ -7,8 +7,17 @@ The sources in ``csrc/`` are plain C11 (no torch or Python headers), so one
 the compiler (path, size, mtime) and the flags, so a changed source or
 compiler rebuilds and an unchanged one loads in microseconds. Concurrent
 processes each compile to a private temporary file and rename it into place
-(atomic), so nobody loads a half-written library. A failed build leaves its
-compiler output in ``build-error.txt`` instead, and that ISA is not retried.
+(atomic), so nobody loads a half-written library.
+
+The cache is trusted only when nobody else could have written it: every directory
+used is created 0700 and checked (a real directory owned by this user, not group-
+or world-writable), and a library is checked the same way (a regular file) right
+before it is loaded, since loading runs its constructors. A cache that fails the
+check is refused with a logged reason and the library is built into a fresh
+private temporary directory instead (or the torch composites run when that fails
+too). A failed build leaves its compiler output and time in ``build-error.txt``;
+that ISA is skipped for ``ATB_CPU_KERNELS_RETRY_S`` seconds (default 3600) and then
+tried again, so a transient compiler failure does not downgrade the ISA for good.
 
 Instruction set: on x86-64 the build targets ``x86-64-v4`` (AVX-512, 512-bit
 vectors) when ``/proc/cpuinfo`` lists its flags, else ``x86-64-v3`` (AVX2 + FMA +
@@ -29,13 +38,16 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BuildResult", "build_library", "SOURCES", "cache_dir", "isa_flags"]
+__all__ = ["BuildResult", "build_library", "SOURCES", "cache_dir", "isa_flags", "UnsafeCache",
+           "check_private", "private_dir"]
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "panel.c", "attn.c", "flash.c",
@@ -46,7 +58,38 @@ HEADERS = ("common.h", "pool.h", "simd.h", "norm.h", "linear.h")
 BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-math-errno",
               "-fno-trapping-math", "-ffp-contract=fast", "-fopenmp-simd", "-Wall")
 LIB_NAME = "libatb_cpu_kernels.so" if sys.platform != "darwin" else "libatb_cpu_kernels.dylib"
-FAILED_NAME = "build-error.txt"  # a failed build's compiler output, so it is not retried
+FAILED_NAME = "build-error.txt"  # a failed build's compiler output and time
+RETRY_S = 3600.0  # default seconds before a failed ISA build is tried again
+
+
+class UnsafeCache(OSError):
+    """A cache directory or library another user could have written (refused)."""
+
+
+def check_private(path: Path, kind: str = "dir") -> None:
+    """Raise :class:`UnsafeCache` unless ``path`` is a real ``kind`` ("dir" or "file",
+    not a symlink) owned by this user and not writable by group or others."""
+    st = os.lstat(path)
+    want = stat.S_ISDIR if kind == "dir" else stat.S_ISREG
+    if not want(st.st_mode):
+        raise UnsafeCache(f"{path} is not a {'directory' if kind == 'dir' else 'regular file'}"
+                          " (a symlink or other kind): refused")
+    uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
+    if st.st_uid != uid:
+        raise UnsafeCache(f"{path} is owned by uid {st.st_uid}, not this user ({uid}): refused")
+    if st.st_mode & 0o022:
+        raise UnsafeCache(f"{path} is group/world-writable (mode {stat.S_IMODE(st.st_mode):o}):"
+                          " refused")
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` created 0700 when missing (parents too) and checked private."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=False)
+    except FileExistsError:
+        pass
+    check_private(path)
+    return path
 
 
 @dataclass(frozen=True)
@@ -124,7 +167,7 @@ def _key(cc: str, flags: tuple[str, ...]) -> str:
 
 def _compile(cc: str, flags: tuple[str, ...], dest: Path) -> str:
     """Compile into ``dest`` (atomically); returns an error text, or '' on success."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(dest.parent)
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=dest.parent)
     os.close(fd)
     cmd = [cc, *BASE_FLAGS, *flags, *(str(CSRC / s) for s in SOURCES), "-o", tmp, "-lm", "-lpthread", "-ldl"]
@@ -132,7 +175,8 @@ def _compile(cc: str, flags: tuple[str, ...], dest: Path) -> str:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             return (r.stderr or r.stdout).strip()[-2000:] or f"exit status {r.returncode}"
-        os.replace(tmp, dest)
+        os.chmod(tmp, 0o700)  # the compiler creates it by the umask: make it ours alone
+        os.replace(tmp, dest)  # atomic: a loader sees the old file or the whole new one
         return ""
     except (OSError, subprocess.SubprocessError) as e:
         return str(e)
@@ -141,34 +185,106 @@ def _compile(cc: str, flags: tuple[str, ...], dest: Path) -> str:
             os.unlink(tmp)
 
 
+def _retry_s() -> float:
+    try:
+        return float(os.environ.get("ATB_CPU_KERNELS_RETRY_S", RETRY_S))
+    except ValueError:
+        return RETRY_S
+
+
+def _recent_failure(failed: Path) -> str | None:
+    """The recorded error of a failed build younger than the retry interval, else None."""
+    try:
+        age = time.time() - failed.stat().st_mtime
+        if age >= _retry_s():
+            return None
+        return failed.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _cached(dest: Path) -> Path | None:
+    """``dest`` when it exists and is safe to load; an unsafe one is removed (logged)
+    so that the rebuild replaces it, or refused when it cannot be."""
+    from ...log import logger
+
+    if not os.path.lexists(dest):
+        return None
+    try:
+        check_private(dest, "file")
+        return dest
+    except UnsafeCache as e:
+        logger.warning("CPU kernels: cached library %s; rebuilding it", e)
+        try:
+            os.unlink(dest)
+        except OSError:
+            pass
+        return None
+
+
+def _fallback_root() -> Path:
+    """A private directory for this process's build when the cache is refused:
+    ``$TMPDIR/atb-cpu-kernels-<uid>`` when that is safe, else a fresh ``mkdtemp``."""
+    from ...log import logger
+
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    shared = Path(tempfile.gettempdir()) / f"atb-cpu-kernels-{user}"
+    try:
+        return private_dir(shared)
+    except OSError as e:
+        logger.warning("CPU kernels: %s; building in a fresh private directory", e)
+        return Path(tempfile.mkdtemp(prefix="atb-cpu-kernels-"))
+
+
 def build_library() -> BuildResult:
     """The cached library for this machine, compiling it on a miss."""
-    import time
+    from ...log import logger
 
     cc, why = _compiler()
     if cc is None:
         return BuildResult(None, "", why)
+    root = cache_dir()
+    try:
+        private_dir(root)
+    except OSError as e:  # unsafe or not writable: never load from it
+        logger.warning("CPU kernels: cache %s; using a private temporary directory", e)
+        root = _fallback_root()
     errors = []
     for isa, flags in isa_flags():
-        dest = cache_dir() / _key(cc, flags) / LIB_NAME
-        if dest.exists():
-            return BuildResult(dest, isa)
+        key = _key(cc, flags)
+        dest = root / key / LIB_NAME
+        try:
+            if (root / key).exists():
+                check_private(root / key)
+            found = _cached(dest)
+        except OSError as e:
+            logger.warning("CPU kernels: %s; using a private temporary directory", e)
+            root = _fallback_root()
+            dest, found = root / key / LIB_NAME, None
+        if found is not None:
+            return BuildResult(found, isa)
         failed = dest.with_name(FAILED_NAME)
-        if failed.exists():  # this compiler cannot build this ISA: do not retry every process
-            errors.append(f"{isa}: {failed.read_text(errors='replace').strip()[-300:]}")
+        recent = _recent_failure(failed)
+        if recent is not None:  # failed lately: not retried by every process
+            errors.append(f"{isa}: {recent.strip()[-300:]}")
             continue
         t0 = time.perf_counter()
         try:
             err = _compile(cc, flags, dest)
-        except OSError as e:  # cache dir not writable: build in a private temp dir
-            err = str(e)
-            user = os.getuid() if hasattr(os, "getuid") else "user"
-            alt = Path(tempfile.gettempdir()) / f"atb-cpu-kernels-{user}" / dest.parent.name
-            if not (alt / LIB_NAME).exists():
-                err = _compile(cc, flags, alt / LIB_NAME)
+        except OSError as e:  # cache dir not writable or refused: a private temp dir
+            alt = _fallback_root() / key / LIB_NAME
+            err = f"{e}"
+            if _cached(alt) is not None:
+                return BuildResult(alt, isa)
+            try:
+                err = _compile(cc, flags, alt)
+            except OSError as e2:
+                err = str(e2)
             if not err:
-                dest = alt / LIB_NAME
+                dest = alt
         if not err:
+            if os.path.lexists(failed):
+                os.unlink(failed)  # an earlier failure was transient
             return BuildResult(dest, isa, compiled=True, seconds=time.perf_counter() - t0)
         errors.append(f"{isa}: {err.splitlines()[-1] if err else 'failed'}")
         try:

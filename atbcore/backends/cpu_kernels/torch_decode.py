@@ -1,13 +1,13 @@
 """The C kernels of the decode step on torch CPU tensors: the few-row matmul
-(decode GEMV and small-batch GEMM, optionally RmsNorm'd rows and a residual add),
-one-token attention over a contiguous or paged KV cache, and RoPE writing the
-cache slot. The ``*_bound`` forms pack a call's arguments once for a plan that
+(:mod:`.torch_linear`, re-exported here), one-token attention over a contiguous or
+paged KV cache, and RoPE writing the cache slot. The ``*_bound`` forms pack a call's arguments once for a plan that
 reuses its tensors. These kernels split their work over the C pool; callers park
 torch's own pool meanwhile (:func:`.threads.parked_torch_threads`).
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Callable
 
@@ -15,143 +15,21 @@ import torch
 
 from atbcore.errors import DtypeError, ShapeError
 
+from . import torch_checks as chk
 from .threads import pool_threads
-from .torch_ops import (DTYPE_CODES, _ROPE, _check, _deliver, _fn, _rope_fields, _rope_status,
-                        _rows, _unit_last)
+from .torch_linear import (LINEAR_WEIGHT_DTYPES, PANEL, linear_rows, linear_rows_bound,
+                           pack_panels)
+from .torch_ops import (DTYPE_CODES, MAX_ROTARY_DIM, _ROPE, _check, _deliver, _fn,
+                        _rope_fields, _rope_status, _rows, _unit_last)
 
-__all__ = ["linear_rows", "linear_rows_bound", "pack_panels", "PANEL", "LINEAR_WEIGHT_DTYPES", "decode_attention", "decode_attention_bound",
+__all__ = ["linear_rows", "linear_rows_bound", "pack_panels", "PANEL", "LINEAR_WEIGHT_DTYPES",
+           "decode_attention", "decode_attention_bound",
            "paged_decode_attention", "rope_cache_bound", "rope_bound", "reshape_and_cache",
            "reshape_and_cache_bound", "argmax_rows"]
 
-# weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
-LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
-
-PANEL = 32  # ATB_PANEL in linear.c: outputs per panel of a packed weight
 _ATTN = struct.Struct("<32qd2q")
 _CACHE = struct.Struct("<17q")
 _ARGMAX = struct.Struct("<7q")
-
-
-def pack_panels(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``w`` [N, K] (fp32/bf16/fp16/int8) as ceil(N / 32) panels ``[P, K, 32]`` of its
-    dtype (``p[i, k, j] = w[32 i + j, k]``, zeros past N): the layout
-    :func:`linear_rows` streams with ``panels=``. ``out`` (that shape and dtype,
-    contiguous) receives it, e.g. an arena's huge pages."""
-    if w.dim() != 2 or w.dtype not in LINEAR_WEIGHT_DTYPES:
-        raise ShapeError("pack_panels", "w", "an fp32/bf16/fp16/int8 [N, K] weight",
-                         f"{w.dtype} {tuple(w.shape)}")
-    n, k = w.shape
-    p = -(-n // PANEL)
-    if out is None:
-        out = torch.empty(p, k, PANEL, dtype=w.dtype)
-    if out.shape != (p, k, PANEL) or out.dtype != w.dtype or not out.is_contiguous():
-        raise ShapeError("pack_panels", "out", f"contiguous {w.dtype} {(p, k, PANEL)}",
-                         f"{out.dtype} {tuple(out.shape)}")
-    if n % PANEL:
-        out[-1].zero_()
-    full = n // PANEL
-    out[:full].copy_(w[:full * PANEL].view(full, PANEL, k).transpose(1, 2))
-    if n % PANEL:
-        out[full, :, :n % PANEL].copy_(w[full * PANEL:].t())
-    return out
-
-
-def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                accumulate: bool = False, threads: int | None = None,
-                rms_norm_eps: float | None = None,
-                rms_norm_weight: torch.Tensor | None = None,
-                panels: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w.T * scale + bias`` for few rows of ``x`` [..., K] (``w`` [N, K]); with
-    ``accumulate`` the result is added into ``out``. fp32 sums, one rounding. ``threads``
-    (default torch's intra-op count) is the most pool threads the weight rows split over.
-    With ``rms_norm_eps``, ``x`` is RmsNorm'd first (``rms_norm_weight`` optional), rounded
-    to x's dtype exactly as the separate RmsNorm kernel would store it. ``panels``:
-    ``w`` packed by :func:`pack_panels`, which the kernel then reads instead of ``w``
-    (x broadcast against 32-output panel rows, K summed in blocks of 128), at any
-    row count: more than 64 rows run in 64-row blocks on torch's OpenMP team."""
-    k, n = x.shape[-1], w.shape[0]
-    x2, rows, xs = _rows(x, k)
-    shape = (*x.shape[:-1], n)
-    if accumulate and out is None:
-        raise ValueError("linear_rows: accumulate needs out")
-    y = out if (out is not None and out.shape == shape and out.dtype in DTYPE_CODES
-                and out.is_contiguous()) else None
-    if y is None:
-        if accumulate:
-            y = out.contiguous()
-        else:
-            y = torch.empty(shape, dtype=x.dtype)
-    if not w.is_contiguous():
-        w = w.contiguous()
-    if rms_norm_weight is not None and (rms_norm_weight.numel() != k or
-                                        not rms_norm_weight.is_contiguous() or
-                                        rms_norm_weight.dtype not in DTYPE_CODES):
-        raise ShapeError("linear_rows", "rms_norm_weight", f"a contiguous fp32/bf16/fp16 [{k}]",
-                         f"{rms_norm_weight.dtype} {tuple(rms_norm_weight.shape)}")
-    if panels is not None and not _panels_fit(panels, w):
-        raise ShapeError("linear_rows", "panels", f"pack_panels of the {w.dtype} [{n}, {k}] "
-                         "weight", f"{panels.dtype} {tuple(panels.shape)}")
-    head, tail = _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, rms_norm_eps,
-                                rms_norm_weight, panels)
-    _check(_fn("linear_rows")(head + _Q.pack(threads or pool_threads()) + tail), "linear_rows")
-    return _deliver(out, y)
-
-
-def _panels_fit(panels: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether ``panels`` is :func:`pack_panels`' layout of a weight shaped like ``w``."""
-    n, k = w.shape
-    return (panels.dtype == w.dtype and panels.is_contiguous()
-            and panels.shape == (-(-n // PANEL), k, PANEL))
-
-
-_Q = struct.Struct("<q")
-_LINEAR_HEAD = struct.Struct("<15q")  # LinArgs up to threads
-_LINEAR_TAIL = struct.Struct("<4q2dq")  # after threads
-
-
-def _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, panels) -> tuple:
-    """LinArgs packed around its threads field: (before, after)."""
-    k, n = x2.shape[-1], w.shape[0]
-    head = _LINEAR_HEAD.pack(
-        x2.data_ptr(), w.data_ptr() if panels is None else panels.data_ptr(),
-        0 if scale is None else scale.data_ptr(),
-        0 if bias is None else bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x2.dtype],
-        LINEAR_WEIGHT_DTYPES[w.dtype], 0 if bias is None else DTYPE_CODES[bias.dtype],
-        DTYPE_CODES[y.dtype], rows, k, n, xs, w.stride(0), n)
-    tail = _LINEAR_TAIL.pack(
-        int(accumulate), int(eps is not None), 0 if nw is None else nw.data_ptr(),
-        0 if nw is None else DTYPE_CODES[nw.dtype], float(eps or 0.0), 0.0,
-        int(panels is not None))
-    return head, tail
-
-
-def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
-                      scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                      accumulate: bool = False, rms_norm_eps: float | None = None,
-                      rms_norm_weight: torch.Tensor | None = None,
-                      panels: torch.Tensor | None = None) -> Callable[[], None] | None:
-    """:func:`linear_rows` of these very buffers, its arguments packed once: the
-    returned ``call()`` reruns it (the pool's thread count read per call), for a
-    prebuilt decode plan whose ``x`` and ``out`` are fixed. None when the buffers are
-    not as the kernel reads them in place (x and out contiguous, out [..., N] in a
-    kernel dtype, w contiguous or given as panels): then call :func:`linear_rows`."""
-    k, n = x.shape[-1], w.shape[0]
-    if (not x.is_contiguous() or out.shape != (*x.shape[:-1], n) or not out.is_contiguous()
-            or out.dtype not in DTYPE_CODES or x.dtype not in DTYPE_CODES
-            or (panels is None and not w.is_contiguous())
-            or (rms_norm_weight is not None and (not rms_norm_weight.is_contiguous()
-                                                 or rms_norm_weight.numel() != k))
-            or (panels is not None and not _panels_fit(panels, w))):
-        return None
-    head, tail = _linear_fields(x, x.numel() // k, k, w, scale, bias, out, accumulate,
-                                rms_norm_eps, rms_norm_weight, panels)
-    fn, keep = _fn("linear_rows"), (x, w, out, scale, bias, rms_norm_weight, panels)
-
-    def call() -> None:
-        _check(fn(head + _Q.pack(pool_threads()) + tail), "linear_rows")
-    call.keep = keep  # type: ignore[attr-defined]  # the buffers live as long as the call
-    return call
 
 
 def _attention_dtypes(op: str, named: tuple) -> None:
@@ -176,12 +54,20 @@ def decode_attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     softmax, one rounding; a row with every key masked gives zeros. The tensors are
     bound (their addresses packed once): they must stay alive and in place."""
     op = "decode_attention"
-    if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
+    chk.tensor(op, "q", q, dims=(3,))
+    chk.tensor(op, "k", k, dims=(4,))
+    chk.tensor(op, "v", v, dims=(4,))
+    scale = chk.real(op, "scale", scale, finite=False)
+    if out is not None:
+        chk.output(op, "out", out, q.shape)
+    if key_mask is not None:
+        chk.tensor(op, "key_mask", key_mask, (torch.bool,))
+    if v.shape != k.shape:
         raise ShapeError(op, "q / k / v shapes", "q [B, H, D], k and v [B, cap, KV, D]",
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     b, h, d = q.shape
     kv = k.shape[2]
-    if k.shape[0] != b or k.shape[3] != d or h % kv or d > 512:
+    if k.shape[0] != b or k.shape[3] != d or kv == 0 or h % kv or d > 512:
         raise ShapeError(op, "q against the cache", "the same batch and head_dim (<= 512), "
                          "query heads a multiple of KV heads", f"q {tuple(q.shape)}, cache "
                          f"{tuple(k.shape)}")
@@ -206,12 +92,17 @@ def decode_attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
            out.stride(0), out.stride(1), 0 if m is None else m.stride(0),
            0 if m is None else m.stride(1), 0, 0, 0, 0, 0, 0, 0)
-    fn, pack, scale = _fn("decode_attention"), _ATTN.pack, float(scale)
+    fn, pack = _fn("decode_attention"), _ATTN.pack
     keep = (q, k, v, out, m)  # the packed addresses stay valid while the call lives
+    empty = q.numel() == 0    # no rows or heads: nothing to attend
 
     def call(lo: int, n: int) -> torch.Tensor:
+        if type(lo) is not int or type(n) is not int:
+            lo, n = chk.integer(op, "lo", lo), chk.integer(op, "n", n)
         if not 0 <= lo < n <= cap:
             raise ShapeError(op, "key range", f"0 <= lo < n <= {cap}", f"[{lo}, {n})")
+        if empty:
+            return keep[3]
         th = pool_threads()
         _check(fn(pack(*pre, th, scale, lo, n)), "decode_attention")
         return keep[3]
@@ -229,11 +120,22 @@ def paged_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache
     (the keys of row b are its first ``context_lens[b]`` positions, the last
     ``window`` of them with a sliding window). fp32 scores and softmax, one
     rounding into ``out`` [B, H, D] (new when None); a row with no key gives zeros.
-    Table entries are trusted: the caller's block manager owns them."""
-    op = "PagedAttention"
+    The block ids each row reads are checked against the cache (once per change of
+    the tables: :func:`.torch_checks.check_block_tables`)."""
+    op = "paged_decode_attention"
+    chk.tensor(op, "q", q, dims=(3,))
+    chk.tensor(op, "key_cache", key_cache, dims=(4,))
+    chk.tensor(op, "value_cache", value_cache, dims=(4,))
+    chk.tensor(op, "block_tables", block_tables, chk.INTS, dims=(2,))
+    chk.tensor(op, "context_lens", context_lens, chk.INTS, dims=(1,))
+    scale = chk.real(op, "scale", scale, finite=False)
+    if window is not None:
+        window = min(chk.integer(op, "window", window, 0), 1 << 62)
+    chk.output(op, "out", out, q.shape)
     b, h, d = q.shape
     nb, bs, kv, dk = key_cache.shape
-    if value_cache.shape != key_cache.shape or dk != d or h % kv or d > 512:
+    if (value_cache.shape != key_cache.shape or dk != d or kv == 0 or h % kv or d > 512
+            or bs == 0):
         raise ShapeError(op, "q against the caches", "caches [blocks, block_size, KV, D] "
                          "with q's D (<= 512), query heads a multiple of KV heads",
                          f"q {tuple(q.shape)}, caches {tuple(key_cache.shape)}, "
@@ -247,10 +149,13 @@ def paged_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache
                          f"{context_lens.dtype} {tuple(context_lens.shape)}")
     q = _unit_last(q)
     bt, cl = block_tables.contiguous(), context_lens.contiguous()
-    n = bt.shape[1] * bs                  # the tables' reach; the kernel checks each length
+    n = bt.shape[1] * bs                  # the tables' reach
+    chk.check_block_tables(op, bt, cl, nb, bs)
     y = out if (out is not None and out.shape == q.shape and out.dtype in DTYPE_CODES
                 and out.stride(-1) == 1) else torch.empty(b, h, d, dtype=q.dtype)
-    if b == 0 or n == 0:
+    if q.numel() == 0:
+        return _deliver(out, y)
+    if n == 0:
         y.zero_()
         return _deliver(out, y)
     kc, vc = _unit_last(key_cache), _unit_last(value_cache)
@@ -274,6 +179,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n: in
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """One-token attention of ``q`` [B, H, D] over cache positions ``[lo, n)`` of
     ``k``/``v`` [B, cap, KV, D]; see :func:`decode_attention_bound`."""
+    for name, t, dims in (("q", q, 3), ("k", k, 4), ("v", v, 4)):
+        chk.tensor("decode_attention", name, t, dims=(dims,))
+    chk.output("decode_attention", "out", out, q.shape)
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     y = None if out is None or out.stride(-1) != 1 else out
     res = decode_attention_bound(q, k, v, scale=scale, key_mask=key_mask, out=y)(lo, n)
@@ -283,11 +191,33 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n: in
 def _rope_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, cos: torch.Tensor,
                 sin: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None, *,
                 head_dim: int, rotary_dim: int, op: str) -> Callable[[int], None]:
+    chk.tensor(op, "q", q, dims=(2,))
+    chk.tensor(op, "k", k, (q.dtype,), dims=(2,))
+    head_dim = chk.integer(op, "head_dim", head_dim, 1)
     b = q.shape[0]
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t is not None and (t.shape[-1] % head_dim or t.shape[0] != b):
+            raise ShapeError(op, f"'{name}' shape", f"[{b}, heads * {head_dim}]", list(t.shape))
+    if v is not None:
+        chk.tensor(op, "v", v, (q.dtype,), dims=(2,))
     hq, hk = q.shape[-1] // head_dim, k.shape[-1] // head_dim
+    if k_cache is not None:
+        chk.tensor(op, "k_cache", k_cache, (q.dtype,), dims=(4,))
+        chk.tensor(op, "v_cache", v_cache, (q.dtype,), dims=(4,))
+        if k_cache.shape[0] != b or k_cache.shape[2:] != (hk, head_dim) or (
+                v_cache.shape != k_cache.shape) or (v is not None and v.shape != k.shape):
+            raise ShapeError(op, "k/v caches", f"[{b}, cap, {hk}, {head_dim}] both (v as k)",
+                             f"{list(k_cache.shape)}, {list(v_cache.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):  # q/k rotate in place: no copies
+        if t is not None and t.numel() and t.stride(-1) != 1:
+            raise ShapeError(op, f"'{name}' strides", "a unit-stride last dim", list(t.stride()))
     q3, k3 = q.view(b, 1, -1), k.view(b, 1, -1)
     v3 = None if v is None else v.view(b, 1, -1)
     cap = 0 if k_cache is None else k_cache.shape[1]
+    chk.check_rope(op, q3, k3, cos, sin, layout="BSH", head_dim=head_dim, rotary_dim=rotary_dim,
+                   q_heads=hq, k_heads=hk, batch=b, seq=1, table_len=1, pos=None, tab_offset=0,
+                   q_out=None, k_out=k3 if k_cache is None else k_cache, v=v3, v_out=v_cache,
+                   cache_len=cap, cache_offset=0, max_rotary_dim=MAX_ROTARY_DIM)
     fields, keep = _rope_fields(q3, k3, cos, sin, layout="BSH", head_dim=head_dim,
                                 rotary_dim=rotary_dim, q_heads=hq, k_heads=hk, interleave=False,
                                 batch=b, seq=1, table_len=1,
@@ -298,6 +228,9 @@ def _rope_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, cos: t
     fn, pack = _fn("rope"), _ROPE.pack
 
     def call(slot: int = 0) -> None:
+        if cap and (type(slot) is not int or not 0 <= slot < cap):
+            raise chk.PositionError(op, "slot (the cache row)", f"an int in [0, cache length "
+                                    f"{cap})", repr(slot))
         _rope_status(fn(pack(*fields, slot)), cap)
         return None
     call.keep = keep  # type: ignore[attr-defined]
@@ -345,19 +278,36 @@ def reshape_and_cache_bound(key: torch.Tensor, value: torch.Tensor, key_cache: t
     """:func:`reshape_and_cache` with its arguments packed once, for a plan that writes
     the same buffers every step: ``call()`` copies (reading the slots then current);
     None when the layout is not one the C copy takes. The tensors must stay alive and
-    in place while the call lives."""
+    in place while the call lives. Shapes that do not fit raise ShapeError."""
+    op = "reshape_and_cache"
+    chk.tensor(op, "key", key, None, dims=(2, 3))
+    chk.tensor(op, "value", value, None, dims=(2, 3))
+    chk.tensor(op, "key_cache", key_cache, None, dims=(4,))
+    chk.tensor(op, "value_cache", value_cache, None, dims=(4,))
+    chk.tensor(op, "slot_mapping", slot_mapping, chk.INTS, dims=(1,))
     t = slot_mapping.numel()
     nb, bs = key_cache.shape[0], key_cache.shape[1]
-    row = key_cache[0, 0].numel() if nb else 0
-    k2, v2 = key.reshape(t, -1), value.reshape(t, -1)
+    row = key_cache.shape[2] * key_cache.shape[3]
+    if value_cache.shape != key_cache.shape or bs == 0 or row == 0:
+        raise ShapeError(op, "caches", "key and value caches of one shape [blocks, "
+                         "block_size >= 1, KV, D]", f"{list(key_cache.shape)}, "
+                         f"{list(value_cache.shape)}")
+    for name, x in (("key", key), ("value", value)):
+        if x.shape[0] != t or math.prod(x.shape[1:]) != row:
+            raise ShapeError(op, f"'{name}' shape", f"[{t}, {key_cache.shape[2]}, "
+                             f"{key_cache.shape[3]}] or [{t}, {row}]", list(x.shape))
+    if key.element_size() not in (1, 2, 4, 8):
+        return None
+    k2, v2 = key.reshape(t, row), value.reshape(t, row)
     ok = (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype and nb and
-          k2.shape[1] == row and v2.shape[1] == row and slot_mapping.dtype in
-          (torch.int32, torch.int64) and slot_mapping.is_contiguous() and
+          slot_mapping.is_contiguous() and
           (t == 0 or (k2.stride(1) == 1 and v2.stride(1) == 1)) and
           key_cache[0, 0].is_contiguous() and value_cache[0, 0].is_contiguous() and
           value_cache.shape == key_cache.shape)
     if not ok:
         return None
+    if t == 0:  # no tokens (and no addresses to pack): nothing to copy
+        return lambda: None
     args = _CACHE.pack(k2.data_ptr(), v2.data_ptr(), key_cache.data_ptr(),
                        value_cache.data_ptr(), slot_mapping.data_ptr(),
                        int(slot_mapping.dtype == torch.int32), key.element_size(), t, row,
@@ -381,6 +331,12 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     call: the first maximum, a NaN counting as the maximum (torch's rule); int64 [R].
     torch's own argmax runs ~4x slower on bf16 rows, and single-threaded in a parked
     decode step."""
+    chk.tensor("argmax_rows", "logits", logits, dims=tuple(range(1, 65)))
+    if logits.shape[-1] == 0:
+        raise ShapeError("argmax_rows", "'logits' last dim (vocabulary)", ">= 1",
+                         list(logits.shape))
+    if logits.numel() == 0:
+        return torch.empty(logits.shape[:-1], dtype=torch.long)
     x2, rows, xs = _rows(logits, logits.shape[-1])
     out = torch.empty(rows, dtype=torch.long)
     _check(_fn("argmax")(_ARGMAX.pack(x2.data_ptr(), out.data_ptr(), DTYPE_CODES[logits.dtype],

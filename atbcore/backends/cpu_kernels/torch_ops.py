@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 
+from atbcore.errors import InputError, ShapeError
+
+from . import torch_checks as chk
 from .bindings import entry, unavailable_reason
 from .threads import pool_threads
 
@@ -55,6 +58,8 @@ def why_not(*tensors: Any) -> str | None:
     for t in tensors:
         if t is None:
             continue
+        if not isinstance(t, torch.Tensor):
+            return f"C kernels take torch tensors; given {type(t).__name__}"
         if not t.is_cpu:
             return f"C kernels run on the CPU; tensor on {t.device}"
         if t.dtype not in DTYPE_CODES:
@@ -95,8 +100,12 @@ def _out(out: torch.Tensor | None, like: torch.Tensor, n: int) -> tuple[torch.Te
 
 
 def _check(status: int, what: str) -> None:
+    # the wrappers check every argument first, so a refusal here is a missed check
+    if status == -4:
+        raise MemoryError(f"{what}: the C kernel could not allocate its scratch memory")
     if status != 0:
-        raise RuntimeError(f"C kernel {what} failed with status {status} (bad arguments)")
+        raise InputError(what, "arguments refused by the C kernel", "0 (accepted)",
+                         f"status {status}")
 
 
 def _deliver(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
@@ -131,6 +140,23 @@ def layer_norm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, 
 
 
 def _norm(name, x, w, b, n, eps, w_offset, residual, out, sum_out):
+    chk.tensor(name, "x", x)
+    n = chk.integer(name, "n", n, 0)
+    chk.suffix_numel(name, "x", x, n)
+    eps, w_offset = chk.real(name, "eps", eps), chk.real(name, "w_offset", w_offset)
+    chk.vector(name, "weight", w, n)
+    chk.vector(name, "bias", b, n)
+    chk.output(name, "out", out, x.shape)
+    if residual is not None:
+        chk.tensor(name, "residual", residual, (x.dtype,))
+        if residual.shape != x.shape:
+            raise ShapeError(name, "'residual' shape", list(x.shape), list(residual.shape))
+        chk.output(name, "sum_out", sum_out, x.shape)
+    if x.numel() == 0:  # no rows (or empty rows): empty outputs, no C call
+        y = out if out is not None else torch.empty_like(x)
+        s = None if residual is None else (sum_out if sum_out is not None else
+                                           torch.empty_like(x))
+        return y, s
     x2, rows, xs = _rows(x, n)
     y, ys = _out(out, x, n)
     r2, rs, s, ss = None, 0, None, 0
@@ -202,9 +228,10 @@ def _rope_fields(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin
 
 def _rope_status(status: int, cache_len: int) -> int:
     if status == -2:
-        raise ValueError("negative position id")
+        raise chk.PositionError("rope", "position ids", ">= 0", "a negative id")
     if status == -3:
-        raise ValueError(f"position past the cache length {cache_len}")
+        raise chk.PositionError("rope", "cache row (position)", f"< cache_len {cache_len}",
+                                "a row past it")
     if status < 0:
         _check(status, "rope")
     return status
@@ -225,8 +252,18 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.
     and token ``(b, s)`` is written at row ``pos[b, s]`` (or ``s + cache_offset``).
     Returns 0, or the table length needed when a position is past ``table_len``
     (nothing is written then; grow the table and call again). Raises ValueError
-    for a negative position or one past the cache.
+    (:class:`.torch_checks.PositionError`, also a ValueError) for a negative
+    position or one past the cache; every other bad argument raises an AtbError
+    subclass before anything is written.
     """
+    chk.check_rope("rope", q, k, cos, sin, layout=layout, head_dim=head_dim,
+                   rotary_dim=rotary_dim, q_heads=q_heads, k_heads=k_heads, batch=batch,
+                   seq=seq, table_len=table_len, pos=pos, tab_offset=tab_offset, q_out=q_out,
+                   k_out=k_out,
+                   v=v, v_out=v_out, cache_len=cache_len, cache_offset=cache_offset,
+                   max_rotary_dim=MAX_ROTARY_DIM)
+    if q.numel() == 0 and (k is None or k.numel() == 0):
+        return 0
     fields, keep = _rope_fields(q, k, cos, sin, layout=layout, head_dim=head_dim,
                                 rotary_dim=rotary_dim, q_heads=q_heads, k_heads=k_heads,
                                 interleave=interleave, batch=batch, seq=seq,
@@ -241,7 +278,33 @@ def activation(x: torch.Tensor, act: str, *, up: torch.Tensor | None = None,
                split: bool = False, bias: torch.Tensor | None = None,
                bias_up: torch.Tensor | None = None, out: torch.Tensor | None = None
                ) -> torch.Tensor:
-    """``act(x + bias) [* (up + bias_up)]``; ``split``: x is ``[..., 2n]`` = gate | up."""
+    """``act(x + bias) [* (up + bias_up)]``; ``split``: x is ``[..., 2n]`` = gate | up.
+
+    ``up`` has x's shape and dtype; ``bias``/``bias_up`` are ``[n]`` vectors of one
+    float dtype."""
+    op = "activation"
+    chk.tensor(op, "x", x, dims=tuple(range(1, 65)))
+    chk.choice(op, "act", act, ACT_CODES)
+    n = x.shape[-1] // 2 if split else x.shape[-1]
+    if split and (x.shape[-1] % 2 or up is not None):
+        raise ShapeError(op, "'x' with split=True (gate | up halves, no separate up)",
+                         "an even last dim and up=None", f"{list(x.shape)}, up "
+                         f"{'given' if up is not None else 'None'}")
+    if up is not None:
+        chk.tensor(op, "up", up, (x.dtype,))
+        if up.shape != x.shape:
+            raise ShapeError(op, "'up' shape (as x)", list(x.shape), list(up.shape))
+    elif bias_up is not None and not split:
+        raise InputError(op, "bias_up", "None without up (or split)", "a tensor")
+    chk.vector(op, "bias", bias, n)
+    chk.vector(op, "bias_up", bias_up, n)
+    if bias is not None and bias_up is not None and bias.dtype != bias_up.dtype:
+        raise ShapeError(op, "'bias_up' dtype (one dtype for both biases)", str(bias.dtype),
+                         str(bias_up.dtype))
+    shape = (*x.shape[:-1], n)
+    chk.output(op, "out", out, shape)
+    if x.numel() == 0 or n == 0:
+        return out if out is not None else torch.empty(shape, dtype=x.dtype)
     if split:
         n = x.shape[-1] // 2
         x2, rows, xs = _rows(x, 2 * n)                           # [rows, 2n]
@@ -274,7 +337,27 @@ _NO_LEAD = (1,) * _SM_DIMS + (0,) * _SM_DIMS
 def softmax(x: torch.Tensor, *, scale: float = 1.0, mask: torch.Tensor | None = None,
             causal: bool = False, empty_rows_zero: bool = False,
             out: torch.Tensor | None = None) -> torch.Tensor:
-    """Softmax over the last axis of ``x * scale (+ mask)``, causal over the last two axes."""
+    """Softmax over the last axis of ``x * scale (+ mask)``, causal over the last two axes.
+
+    ``mask``: bool (False = masked) or additive float, broadcastable to x."""
+    op = "softmax"
+    chk.tensor(op, "x", x, dims=tuple(range(1 + int(bool(causal)), 65)))
+    scale = chk.real(op, "scale", scale, finite=False)
+    chk.output(op, "out", out, x.shape)
+    if mask is not None:
+        chk.tensor(op, "mask", mask, (torch.bool, *DTYPE_CODES))
+        if x.dim() - 1 > _SM_DIMS:
+            raise ShapeError(op, "'x' rank with a mask", f"<= {_SM_DIMS + 1}", x.dim())
+        try:
+            torch.broadcast_shapes(mask.shape, x.shape)
+        except RuntimeError:
+            raise ShapeError(op, "'mask' shape (broadcast to x)", list(x.shape),
+                             list(mask.shape)) from None
+        if torch.broadcast_shapes(mask.shape, x.shape) != x.shape:
+            raise ShapeError(op, "'mask' shape (broadcast to x)", list(x.shape),
+                             list(mask.shape))
+    if x.numel() == 0:
+        return out if out is not None else torch.empty_like(x)
     n = x.shape[-1]
     x2, rows, xs = _rows(x, n)
     y, ys = _out(out, x, n)
@@ -282,8 +365,6 @@ def softmax(x: torch.Tensor, *, scale: float = 1.0, mask: torch.Tensor | None = 
         nd, geom, mlast, mdt, mptr = 1, _NO_LEAD, 0, 0, 0
     else:
         lead = list(x.shape[:-1]) or [1]
-        if len(lead) > _SM_DIMS:
-            raise ValueError(f"softmax C kernel takes at most {_SM_DIMS} leading dims")
         me = mask.expand(x.shape)                                 # a view: broadcast strides
         mstr = list(me.stride()[:-1]) if x.dim() > 1 else [0]
         pad = _SM_DIMS - len(lead)
@@ -324,7 +405,11 @@ def into(out: list | None, i: int, y: torch.Tensor) -> torch.Tensor:
     o = None if out is None or i >= len(out) else out[i]
     if o is None or o is y:
         return y
-    o.copy_(y)
+    try:
+        o.copy_(y)
+    except RuntimeError as e:  # a buffer the result cannot go into (shape, device)
+        raise ShapeError("into", f"out[{i}]", f"a buffer taking {list(y.shape)} {y.dtype}",
+                         f"{list(o.shape)} {o.dtype} on {o.device} ({str(e)[:120]})") from None
     return o
 
 

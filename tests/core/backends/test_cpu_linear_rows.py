@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from atbcore.backends.cpu_kernels import available
-from atbcore.errors import ShapeError
+from atbcore.errors import InputError, ShapeError
 from atbcore.numerics import assert_close
 
 pytestmark = pytest.mark.skipif(not available(), reason="no C compiler here: C kernels absent")
@@ -76,7 +76,7 @@ def test_linear_rows_strided_input_and_threads():
             assert sum(handed) == (0 if th == 1 else 1), (th, before, after)
     finally:
         torch.set_num_threads(keep)
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         linear_rows(x, w, accumulate=True)
 
 

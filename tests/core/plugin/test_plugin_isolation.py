@@ -229,3 +229,71 @@ def _named(name, fn):
     p = Named()
     p.name = name
     return p
+
+
+# --------------------------------------------------------------------------- BaseException
+def test_sys_exit_at_import_is_contained_and_named(plugin_env, caplog):
+    plugin_env.add_plugin("quitter", "import sys\nsys.exit(3)\n")
+    plugin_env.add_plugin("good", GOOD)
+    with caplog.at_level("WARNING", logger="atb"):
+        pm = get_plugin_manager()                       # no SystemExit escapes
+    rec = pm.records["quitter"]
+    assert rec.status == "failed" and rec.error == "SystemExit: 3"
+    err = pm.failures["quitter"]
+    assert isinstance(err, PluginError) and err.plugin == "quitter"
+    assert "plugin 'quitter'" in str(err) and "SystemExit" in str(err)
+    assert isinstance(err.__cause__, SystemExit)
+    assert "plugin 'quitter'" in caplog.text and "skipped" in caplog.text
+    assert pm.hook.atb_activation(name="probe") == "good"  # the others still load
+
+
+def test_sys_exit_at_import_in_strict_mode_is_a_plugin_error(plugin_env, monkeypatch):
+    plugin_env.add_plugin("quitter", "raise SystemExit('bye')\n")
+    monkeypatch.setenv("ATB_PLUGINS_STRICT", "1")
+    with pytest.raises(PluginError, match="plugin 'quitter'") as ei:
+        get_plugin_manager()
+    assert isinstance(ei.value.__cause__, SystemExit)
+
+
+def test_keyboard_interrupt_at_import_still_interrupts(plugin_env):
+    plugin_env.add_plugin("ctrlc", "raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        get_plugin_manager()
+
+
+def test_sys_exit_in_a_hook_is_a_plugin_error():
+    class Quitter(Plugin):
+        @hookimpl
+        def atb_activation(self, name):
+            raise SystemExit(2)
+
+    pm = AtbPluginManager()
+    pm.register(Quitter(), name="quitter")
+    with pytest.raises(PluginError) as ei:
+        pm.hook.atb_activation(name="x")
+    assert ei.value.plugin == "quitter" and "SystemExit" in str(ei.value)
+
+
+def test_sys_exit_at_import_in_a_real_process_keeps_it_running(tmp_path):
+    """End to end in a child process: the plugin's sys.exit(7) does not end it."""
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "atb_quitter.py").write_text("import sys\nsys.exit(7)\n")
+    info = site / "atb_quitter-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: atb-quitter\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[atb]\nquitter = atb_quitter\n")
+    code = ("from atbcore.plugin import get_plugin_manager\n"
+            "pm = get_plugin_manager()\n"
+            "print('alive', pm.records['quitter'].status)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *sys.path]))
+    env.pop("ATB_PLUGINS", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "alive failed" in r.stdout
+    assert "plugin 'quitter'" in r.stderr and "SystemExit" in r.stderr

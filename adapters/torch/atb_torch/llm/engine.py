@@ -9,6 +9,13 @@ finds no free block, the most recently admitted sequence is preempted (blocks fr
 request requeued at the front) and later recomputed from its prompt and output so
 far; its tokens do not change, since sampling is keyed by token position.
 
+A request that outgrows the whole KV cache (its prompt cannot be admitted even
+alone, or it needs a block when it is the only sequence left, or its context alone
+fills the cache) fails alone: its blocks are freed, it finishes with
+``finish_reason="error"`` and the reason in ``error`` (on the request and on its
+last event), and the other requests go on to complete with the tokens they would
+have produced without it.
+
 The cache invariant: a running sequence's cache holds every token but its last
 sampled one, which is the next step's input.
 """
@@ -61,6 +68,7 @@ class Request:
     finish_reason: str | None = None
     ctx_cached: int = 0  # context tokens served by the prefix cache at (re)admission
     key: tuple[int, int] = (0, 0)  # (seed, stream) of its sampling draws
+    error: str | None = None  # why it failed (finish_reason "error")
 
     @property
     def tokens(self) -> list[int]:
@@ -80,6 +88,7 @@ class Engine:
         self.spec = spec
         self.device = runner.device
         self._calls = 0
+        self._failed: list[TokenEvent] = []  # events of requests failed alone this step
 
     # ------------------------------------------------------------------ the loop
     def run(self, requests: Sequence[Request], sampling: SamplingConfig,
@@ -111,6 +120,8 @@ class Engine:
                     running.remove(r)
                     self.cache.free_sequence(r.seq_id)
                 stats.elapsed_s = time.perf_counter() - t0
+                failed, self._failed = self._failed, []
+                yield from failed
                 yield from events
         finally:  # a consumer that stops early must not leak KV blocks
             for r in running:
@@ -145,10 +156,12 @@ class Engine:
             try:
                 cached = self.cache.add_sequence(r.seq_id, token_ids=ctx)
             except NoFreeBlocksError:
-                if not admitted and not running:
-                    raise InputError("LLM.generate", f"prompt {r.index} does not fit the KV cache",
-                                     f"<= {self.cache.num_blocks * bs} tokens (raise num_blocks "
-                                     "or kv_cache_memory)", len(ctx)) from None
+                if not admitted and not running:  # alone and still too long: it fails alone
+                    waiting.popleft()
+                    self._fail(r, f"prompt {r.index} does not fit the KV cache: {len(ctx)} "
+                               f"tokens, the cache holds {self.cache.num_blocks * bs} (raise "
+                               "num_blocks or kv_cache_memory)")
+                    continue
                 break
             waiting.popleft()
             if not r.output:
@@ -218,24 +231,45 @@ class Engine:
         if drafts and self._can_verify(running, drafts):
             return self._verify(running, drafts, sampling, stats)
         while True:
+            if not running:  # every one of them failed for lack of cache
+                return []
             try:
                 batch = self.cache.prepare_decode([r.seq_id for r in running],
                                                   [[r.output[-1]] for r in running], 1)
                 break
             except NoFreeBlocksError:
-                self._preempt(running, waiting, stats)
+                self._make_room(running, waiting, stats)
         logits = self._forward([r.output[-1] for r in running], batch, stats)
         self.cache.mark_computed([r.seq_id for r in running])
         toks = select_tokens(logits, sampling, [r.key for r in running],
                              [len(r.tokens) for r in running])
         return [self._emit(r, [t], stats) for r, t in zip(running, toks)]
 
+    def _make_room(self, running: list[Request], waiting: deque, stats: GenerationStats) -> None:
+        """Free blocks for a decode step: a sequence that can never grow again (alone
+        in the batch, or filling the whole cache by itself) fails alone; else the most
+        recently admitted one is preempted."""
+        m = self.cache.manager
+        capacity = self.cache.num_blocks * self.cache.block_size
+        hogs = [r for r in running if m.num_tokens(r.seq_id) + 1 > capacity]
+        for r in (hogs or (running[:1] if len(running) == 1 else [])):
+            running.remove(r)
+            self._fail(r, f"request {r.index} outgrew the KV cache: it needs "
+                       f"{m.num_tokens(r.seq_id) + 1} tokens of cache, the cache holds "
+                       f"{capacity} (raise num_blocks or kv_cache_memory)")
+        if not hogs and running and len(running) > 1:
+            self._preempt(running, waiting, stats)
+
+    def _fail(self, r: Request, why: str) -> None:
+        """Finish ``r`` alone with ``finish_reason="error"``: its blocks freed, the
+        text decoded so far flushed, its event queued for the caller."""
+        if r.seq_id in self.cache.manager:
+            self.cache.free_sequence(r.seq_id)
+        r.finish_reason, r.error = "error", why
+        text, _ = r.detok.push(r.output, final=True)
+        self._failed.append(TokenEvent(r.index, [], text, "error", error=why))
+
     def _preempt(self, running: list[Request], waiting: deque, stats: GenerationStats) -> None:
-        if len(running) == 1:
-            r = running[0]
-            raise InputError("LLM.generate", f"request {r.index} outgrew the KV cache",
-                             f"<= {self.cache.num_blocks * self.cache.block_size} tokens "
-                             "(raise num_blocks or kv_cache_memory)", len(r.tokens))
         victim = running.pop()
         self.cache.free_sequence(victim.seq_id)
         call, index, life = victim.seq_id.split(":")

@@ -189,7 +189,7 @@ class LLM:
                              ignore_eos):
             pass
         return [RequestOutput(r.index, r.prompt, list(r.output), r.detok.text, r.finish_reason,
-                              r.num_cached) for r in self._last_requests]
+                              r.num_cached, r.error) for r in self._last_requests]
 
     def generate(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
                  max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,

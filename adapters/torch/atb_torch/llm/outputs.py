@@ -12,7 +12,8 @@ __all__ = ["RequestOutput", "TokenEvent", "GenerationStats"]
 class RequestOutput:
     """One prompt's result: ``text`` (stop strings cut off, special tokens skipped),
     ``token_ids`` (generated ids, an end-of-sequence id included as HF does),
-    ``prompt_token_ids``, ``finish_reason`` ("length", "eos" or "stop") and
+    ``prompt_token_ids``, ``finish_reason`` ("length", "eos", "stop", or "error" with
+    the reason in ``error``, e.g. a request that outgrew the KV cache) and
     ``num_cached_tokens`` (prompt tokens served by the prefix cache)."""
 
     index: int
@@ -21,6 +22,7 @@ class RequestOutput:
     text: str
     finish_reason: str | None
     num_cached_tokens: int = 0
+    error: str | None = None
 
 
 @dataclass
@@ -28,12 +30,14 @@ class TokenEvent:
     """A streamed step of one request: the ``token_ids`` it produced this step (several
     when speculative drafts were accepted), the new ``text`` they complete (text held
     back while it may still turn into a stop string or an incomplete character), and
-    ``finish_reason`` on its last event."""
+    ``finish_reason`` on its last event (``"error"`` with ``error`` saying why when the
+    request failed alone)."""
 
     index: int
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

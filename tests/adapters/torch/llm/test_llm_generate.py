@@ -180,5 +180,36 @@ def test_preemption_when_blocks_run_out_keeps_the_tokens(ckpt, llm):
              for p in prompts]
     assert [o.token_ids for o in outs] == alone
     assert small.cache.manager.num_used_blocks == 0
-    with pytest.raises(InputError, match="does not fit the KV cache"):
-        small.generate([5] * 200, max_new_tokens=2)
+    out, = small.generate_outputs([[5] * 200], max_new_tokens=2)  # fails alone, no raise
+    assert out.finish_reason == "error" and "does not fit the KV cache" in out.error
+    assert out.token_ids == [] and small.cache.manager.num_used_blocks == 0
+
+
+def test_a_request_that_outgrows_the_cache_fails_alone(ckpt, llm):
+    """6 blocks of 16 = 96 cached tokens: the 40-token prompt asking for 60 more
+    outgrows the cache mid-decode, the 200-token prompt never fits; each fails with
+    its reason and its blocks freed, while the two short requests complete with the
+    tokens they produce alone, and the long one keeps the tokens it had made."""
+    from atb_torch.llm import LLM
+
+    small = LLM(ckpt, num_blocks=6, block_size=16, max_batch_size=8)
+    rng = random.Random(11)
+    long_p = [rng.randrange(3, 384) for _ in range(40)]
+    short = [[rng.randrange(3, 384) for _ in range(10)] for _ in range(2)]
+    huge = [rng.randrange(3, 384) for _ in range(200)]
+    prompts = [short[0], long_p, huge, short[1]]
+    events = list(small.stream(prompts, max_new_tokens=60, ignore_eos=True))
+    outs = small.generate_outputs(prompts, max_new_tokens=60, ignore_eos=True)
+    assert small.cache.manager.num_used_blocks == 0
+    assert [o.finish_reason for o in outs] == ["length", "error", "error", "length"]
+    assert "outgrew the KV cache" in outs[1].error and "does not fit" in outs[2].error
+    last = {e.index: e for e in events}
+    assert last[1].finish_reason == "error" and last[1].error == outs[1].error
+    assert last[2].finish_reason == "error" and outs[2].token_ids == []
+    for i in (0, 3):
+        alone = llm.generate_outputs(prompts[i], max_new_tokens=60, ignore_eos=True)[0]
+        assert outs[i].token_ids == alone.token_ids and outs[i].text == alone.text
+    made = outs[1].token_ids
+    assert 0 < len(made) < 60 and len(long_p) + len(made) <= 97
+    alone = llm.generate_outputs(long_p, max_new_tokens=len(made), ignore_eos=True)[0]
+    assert made == alone.token_ids

@@ -1,0 +1,192 @@
+"""The few-row matmul C kernel on torch CPU tensors (decode GEMV and small-batch
+GEMM, optionally RmsNorm'd rows and a residual add; 32-output weight panels at any
+row count), with its bound form for prebuilt decode plans. Re-exported by
+:mod:`.torch_decode`, where its callers import it.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable
+
+import torch
+
+from atbcore.errors import InputError, ShapeError
+
+from . import torch_checks as chk
+from .threads import pool_threads
+from .torch_ops import DTYPE_CODES, _check, _deliver, _fn, _rows
+
+__all__ = ["linear_rows", "linear_rows_bound", "pack_panels", "PANEL", "LINEAR_WEIGHT_DTYPES"]
+
+# weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
+LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
+
+PANEL = 32  # ATB_PANEL in linear.c: outputs per panel of a packed weight
+
+
+def pack_panels(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``w`` [N, K] (fp32/bf16/fp16/int8) as ceil(N / 32) panels ``[P, K, 32]`` of its
+    dtype (``p[i, k, j] = w[32 i + j, k]``, zeros past N): the layout
+    :func:`linear_rows` streams with ``panels=``. ``out`` (that shape and dtype,
+    contiguous) receives it, e.g. an arena's huge pages."""
+    chk.tensor("pack_panels", "w", w, None)
+    if out is not None:
+        chk.tensor("pack_panels", "out", out, None)
+    if w.dim() != 2 or w.dtype not in LINEAR_WEIGHT_DTYPES:
+        raise ShapeError("pack_panels", "w", "an fp32/bf16/fp16/int8 [N, K] weight",
+                         f"{w.dtype} {tuple(w.shape)}")
+    n, k = w.shape
+    p = -(-n // PANEL)
+    if out is None:
+        out = torch.empty(p, k, PANEL, dtype=w.dtype)
+    if out.shape != (p, k, PANEL) or out.dtype != w.dtype or not out.is_contiguous():
+        raise ShapeError("pack_panels", "out", f"contiguous {w.dtype} {(p, k, PANEL)}",
+                         f"{out.dtype} {tuple(out.shape)}")
+    if n % PANEL:
+        out[-1].zero_()
+    full = n // PANEL
+    out[:full].copy_(w[:full * PANEL].view(full, PANEL, k).transpose(1, 2))
+    if n % PANEL:
+        out[full, :, :n % PANEL].copy_(w[full * PANEL:].t())
+    return out
+
+
+def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                accumulate: bool = False, threads: int | None = None,
+                rms_norm_eps: float | None = None,
+                rms_norm_weight: torch.Tensor | None = None,
+                panels: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w.T * scale + bias`` for few rows of ``x`` [..., K] (``w`` [N, K]); with
+    ``accumulate`` the result is added into ``out``. fp32 sums, one rounding. ``threads``
+    (default torch's intra-op count) is the most pool threads the weight rows split over.
+    With ``rms_norm_eps``, ``x`` is RmsNorm'd first (``rms_norm_weight`` optional), rounded
+    to x's dtype exactly as the separate RmsNorm kernel would store it. ``panels``:
+    ``w`` packed by :func:`pack_panels`, which the kernel then reads instead of ``w``
+    (x broadcast against 32-output panel rows, K summed in blocks of 128), at any
+    row count: more than 64 rows run in 64-row blocks on torch's OpenMP team.
+    An int8 ``w`` needs ``scale`` (fp32 [N]); ``bias`` is [N]."""
+    _linear_check("linear_rows", x, w, scale, bias, out, accumulate, rms_norm_eps,
+                  rms_norm_weight, panels)
+    if threads is not None:
+        chk.integer("linear_rows", "threads", threads, 1, 1 << 16)
+    k, n = x.shape[-1], w.shape[0]
+    shape = (*x.shape[:-1], n)
+    if x.numel() == 0 or n == 0:  # no rows or no outputs: the C kernel has nothing to do
+        if accumulate:
+            return out
+        return out if out is not None else torch.empty(shape, dtype=x.dtype)
+    x2, rows, xs = _rows(x, k)
+    y = out if (out is not None and out.shape == shape and out.dtype in DTYPE_CODES
+                and out.is_contiguous()) else None
+    if y is None:
+        if accumulate:
+            y = out.contiguous()
+        else:
+            y = torch.empty(shape, dtype=x.dtype)
+    if not w.is_contiguous():
+        w = w.contiguous()
+    if rms_norm_weight is not None and not rms_norm_weight.is_contiguous():
+        rms_norm_weight = rms_norm_weight.contiguous()
+    if scale is not None and not scale.is_contiguous():
+        scale = scale.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    head, tail = _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, rms_norm_eps,
+                                rms_norm_weight, panels)
+    _check(_fn("linear_rows")(head + _Q.pack(threads or pool_threads()) + tail), "linear_rows")
+    return _deliver(out, y)
+
+
+def _linear_check(op: str, x, w, scale, bias, out, accumulate, eps, nw, panels) -> None:
+    """Every tensor of a few-row matmul against ``x`` [..., K] and ``w`` [N, K]."""
+    chk.tensor(op, "x", x, dims=tuple(range(1, 65)))
+    # with panels, w only gives the shape and dtype (it may be a meta tensor)
+    chk.tensor(op, "w", w, LINEAR_WEIGHT_DTYPES, dims=(2,), cpu=panels is None)
+    n, k = w.shape
+    if x.shape[-1] != k:
+        raise ShapeError(op, "'x' last dim (K, w's columns)", k,
+                         f"{x.shape[-1]} (x {list(x.shape)}, w {list(w.shape)})")
+    if k == 0:
+        raise ShapeError(op, "K (the summed dim)", ">= 1", 0)
+    chk.vector(op, "scale", scale, n, (torch.float32,))
+    if w.dtype == torch.int8 and scale is None:
+        raise InputError(op, "scale", "a per-output-channel fp32 [N] scale for an int8 w",
+                         "None")
+    chk.vector(op, "bias", bias, n)
+    chk.output(op, "out", out, (*x.shape[:-1], n))
+    if accumulate and out is None:
+        raise InputError(op, "out", "a tensor to accumulate into (accumulate=True)", "None")
+    if eps is not None:
+        chk.real(op, "rms_norm_eps", eps)
+    elif nw is not None:
+        raise InputError(op, "rms_norm_eps", "a number when rms_norm_weight is given", "None")
+    chk.vector(op, "rms_norm_weight", nw, k)
+    if panels is not None:
+        chk.tensor(op, "panels", panels, LINEAR_WEIGHT_DTYPES)
+        if not _panels_fit(panels, w):
+            raise ShapeError(op, "panels", f"pack_panels of the {w.dtype} [{n}, {k}] "
+                             "weight", f"{panels.dtype} {tuple(panels.shape)}")
+
+
+def _panels_fit(panels: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``panels`` is :func:`pack_panels`' layout of a weight shaped like ``w``."""
+    n, k = w.shape
+    return (panels.dtype == w.dtype and panels.is_contiguous()
+            and panels.shape == (-(-n // PANEL), k, PANEL))
+
+
+_Q = struct.Struct("<q")
+_LINEAR_HEAD = struct.Struct("<15q")  # LinArgs up to threads
+_LINEAR_TAIL = struct.Struct("<4q2dq")  # after threads
+
+
+def _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, panels) -> tuple:
+    """LinArgs packed around its threads field: (before, after)."""
+    k, n = x2.shape[-1], w.shape[0]
+    head = _LINEAR_HEAD.pack(
+        x2.data_ptr(), w.data_ptr() if panels is None else panels.data_ptr(),
+        0 if scale is None else scale.data_ptr(),
+        0 if bias is None else bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x2.dtype],
+        LINEAR_WEIGHT_DTYPES[w.dtype], 0 if bias is None else DTYPE_CODES[bias.dtype],
+        DTYPE_CODES[y.dtype], rows, k, n, xs, w.stride(0), n)
+    tail = _LINEAR_TAIL.pack(
+        int(accumulate), int(eps is not None), 0 if nw is None else nw.data_ptr(),
+        0 if nw is None else DTYPE_CODES[nw.dtype], float(eps or 0.0), 0.0,
+        int(panels is not None))
+    return head, tail
+
+
+def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
+                      scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                      accumulate: bool = False, rms_norm_eps: float | None = None,
+                      rms_norm_weight: torch.Tensor | None = None,
+                      panels: torch.Tensor | None = None) -> Callable[[], None] | None:
+    """:func:`linear_rows` of these very buffers, its arguments packed once: the
+    returned ``call()`` reruns it (the pool's thread count read per call), for a
+    prebuilt decode plan whose ``x`` and ``out`` are fixed. None when the buffers are
+    not as the kernel reads them in place (x and out contiguous, out [..., N] in a
+    kernel dtype, w contiguous or given as panels): then call :func:`linear_rows`.
+    Bad arguments raise as in :func:`linear_rows`, here at bind time."""
+    _linear_check("linear_rows_bound", x, w, scale, bias, out, accumulate, rms_norm_eps,
+                  rms_norm_weight, panels)
+    k, n = x.shape[-1], w.shape[0]
+    if x.numel() == 0 or n == 0:
+        return None
+    if (not x.is_contiguous() or (scale is not None and not scale.is_contiguous())
+            or (bias is not None and not bias.is_contiguous()) or out.shape != (*x.shape[:-1], n) or not out.is_contiguous()
+            or out.dtype not in DTYPE_CODES or x.dtype not in DTYPE_CODES
+            or (panels is None and not w.is_contiguous())
+            or (rms_norm_weight is not None and (not rms_norm_weight.is_contiguous()
+                                                 or rms_norm_weight.numel() != k))
+            or (panels is not None and not _panels_fit(panels, w))):
+        return None
+    head, tail = _linear_fields(x, x.numel() // k, k, w, scale, bias, out, accumulate,
+                                rms_norm_eps, rms_norm_weight, panels)
+    fn, keep = _fn("linear_rows"), (x, w, out, scale, bias, rms_norm_weight, panels)
+
+    def call() -> None:
+        _check(fn(head + _Q.pack(pool_threads()) + tail), "linear_rows")
+    call.keep = keep  # type: ignore[attr-defined]  # the buffers live as long as the call
+    return call
