@@ -137,6 +137,7 @@ class ExecPlan:
     framework: str | None = None  # the caller's framework the plan was dispatched for
     programs: dict[tuple, BoundProgram] = field(default_factory=dict)
     arena_finalizer: Any = None
+    released: bool = False
     lock: Any = field(default_factory=threading.Lock)
 
     @property
@@ -178,7 +179,7 @@ class ExecPlan:
 
     def program(self, descs: Mapping[str, TensorDesc]) -> BoundProgram:
         """The bound program for these exact descriptors (built once, then cached)."""
-        key = tuple(descs[i] for i in self.graph.inputs)
+        key = self.program_key(descs)
         prog = self.programs.get(key)
         if prog is None:
             if len(self.programs) >= _MAX_PROGRAMS:
@@ -187,14 +188,28 @@ class ExecPlan:
         return prog
 
     def _run_program(self, inputs: Mapping[str, Any], descs: Mapping[str, TensorDesc]) -> list:
-        xs = [inputs[i] for i in self.graph.inputs]
+        return self.run_program(self.program_key(descs), descs,
+                                [inputs[i] for i in self.graph.inputs])
+
+    def program_key(self, descs: Mapping[str, TensorDesc]) -> tuple:
+        """The key of the bound program for these exact descriptors."""
+        return tuple(descs[i] for i in self.graph.inputs)
+
+    def run_program(self, key: tuple, descs: Mapping[str, TensorDesc] | None,
+                    xs: Sequence[Any]) -> list | None:
+        """Run the bound program ``key`` (built from ``descs`` when missing) on the
+        graph inputs ``xs`` (backend-native, in graph order), holding the plan's lock.
+        None, running nothing, when the program is gone (plan released, or program
+        evicted) and no ``descs`` were given to build it again."""
         with self.lock:
-            prog = self.program(descs)
+            prog = None if self.released else self.programs.get(key)
+            if prog is None:
+                if descs is None:
+                    return None
+                prog = self.program(descs)
             self.runs += 1
             if self.uses_torch:
-                import torch
-
-                with torch.no_grad():
+                with _no_grad():
                     return prog.run(xs)
             return prog.run(xs)
 
@@ -279,6 +294,7 @@ class ExecPlan:
     # ------------------------------------------------------------------ lifetime
     def release(self) -> None:
         """Give the arena block back to its pool (idempotent)."""
+        self.released = True
         self.programs.clear()  # they hold views of the arena
         if self.arena_finalizer is not None:
             self.arena_finalizer()  # frees the block, once
@@ -288,6 +304,12 @@ class ExecPlan:
 
 
 _MAX_PROGRAMS = 8  # exact signatures bound per plan (a bucket's shapes)
+
+
+def _no_grad() -> Any:
+    import torch
+
+    return torch.no_grad()
 
 
 def _synchronizer(device: str) -> Callable[[], None]:

@@ -25,7 +25,8 @@ from . import torch_checks as chk
 from .bindings import entry, unavailable_reason
 from .threads import pool_threads
 
-__all__ = ["why_not", "rms_norm", "layer_norm", "rope", "activation", "softmax", "DTYPE_CODES",
+__all__ = ["why_not", "rms_norm", "layer_norm", "rope", "activation", "activation_bound",
+           "softmax", "DTYPE_CODES",
            "ACT_CODES", "MAX_ROTARY_DIM", "c_launches", "log_fallback", "into", "out_at"]
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -37,7 +38,6 @@ _SM_DIMS = 8           # ATB_SM_DIMS in softmax.c
 
 _NORM = struct.Struct("<16q2d")
 _ROPE = struct.Struct("<44q")
-_ACT = struct.Struct("<14q")
 _SOFTMAX = struct.Struct(f"<13q{2 * _SM_DIMS}qqd")
 
 _calls: dict[str, Any] = {}
@@ -274,63 +274,6 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.
     return _rope_status(status, cache_len)
 
 
-def activation(x: torch.Tensor, act: str, *, up: torch.Tensor | None = None,
-               split: bool = False, bias: torch.Tensor | None = None,
-               bias_up: torch.Tensor | None = None, out: torch.Tensor | None = None
-               ) -> torch.Tensor:
-    """``act(x + bias) [* (up + bias_up)]``; ``split``: x is ``[..., 2n]`` = gate | up.
-
-    ``up`` has x's shape and dtype; ``bias``/``bias_up`` are ``[n]`` vectors of one
-    float dtype."""
-    op = "activation"
-    chk.tensor(op, "x", x, dims=tuple(range(1, 65)))
-    chk.choice(op, "act", act, ACT_CODES)
-    n = x.shape[-1] // 2 if split else x.shape[-1]
-    if split and (x.shape[-1] % 2 or up is not None):
-        raise ShapeError(op, "'x' with split=True (gate | up halves, no separate up)",
-                         "an even last dim and up=None", f"{list(x.shape)}, up "
-                         f"{'given' if up is not None else 'None'}")
-    if up is not None:
-        chk.tensor(op, "up", up, (x.dtype,))
-        if up.shape != x.shape:
-            raise ShapeError(op, "'up' shape (as x)", list(x.shape), list(up.shape))
-    elif bias_up is not None and not split:
-        raise InputError(op, "bias_up", "None without up (or split)", "a tensor")
-    chk.vector(op, "bias", bias, n)
-    chk.vector(op, "bias_up", bias_up, n)
-    if bias is not None and bias_up is not None and bias.dtype != bias_up.dtype:
-        raise ShapeError(op, "'bias_up' dtype (one dtype for both biases)", str(bias.dtype),
-                         str(bias_up.dtype))
-    shape = (*x.shape[:-1], n)
-    chk.output(op, "out", out, shape)
-    if x.numel() == 0 or n == 0:
-        return out if out is not None else torch.empty(shape, dtype=x.dtype)
-    if split:
-        n = x.shape[-1] // 2
-        x2, rows, xs = _rows(x, 2 * n)                           # [rows, 2n]
-        g_ptr = x2.data_ptr()
-        u_ptr, us = g_ptr + n * x.element_size(), xs
-        shape = (*x.shape[:-1], n)
-        y = out if (out is not None and out.dtype == x.dtype and out.shape == shape
-                    and out.is_contiguous()) else torch.empty(shape, dtype=x.dtype)
-        ys = n
-    else:
-        n = x.shape[-1]
-        x2, rows, xs = _rows(x, n)
-        g_ptr, u_ptr, us, u2 = x2.data_ptr(), 0, 0, None
-        if up is not None:
-            u2, _, us = _rows(up, n)
-            u_ptr = u2.data_ptr()
-        y, ys = _out(out, x, n)
-    bp, bdt, bk = _vec(bias)
-    bup, budt, buk = _vec(bias_up)
-    args = _ACT.pack(g_ptr, u_ptr, y.data_ptr(), bp, bup, DTYPE_CODES[x.dtype], bdt or budt,
-                     ACT_CODES[act], rows, n, xs, us, ys,
-                     pool_threads())
-    _check(_fn("activation")(args), "activation")
-    return _deliver(out, y)
-
-
 _NO_LEAD = (1,) * _SM_DIMS + (0,) * _SM_DIMS
 
 
@@ -416,3 +359,7 @@ def into(out: list | None, i: int, y: torch.Tensor) -> torch.Tensor:
 def out_at(out: list | None, i: int) -> torch.Tensor | None:
     """``out[i]`` or None."""
     return None if out is None or i >= len(out) else out[i]
+
+
+# the activation kernel lives in its own module; callers import it from here
+from .torch_act import activation, activation_bound  # noqa: E402

@@ -19,7 +19,8 @@ import torch
 from ...ops.ffn import ffn_layout
 from ...runtime.binding import Slot, resolve
 from ..cpu_kernels import torch_ops as ck
-from ..cpu_kernels.torch_decode import linear_rows
+from ..cpu_kernels.torch_act import activation_bound
+from ..cpu_kernels.torch_linear import linear_rows, linear_rows_bound, linear_rows_bound_out
 from .activation import c_activation
 from .weight_layout import panels, panels_enabled
 
@@ -77,36 +78,101 @@ class CpuFfn:
             pan, meta = panels(ins[w], lay.transposed[w])
             self.weights[w] = (meta, pan, ins.get(w[:-1] + "b"))
 
-    def _linear(self, x: torch.Tensor, w: str, out: torch.Tensor, accumulate: bool = False
-                ) -> None:
+    def _buffers(self, rows: int, ws: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The fp32 workspace views: (first projection outputs..., h)."""
+        inter = self.lay.inter
+        if self.p.gate_up_merged:
+            gu = ws[:rows * 2 * inter].view(rows, 2 * inter)               # [T, 2I] gate|up
+            return gu, ws[rows * 2 * inter:rows * 3 * inter].view(rows, inter)   # h [T, I]
+        h = ws[:rows * inter].view(rows, inter)                            # gate (or up), then h
+        if len(self.first) == 2:
+            return h, ws[rows * inter:rows * 2 * inter].view(rows, inter), h    # gate, up, h
+        return h, h                                                        # up, h
+
+    def _first(self, x2: torch.Tensor, bufs: tuple) -> list[tuple[torch.Tensor, str, Any]]:
+        """(input, weight name, output) of each first projection."""
+        return [(x2, w, b) for w, b in zip(self.first, bufs)]
+
+    def _act_args(self, bufs: tuple) -> tuple[torch.Tensor, dict]:
+        if self.p.gate_up_merged:
+            return bufs[0], {"split": True, "out": bufs[1]}
+        if len(self.first) == 2:
+            return bufs[0], {"up": bufs[1], "out": bufs[2]}
+        return bufs[0], {"out": bufs[1]}
+
+    def _linear_args(self, w: str) -> tuple[torch.Tensor, dict]:
         meta, pan, b = self.weights[w]
-        linear_rows(x, meta, bias=b, out=out, accumulate=accumulate, panels=pan)
+        return meta, {"bias": b, "panels": pan}
 
     def run(self, x: torch.Tensor, residual: torch.Tensor | None, y: torch.Tensor,
             ws: torch.Tensor) -> None:
         """``y`` [..., H] in x's dtype; ``ws`` fp32 with ``rows * ws_floats`` elements."""
         lay, rows = self.lay, x.numel() // self.lay.hidden
-        x2 = x.reshape(rows, lay.hidden)                                   # [T, H]
-        inter = lay.inter
-        if self.p.gate_up_merged:
-            gu = ws[:rows * 2 * inter].view(rows, 2 * inter)               # [T, 2I] fp32
-            h = ws[rows * 2 * inter:rows * 3 * inter].view(rows, inter)    # [T, I] fp32
-            self._linear(x2, "gate_up_w", gu)
-            ck.activation(gu, self.act, split=True, out=h)
-        elif len(self.first) == 2:
-            h = ws[:rows * inter].view(rows, inter)                        # gate, then h
-            u = ws[rows * inter:rows * 2 * inter].view(rows, inter)
-            self._linear(x2, "gate_w", h)
-            self._linear(x2, "up_w", u)
-            ck.activation(h, self.act, up=u, out=h)
-        else:
-            h = ws[:rows * inter].view(rows, inter)                        # up, then h
-            self._linear(x2, "up_w", h)
-            ck.activation(h, self.act, out=h)
+        bufs = self._buffers(rows, ws)
+        for xi, w, out in self._first(x.reshape(rows, lay.hidden), bufs):     # [T, H]
+            meta, kw = self._linear_args(w)
+            linear_rows(xi, meta, out=out, **kw)
+        g, kw = self._act_args(bufs)
+        ck.activation(g, self.act, **kw)
         y2 = y.view(rows, lay.hidden)                                      # [T, H]
         if residual is not None:
             y2.copy_(residual.reshape(rows, lay.hidden))
-        self._linear(h, "down_w", y2, accumulate=residual is not None)
+        meta, kw = self._linear_args("down_w")
+        linear_rows(bufs[-1], meta, out=y2, accumulate=residual is not None, **kw)
+
+    def bind(self, x: Any, residual: Any, y: Any, ws: torch.Tensor) -> Callable[[list], None]:
+        """The steps of :meth:`run` bound once: a tensor argument is a fixed buffer (its
+        C call packed now), a :class:`Slot` one read per call from ``env``."""
+        xd = x.desc.shape if type(x) is Slot else x.shape
+        rows = 1
+        for d in xd[:-1]:
+            rows *= int(d)
+        hid, bufs = self.lay.hidden, self._buffers(rows, ws)
+        steps: list[Callable[[list], None]] = []
+        for _, w, out in self._first(None, bufs):
+            meta, kw = self._linear_args(w)
+            if type(x) is Slot:
+                steps.append(lambda env, meta=meta, kw=kw, out=out: linear_rows(
+                    resolve(x, env).reshape(rows, hid), meta, out=out, **kw))
+            else:
+                x2 = x.reshape(rows, hid)
+                call = linear_rows_bound(x2, meta, out, **kw) or (
+                    lambda x2=x2, meta=meta, out=out, kw=kw: linear_rows(x2, meta, out=out, **kw))
+                steps.append(lambda env, call=call: call())
+        g, kw = self._act_args(bufs)
+        act = activation_bound(g, self.act, **kw) or (
+            lambda: ck.activation(g, self.act, **kw))
+        steps.append(lambda env: act())
+        meta, kw = self._linear_args("down_w")
+        acc = residual is not None
+        if residual is not None:
+            steps.append(lambda env: resolve(y, env).copy_(resolve(residual, env)))
+        h = bufs[-1]
+        if type(y) is Slot:
+            like = torch.empty(y.desc.shape, dtype=y.desc.dtype.torch)
+            down = linear_rows_bound_out(h.view(*y.desc.shape[:-1], -1), meta, like,
+                                         accumulate=acc, **kw) or (
+                lambda out: linear_rows(h, meta, out=out.view(rows, hid), accumulate=acc, **kw))
+            steps.append(lambda env: down(env[y.index]))
+        else:
+            call = linear_rows_bound(h.view(*y.shape[:-1], -1), meta, y, accumulate=acc,
+                                     **kw) or (lambda: linear_rows(
+                                         h, meta, out=y.view(rows, hid), accumulate=acc, **kw))
+            steps.append(lambda env: call())
+        if len(steps) == 4:
+            s0, s1, s2, s3 = steps
+
+            def run4(env: list) -> None:
+                s0(env)
+                s1(env)
+                s2(env)
+                s3(env)
+            return run4
+
+        def run(env: list) -> None:
+            for step in steps:
+                step(env)
+        return run
 
 
 def shapes_of(ins: dict[str, Any]) -> dict[str, Any]:
@@ -139,8 +205,4 @@ def bind_cpu_ffn(p: Any, ins: dict[str, Any], outs: list, ctx: Any
         rows *= int(d)
     ctx.note_pool_rows(rows)
     ws = ctx.workspace.view(torch.float32)
-    r, y = ins.get("residual"), outs[0]
-
-    def call(env: list) -> None:
-        ffn.run(resolve(x, env), None if r is None else resolve(r, env), resolve(y, env), ws)
-    return call
+    return ffn.bind(x, ins.get("residual"), outs[0], ws)
