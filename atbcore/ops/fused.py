@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..dtypes import Dtype
-from ..errors import InputError
+from ..errors import InputError, ParamsError
 from ..tensor import TensorDesc
 from .activation import get_activation
 from .attention import (LAYOUTS, FlashAttentionParams, attention_dims, split_packed,
@@ -70,6 +70,9 @@ class RopeFlashAttentionParams(Params):
         if rt is None:
             self.fail("rotary_type", f"one of {sorted(ROTARY_TYPES)}", repr(self.rotary_type))
         object.__setattr__(self, "rotary_type", rt)
+        # RoPE's own checks (base, rotary_dim, max_seq_len ...) at build time, under this
+        # op's name: the user built a RopeFlashAttention, not a RoPE
+        rope_part(self, self.num_heads, self.num_kv_heads, self.head_dim, self.layout)
 
 
 def attention_part(p: RopeFlashAttentionParams) -> FlashAttentionParams:
@@ -82,10 +85,13 @@ def attention_part(p: RopeFlashAttentionParams) -> FlashAttentionParams:
 def rope_part(p: RopeFlashAttentionParams, heads: int, kv_heads: int, head_dim: int,
               layout: str) -> RoPEParams:
     """The RoPE params inside ``p`` for resolved attention geometry."""
-    return RoPEParams(head_dim=head_dim, num_heads=heads, num_kv_heads=kv_heads,
-                      rotary_dim=p.rotary_dim, base=p.base, rotary_type=p.rotary_type,
-                      layout=layout, max_seq_len=p.max_seq_len, position_offset=p.position_offset,
-                      dtype=p.dtype)
+    try:
+        return RoPEParams(head_dim=head_dim, num_heads=heads, num_kv_heads=kv_heads,
+                          rotary_dim=p.rotary_dim, base=p.base, rotary_type=p.rotary_type,
+                          layout=layout, max_seq_len=p.max_seq_len,
+                          position_offset=p.position_offset, dtype=p.dtype)
+    except ParamsError as e:
+        raise ParamsError(p.OP, e.what, e.expected, e.given) from None
 
 
 _ROPE_INS = ("position_ids", "cos", "sin")
