@@ -37,7 +37,7 @@ from .base import (FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_param_dtype
                    expect_same_dtype, f64)
 from .registry import register_op
 
-__all__ = ["FlashAttentionParams", "AttnDims", "attention_dims", "ref_attention",
+__all__ = ["FlashAttentionParams", "AttnDims", "attention_dims", "ref_attention", "effective_window",
            "visible_keys", "validate_head_params", "host_ints", "split_packed", "INT_DTYPES", "LAYOUTS"]
 
 LAYOUTS = ("BSH", "BNSD", "BSND")
@@ -70,6 +70,15 @@ def validate_head_params(p: Params) -> None:
     if not isinstance(p.causal, (bool, np.bool_)):
         p.fail("causal", "a bool", repr(p.causal))
     object.__setattr__(p, "causal", bool(p.causal))
+
+
+def effective_window(window: int | None, q_len: int, kv_len: int) -> int | None:
+    """``window``, or None when it reaches past every key a causal row can see
+    (``window >= q_len + kv_len``): such a window is plain causal attention, and
+    kernels that hold positions in int32 never see a window they would wrap."""
+    if window is None or window >= q_len + kv_len:
+        return None
+    return window
 
 
 @dataclass(frozen=True)
@@ -276,11 +285,16 @@ def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, 
                 else:
                     s = s + mc
             s = np.where(allow, s, -np.inf)
+            # a row that sees no key (every score -inf) gives zeros; any other row
+            # follows the arithmetic, so NaN/Inf in q, k or v propagate as in torch
+            # (a NaN score makes the max NaN, not -inf: that row is NaN, not empty)
             mx = s.max(axis=-1, keepdims=True)
-            seen = np.isfinite(mx)
-            e = np.exp(s - np.where(seen, mx, 0.0))
-            o = (e @ v[b][:, None]) / np.where(seen, e.sum(-1, keepdims=True), 1)  # [Hkv, G, c, D]
-            out[b, :, r0:r1] = np.where(seen, o, 0.0).reshape(h, r1 - r0, d)
+            seen = ~np.isneginf(mx)
+            mx = np.where(seen, mx, 0.0)
+            with np.errstate(invalid="ignore", over="ignore"):
+                e = np.where(allow, np.exp(s - mx), 0.0)
+                o = (e @ v[b][:, None]) / np.where(seen, e.sum(-1, keepdims=True), 1)
+            out[b, :, r0:r1] = np.where(seen, o, 0.0).reshape(h, r1 - r0, d)  # [Hkv, G, c, D]
     return out
 
 
