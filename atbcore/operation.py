@@ -152,7 +152,9 @@ class Operation:
             return [empty_like_desc(d, backend.native, native) for d in out_descs]
         try:
             return backend.run(self.opdef, self.params, native)
-        except AtbError:
+        except AtbError as e:
+            if e.op != self.name:  # a kernel helper's own check: say which op the user ran
+                raise type(e)(self.name, f"{e.op}: {e.what}", e.expected, e.given) from e
             raise
         except MemoryError as e:
             raise AtbError(self.name, f"{backend.name} kernel ran out of memory",

@@ -284,13 +284,13 @@ def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, 
                     allow = allow & mc
                 else:
                     s = s + mc
+                    allow = allow & (mc > -np.inf)  # an additive -inf hides the key too
             s = np.where(allow, s, -np.inf)
-            # a row that sees no key (every score -inf) gives zeros; any other row
-            # follows the arithmetic, so NaN/Inf in q, k or v propagate as in torch
-            # (a NaN score makes the max NaN, not -inf: that row is NaN, not empty)
-            mx = s.max(axis=-1, keepdims=True)
-            seen = ~np.isneginf(mx)
-            mx = np.where(seen, mx, 0.0)
+            # a row that sees no key gives zeros; any other row follows the
+            # arithmetic, so NaN/Inf in q, k or v propagate as in torch (a NaN or
+            # data-made -inf max makes the row NaN, as torch's softmax does)
+            seen = allow.any(axis=-1, keepdims=True)
+            mx = np.where(seen, s.max(axis=-1, keepdims=True), 0.0)
             with np.errstate(invalid="ignore", over="ignore"):
                 e = np.where(allow, np.exp(s - mx), 0.0)
                 o = (e @ v[b][:, None]) / np.where(seen, e.sum(-1, keepdims=True), 1)

@@ -160,6 +160,9 @@ def _c_reason(p, ins, dims: AttnDims, q: torch.Tensor, k: torch.Tensor) -> str |
         return why
     if ins.get("mask") is not None:
         return "an explicit mask"
+    for name, t in (("q", q), ("k", k), ("v", ins.get("v"))):
+        if t is not None and t.dim() and t.stride(-1) != 1:
+            return f"input {name!r} has a strided head dim (stride {t.stride(-1)})"
     if dims.head_dim > MAX_HEAD_DIM:
         return f"head_dim {dims.head_dim} > {MAX_HEAD_DIM}"
     return None
