@@ -146,8 +146,6 @@ def _not_supported(backend: Any, op: str, params: dict, ins: list) -> str:
 def verify_fusions(rules: list[str] | None, backend_names: list[str] | None,
                    dtypes: list[str] | None) -> list[Row]:
     """One row per (fusion rule, backend, dtype); see the module docstring."""
-    import numpy as np
-
     from ..dtypes import Dtype
     from ..numerics import compare
     from ..passes.pipeline import FusionConfig, run_pipeline
@@ -184,7 +182,6 @@ def verify_fusions(rules: list[str] | None, backend_names: list[str] | None,
     for rule in sorted(missing):  # a rule no graph exercises is reported, not hidden
         rows.append(Row("fusion", rule, "-", "-", float("nan"), 0.0, "SKIP",
                         "no verify graph exercises this rule"))
-    del np
     return rows
 
 
