@@ -38,7 +38,8 @@ from .base import (FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_param_dtype
 from .registry import register_op
 
 __all__ = ["FlashAttentionParams", "AttnDims", "attention_dims", "ref_attention", "effective_window",
-           "visible_keys", "validate_head_params", "host_ints", "split_packed", "INT_DTYPES", "LAYOUTS"]
+           "visible_keys", "validate_head_params", "check_seq_lens", "host_ints", "split_packed",
+           "INT_DTYPES", "LAYOUTS"]
 
 LAYOUTS = ("BSH", "BNSD", "BSND")
 INT_DTYPES = frozenset({Dtype.INT32, Dtype.INT64})
@@ -298,6 +299,20 @@ def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, 
     return out
 
 
+def check_seq_lens(op: str, p: FlashAttentionParams, ins: Mapping[str, Any]) -> None:
+    """Every ``seq_lens`` value in ``1..Skv``; errors name ``op`` (FlashAttention, or
+    the fused op around it)."""
+    lens = ins.get("seq_lens")
+    if lens is None:
+        return
+    dims = attention_dims(op, p, {n: None if x is None else TensorDesc.of(x)
+                                  for n, x in ins.items()})
+    vals = host_ints(lens)
+    bad = (vals < 1) | (vals > dims.kv_len)
+    if bad.any():
+        raise InputError(op, "input 'seq_lens' values", f"in 1..{dims.kv_len}", vals.tolist())
+
+
 def _np_to_bnsd(x: np.ndarray, layout: str, heads: int) -> np.ndarray:
     if layout == "BNSD":
         return x
@@ -365,16 +380,7 @@ class FlashAttention(OpDef):
         return [TensorDesc(q.shape, q.dtype)]
 
     def check_values(self, p, ins):
-        lens = ins.get("seq_lens")
-        if lens is None:
-            return
-        dims = attention_dims(self.name, p, {n: None if x is None else TensorDesc.of(x)
-                                             for n, x in ins.items()})
-        vals = host_ints(lens)
-        bad = (vals < 1) | (vals > dims.kv_len)
-        if bad.any():
-            raise InputError(self.name, "input 'seq_lens' values", f"in 1..{dims.kv_len}",
-                             vals.tolist())
+        check_seq_lens(self.name, p, ins)
 
     def reference(self, p, ins):
         q, k, v = ins["q"], ins["k"], ins["v"]

@@ -29,12 +29,12 @@ from ..dtypes import Dtype
 from ..errors import InputError, ParamsError
 from ..tensor import TensorDesc
 from .activation import get_activation
-from .attention import (LAYOUTS, FlashAttentionParams, attention_dims, split_packed,
-                        validate_head_params)
+from .attention import (LAYOUTS, FlashAttentionParams, attention_dims, check_seq_lens,
+                        split_packed, validate_head_params)
 from .base import OpDef, Params, f64
 from .linear import LinearParams, _check_linear, ref_linear
 from .registry import get_op, register_op
-from .rope import ROTARY_TYPES, RoPEParams, rope_geometry
+from .rope import ROTARY_TYPES, RoPEParams, check_positions, rope_geometry
 
 __all__ = ["RopeFlashAttentionParams", "LinearActivationParams", "rope_part", "attention_part"]
 
@@ -146,10 +146,9 @@ class RopeFlashAttention(OpDef):
     def check_values(self, p, ins):
         descs = {n: None if x is None else TensorDesc.of(x) for n, x in ins.items()}
         dims, (q, k, v) = self._split(p, descs)
-        rp = rope_part(p, dims.heads, dims.kv_heads, dims.head_dim, dims.layout)
-        get_op("RoPE").check_values(rp, {n: ins.get(n) for n in _ROPE_INS} | {"q": None})
+        check_positions(self.name, ins.get("position_ids"), ins.get("cos"))
         if not dims.packed:
-            get_op("FlashAttention").check_values(attention_part(p), {
+            check_seq_lens(self.name, attention_part(p), {
                 n: ins.get(n) for n in ("q", "k", "v", *_ATTN_INS)})
 
     def reference(self, p, ins):

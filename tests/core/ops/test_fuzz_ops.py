@@ -58,10 +58,23 @@ def _array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.n
 
 
 def mutate(op: str, data: st.DataObject) -> tuple[dict, list, str | None]:
-    """The sample call of ``op`` with one thing bent; (params, inputs, outputs kind)."""
+    """The sample call of ``op`` with one or two things bent; (params, inputs,
+    outputs kind)."""
     params, ins = sample_call(op, data.draw(st.sampled_from(["fp32", "fp16", "bf16"])))
+    outputs, kinds = None, ["param", "shape", "dtype", "values", "outputs"]
+    for _ in range(data.draw(st.integers(1, 2))):
+        kind = data.draw(st.sampled_from(kinds))
+        # one value bend per call: 300.0 next to inf makes a weight underflow to 0
+        # in fp32 (0 * inf = NaN) but not in the float64 reference (tiny * inf = inf)
+        kinds = [k for k in kinds if k != kind or k != "values"]
+        params, ins, out_kind = _bend(op, params, ins, data, kind)
+        outputs = out_kind or outputs
+    return params, ins, outputs
+
+
+def _bend(op: str, params: dict, ins: list, data: st.DataObject, kind: str
+          ) -> tuple[dict, list, str | None]:
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
-    kind = data.draw(st.sampled_from(["param", "shape", "dtype", "values", "outputs"]))
     i = data.draw(st.integers(0, len(ins) - 1))
     x = ins[i]
     if kind == "param":
