@@ -29,8 +29,12 @@ class Operation:
 
     ``execute(inputs, outputs=None)`` returns the list of outputs in the framework
     of the first input. When ``outputs`` is given, results are written into those
-    tensors (shapes and dtypes are checked first; nothing is written on error),
-    and :class:`TensorDesc` placeholders in the list are replaced by the results.
+    tensors and :class:`TensorDesc` placeholders in the list are replaced by the
+    results. Every given output is checked first (shape, dtype, writable: not a
+    read-only array, not a meta or self-overlapping tensor) and every result is
+    computed before the first is written, so a failed call writes nothing. Each
+    failure a caller can cause, a kernel's own included, is an :class:`AtbError`
+    naming this op.
     """
 
     def __init__(self, opdef: OpDef, params: Params, backend: str | None = None,
