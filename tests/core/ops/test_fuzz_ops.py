@@ -11,7 +11,8 @@ suite stays fast and a failure reproduces.
 
 Strided and sliced inputs reach the C kernels' pointer arithmetic, where a bug
 is a segfault rather than an exception: those run in a child process, and a
-crash fails the test by name instead of taking pytest down.
+crash fails the test by name instead of taking pytest down. Last, the fixed
+probes behind the issue's figures (``probe.py``) must find nothing on any op.
 """
 
 from __future__ import annotations
@@ -156,3 +157,16 @@ def test_strided_inputs_in_a_child_process(op):
     assert r.returncode == 0, f"{op}: child died with {r.returncode}: {r.stderr[-2000:]}"
     found = json.loads(r.stdout.strip().splitlines()[-1])
     assert not found, f"{op}: {found}"
+
+
+# ----------------------------------------------------------------------------- the issue's probes
+
+@pytest.mark.parametrize("op", OPS)
+def test_issue_probes_find_nothing(op):
+    """The probe behind issue 19's figures (bad param types, zero-row and 0-d inputs,
+    NaN/Inf, read-only / meta / overlapping outputs, scale -0.3, window 2**32+1,
+    max_seq_len 2**40 ...) finds nothing on any op."""
+    from probe import probe_op
+
+    found = probe_op(op)
+    assert not any(found.values()), {k: v for k, v in found.items() if v}
