@@ -117,6 +117,10 @@ class Operation:
         names = self.opdef.input_names
         native = {n: None for n in names}
         bound = self.opdef.bind(self.params, inputs)
+        for in_idx in self.opdef.inplace.values():  # caches the op writes in place
+            x = bound.get(names[in_idx])
+            if x is not None:
+                check_writable(self.name, f"input {names[in_idx]!r} (written in place)", x)
         for n, x in bound.items():
             native[n] = None if x is None else convert(x, backend.native)
         self.opdef.check_values(self.params, native)

@@ -139,3 +139,14 @@ def test_kernel_runtime_error_becomes_atb_error(monkeypatch):
     with pytest.raises(AtbError, match=r"^RmsNorm: torch kernel failed.*status -1") as ei:
         build("RmsNorm", params).execute([torch.from_numpy(x) for x in ins])
     assert isinstance(ei.value.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+@pytest.mark.parametrize("op, cache", [("ReshapeAndCache", 3), ("RopeKVCache", 4)])
+def test_read_only_cache_written_in_place_is_refused(backend, op, cache):
+    params, ins = sample_call(op)
+    ins[cache].flags.writeable = False  # a cache the op could only pretend to fill
+    before = [np.array(x, copy=True) for x in ins]
+    with pytest.raises(InputError, match=rf"^{op}: input '\w+' \(written in place\) is read-only"):
+        build(op, params, backend).execute(ins)
+    assert all(np.array_equal(a, b) for a, b in zip(ins, before))
