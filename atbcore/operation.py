@@ -120,7 +120,13 @@ class Operation:
         for in_idx in self.opdef.inplace.values():  # caches the op writes in place
             x = bound.get(names[in_idx])
             if x is not None:
-                check_writable(self.name, f"input {names[in_idx]!r} (written in place)", x)
+                what = f"input {names[in_idx]!r} (written in place)"
+                check_writable(self.name, what, x)
+                if isinstance(x, np.ndarray) and backend.native != "numpy" \
+                        and any(st < 0 for st in x.strides):
+                    raise InputError(self.name, f"{what} has negative strides",
+                                     "an array the kernel can write through (no negative strides)",
+                                     f"strides {list(x.strides)}")
         for n, x in bound.items():
             native[n] = None if x is None else convert(x, backend.native)
         self.opdef.check_values(self.params, native)
@@ -137,7 +143,9 @@ class Operation:
             if isinstance(slot, TensorDesc) or slot is None:
                 outputs[i] = convert(r, framework)
             else:
-                copy_into(slot, r, backend.native)
+                # a NumPy slot is written by NumPy: a torch view of a negative-stride
+                # array would be a copy, and the values would never reach the caller
+                copy_into(slot, r, "numpy" if isinstance(slot, np.ndarray) else backend.native)
         return outputs
 
     def _infer(self, descs: Mapping[str, TensorDesc | None]) -> list[TensorDesc]:

@@ -150,3 +150,16 @@ def test_read_only_cache_written_in_place_is_refused(backend, op, cache):
     with pytest.raises(InputError, match=rf"^{op}: input '\w+' \(written in place\) is read-only"):
         build(op, params, backend).execute(ins)
     assert all(np.array_equal(a, b) for a, b in zip(ins, before))
+
+
+def test_negative_stride_numpy_outputs_and_caches():
+    params, ins = sample_call("RmsNorm")
+    ref, = build("RmsNorm", params, "numpy").execute(ins)
+    out = np.zeros(ref.shape[::-1], ref.dtype).T[::-1]  # negative strides, right shape
+    build("RmsNorm", params).execute(ins, [out])
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)  # the values arrived
+    params, ins = sample_call("ReshapeAndCache")
+    ins[2] = np.zeros(ins[2].shape[::-1], ins[2].dtype).T  # fine: torch can alias it
+    ins[3] = np.ascontiguousarray(ins[3][::-1])[::-1]  # negative strides: torch would copy
+    with pytest.raises(InputError, match=r"^ReshapeAndCache: input 'value_cache' .* negative"):
+        build("ReshapeAndCache", params).execute(ins)
