@@ -7,7 +7,10 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import os
+import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -161,7 +164,7 @@ class Operation:
 
     def _run(self, backend: Any, native: dict[str, Any], out_descs: list[TensorDesc]) -> list:
         """The kernel's results; a kernel that fails becomes an AtbError naming the op."""
-        if out_descs and all(-1 not in d.shape and d.numel == 0 for d in out_descs) \
+        if out_descs and all(-1 not in d.shape and math.prod(d.shape) == 0 for d in out_descs) \
                 and not self.opdef.inplace:
             # nothing to compute: empty results without asking a kernel that may not
             # take zero rows
@@ -262,6 +265,7 @@ def destroy_operations(ops: Sequence[Operation]) -> None:
 # ----------------------------------------------------------------------------- output checks
 
 
+@functools.cache
 def _memory_bytes() -> int:
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -272,7 +276,8 @@ def _memory_bytes() -> int:
 def check_output_sizes(op: str, descs: Sequence[TensorDesc]) -> None:
     """Refuse a call whose outputs could never fit in this machine's memory, before
     anything is allocated (a huge ``max_seq_len`` asks for terabytes otherwise)."""
-    total = sum(d.nbytes for d in descs if -1 not in d.shape)
+    # math.prod, not TensorDesc.nbytes (np.prod): this runs on every call
+    total = sum(math.prod(d.shape) * d.dtype.itemsize for d in descs if -1 not in d.shape)
     limit = _memory_bytes()
     if total > limit:
         shapes = [list(d.shape) for d in descs]
@@ -290,10 +295,9 @@ def check_writable(op: str, what: str, t: Any) -> None:
             raise InputError(op, f"{what} is read-only", "a writeable array",
                              "an array with flags.writeable = False")
         return
-    if framework_of(t) != "torch":
+    torch = sys.modules.get("torch")  # a torch tensor implies torch is imported
+    if torch is None or not isinstance(t, torch.Tensor):
         return
-    import torch
-
     if t.device.type == "meta":
         raise DeviceError(op, f"{what} device", "a device with memory (cpu, cuda, ...)",
                           "meta (a tensor without data)")
