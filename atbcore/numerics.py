@@ -69,7 +69,8 @@ def compare(actual: Any, golden: Any, dtype: Dtype | str | None = None) -> Compa
     diff = np.where(both_nan, 0.0, diff)
     same_inf = np.isinf(a) & np.isinf(g) & (np.sign(a) == np.sign(g))
     diff = np.where(same_inf, 0.0, diff)
-    err = diff / np.maximum(np.abs(np.where(np.isinf(g), 1.0, g)), 1.0)
+    # a non-finite golden scales by 1 (a NaN golden matched by NaN has diff 0 above)
+    err = diff / np.maximum(np.abs(np.where(np.isfinite(g), g, 1.0)), 1.0)
     err = np.where(np.isnan(err), np.inf, err)
     ratio = float(np.mean(err <= tol))
     return CompareResult(ratio >= share, dtype, tol, ratio, share, float(err.max()),

@@ -37,8 +37,9 @@ from .base import (FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_param_dtype
                    expect_same_dtype, f64)
 from .registry import register_op
 
-__all__ = ["FlashAttentionParams", "AttnDims", "attention_dims", "ref_attention",
-           "visible_keys", "validate_head_params", "host_ints", "split_packed", "INT_DTYPES", "LAYOUTS"]
+__all__ = ["FlashAttentionParams", "AttnDims", "attention_dims", "ref_attention", "effective_window",
+           "visible_keys", "validate_head_params", "check_seq_lens", "host_ints", "split_packed",
+           "INT_DTYPES", "LAYOUTS"]
 
 LAYOUTS = ("BSH", "BNSD", "BSND")
 INT_DTYPES = frozenset({Dtype.INT32, Dtype.INT64})
@@ -70,6 +71,15 @@ def validate_head_params(p: Params) -> None:
     if not isinstance(p.causal, (bool, np.bool_)):
         p.fail("causal", "a bool", repr(p.causal))
     object.__setattr__(p, "causal", bool(p.causal))
+
+
+def effective_window(window: int | None, q_len: int, kv_len: int) -> int | None:
+    """``window``, or None when it reaches past every key a causal row can see
+    (``window >= q_len + kv_len``): such a window is plain causal attention, and
+    kernels that hold positions in int32 never see a window they would wrap."""
+    if window is None or window >= q_len + kv_len:
+        return None
+    return window
 
 
 @dataclass(frozen=True)
@@ -275,13 +285,32 @@ def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, 
                     allow = allow & mc
                 else:
                     s = s + mc
+                    allow = allow & (mc > -np.inf)  # an additive -inf hides the key too
             s = np.where(allow, s, -np.inf)
-            mx = s.max(axis=-1, keepdims=True)
-            seen = np.isfinite(mx)
-            e = np.exp(s - np.where(seen, mx, 0.0))
-            o = (e @ v[b][:, None]) / np.where(seen, e.sum(-1, keepdims=True), 1)  # [Hkv, G, c, D]
-            out[b, :, r0:r1] = np.where(seen, o, 0.0).reshape(h, r1 - r0, d)
+            # a row that sees no key gives zeros; any other row follows the
+            # arithmetic, so NaN/Inf in q, k or v propagate as in torch (a NaN or
+            # data-made -inf max makes the row NaN, as torch's softmax does)
+            seen = allow.any(axis=-1, keepdims=True)
+            mx = np.where(seen, s.max(axis=-1, keepdims=True), 0.0)
+            with np.errstate(invalid="ignore", over="ignore"):
+                e = np.where(allow, np.exp(s - mx), 0.0)
+                o = (e @ v[b][:, None]) / np.where(seen, e.sum(-1, keepdims=True), 1)
+            out[b, :, r0:r1] = np.where(seen, o, 0.0).reshape(h, r1 - r0, d)  # [Hkv, G, c, D]
     return out
+
+
+def check_seq_lens(op: str, p: FlashAttentionParams, ins: Mapping[str, Any]) -> None:
+    """Every ``seq_lens`` value in ``1..Skv``; errors name ``op`` (FlashAttention, or
+    the fused op around it)."""
+    lens = ins.get("seq_lens")
+    if lens is None:
+        return
+    dims = attention_dims(op, p, {n: None if x is None else TensorDesc.of(x)
+                                  for n, x in ins.items()})
+    vals = host_ints(lens)
+    bad = (vals < 1) | (vals > dims.kv_len)
+    if bad.any():
+        raise InputError(op, "input 'seq_lens' values", f"in 1..{dims.kv_len}", vals.tolist())
 
 
 def _np_to_bnsd(x: np.ndarray, layout: str, heads: int) -> np.ndarray:
@@ -351,16 +380,7 @@ class FlashAttention(OpDef):
         return [TensorDesc(q.shape, q.dtype)]
 
     def check_values(self, p, ins):
-        lens = ins.get("seq_lens")
-        if lens is None:
-            return
-        dims = attention_dims(self.name, p, {n: None if x is None else TensorDesc.of(x)
-                                             for n, x in ins.items()})
-        vals = host_ints(lens)
-        bad = (vals < 1) | (vals > dims.kv_len)
-        if bad.any():
-            raise InputError(self.name, "input 'seq_lens' values", f"in 1..{dims.kv_len}",
-                             vals.tolist())
+        check_seq_lens(self.name, p, ins)
 
     def reference(self, p, ins):
         q, k, v = ins["q"], ins["k"], ins["v"]

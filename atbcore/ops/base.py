@@ -81,9 +81,17 @@ class Params:
             v = getattr(self, f.name)
             if f.name == "dtype" and v is not None and not isinstance(v, Dtype):
                 object.__setattr__(self, f.name, _coerce_dtype(self.OP, v))
-            elif isinstance(v, list):
-                object.__setattr__(self, f.name, tuple(v))
-        self.validate()
+            else:
+                if isinstance(v, list):
+                    v = tuple(v)
+                object.__setattr__(self, f.name, _check_type(self.OP, f.name, str(f.type), v))
+        try:
+            self.validate()
+        except (TypeError, ValueError, OverflowError) as e:
+            # a value of the right type that a validate() could not read (a list
+            # holding a string, ...): still the user's params, still a ParamsError
+            raise ParamsError(self.OP, "parameters", "values of the documented types",
+                              f"{e}") from None
 
     def validate(self) -> None:
         """Raise :class:`ParamsError` for values out of range; subclasses override."""
@@ -134,6 +142,35 @@ class Params:
 
     def fail(self, what: str, expected: Any, given: Any) -> None:
         raise ParamsError(self.OP, what, expected, given)
+
+
+# Plain scalar annotations checked (and normalised) before ``validate`` runs, so a
+# string where an int belongs fails at build time, not deep inside a kernel.
+_SCALAR_TYPES = {"int", "float", "bool", "str"}
+# Ints beyond this cannot be sizes, dims or positions any kernel takes (int64).
+INT_LIMIT = 2 ** 62
+
+
+def _check_type(op: str, name: str, annotation: str, v: Any) -> Any:
+    kinds = {k.strip() for k in annotation.split("|")}
+    if v is None and "None" in kinds:
+        return v
+    scalar = kinds & _SCALAR_TYPES
+    if not scalar or not kinds <= _SCALAR_TYPES | {"None"}:
+        return v  # Any, Dtype, ...: the params class validates these itself
+    is_bool = isinstance(v, (bool, np.bool_))
+    if "bool" in scalar and is_bool:
+        return bool(v)
+    if "int" in scalar and isinstance(v, (int, np.integer)) and not is_bool:
+        if abs(int(v)) > INT_LIMIT:
+            raise ParamsError(op, f"parameter {name!r}", f"an int of magnitude <= 2**62", repr(v))
+        return int(v)
+    if "float" in scalar and isinstance(v, (int, float, np.integer, np.floating)) and not is_bool:
+        return float(v)
+    if "str" in scalar and isinstance(v, str):
+        return v
+    want = " or ".join(sorted(kinds - {"None"})) + (" or None" if "None" in kinds else "")
+    raise ParamsError(op, f"parameter {name!r}", f"{want}", f"{v!r} ({type(v).__name__})")
 
 
 def _coerce_dtype(op: str, v: Any) -> Dtype:

@@ -26,15 +26,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..dtypes import Dtype
-from ..errors import InputError
+from ..errors import InputError, ParamsError
 from ..tensor import TensorDesc
 from .activation import get_activation
-from .attention import (LAYOUTS, FlashAttentionParams, attention_dims, split_packed,
-                        validate_head_params)
+from .attention import (LAYOUTS, FlashAttentionParams, attention_dims, check_seq_lens,
+                        split_packed, validate_head_params)
 from .base import OpDef, Params, f64
 from .linear import LinearParams, _check_linear, ref_linear
 from .registry import get_op, register_op
-from .rope import ROTARY_TYPES, RoPEParams, rope_geometry
+from .rope import ROTARY_TYPES, RoPEParams, check_positions, rope_geometry
 
 __all__ = ["RopeFlashAttentionParams", "LinearActivationParams", "rope_part", "attention_part"]
 
@@ -70,6 +70,9 @@ class RopeFlashAttentionParams(Params):
         if rt is None:
             self.fail("rotary_type", f"one of {sorted(ROTARY_TYPES)}", repr(self.rotary_type))
         object.__setattr__(self, "rotary_type", rt)
+        # RoPE's own checks (base, rotary_dim, max_seq_len ...) at build time, under this
+        # op's name: the user built a RopeFlashAttention, not a RoPE
+        rope_part(self, self.num_heads, self.num_kv_heads, self.head_dim, self.layout)
 
 
 def attention_part(p: RopeFlashAttentionParams) -> FlashAttentionParams:
@@ -82,10 +85,13 @@ def attention_part(p: RopeFlashAttentionParams) -> FlashAttentionParams:
 def rope_part(p: RopeFlashAttentionParams, heads: int, kv_heads: int, head_dim: int,
               layout: str) -> RoPEParams:
     """The RoPE params inside ``p`` for resolved attention geometry."""
-    return RoPEParams(head_dim=head_dim, num_heads=heads, num_kv_heads=kv_heads,
-                      rotary_dim=p.rotary_dim, base=p.base, rotary_type=p.rotary_type,
-                      layout=layout, max_seq_len=p.max_seq_len, position_offset=p.position_offset,
-                      dtype=p.dtype)
+    try:
+        return RoPEParams(head_dim=head_dim, num_heads=heads, num_kv_heads=kv_heads,
+                          rotary_dim=p.rotary_dim, base=p.base, rotary_type=p.rotary_type,
+                          layout=layout, max_seq_len=p.max_seq_len,
+                          position_offset=p.position_offset, dtype=p.dtype)
+    except ParamsError as e:
+        raise ParamsError(p.OP, e.what, e.expected, e.given) from None
 
 
 _ROPE_INS = ("position_ids", "cos", "sin")
@@ -140,10 +146,9 @@ class RopeFlashAttention(OpDef):
     def check_values(self, p, ins):
         descs = {n: None if x is None else TensorDesc.of(x) for n, x in ins.items()}
         dims, (q, k, v) = self._split(p, descs)
-        rp = rope_part(p, dims.heads, dims.kv_heads, dims.head_dim, dims.layout)
-        get_op("RoPE").check_values(rp, {n: ins.get(n) for n in _ROPE_INS} | {"q": None})
+        check_positions(self.name, ins.get("position_ids"), ins.get("cos"))
         if not dims.packed:
-            get_op("FlashAttention").check_values(attention_part(p), {
+            check_seq_lens(self.name, attention_part(p), {
                 n: ins.get(n) for n in ("q", "k", "v", *_ATTN_INS)})
 
     def reference(self, p, ins):

@@ -50,7 +50,7 @@ def load_builtin_ops() -> None:
     from . import __path__ as ops_path
 
     for mod in sorted(pkgutil.iter_modules(ops_path), key=lambda m: m.name):
-        if mod.name not in ("base", "registry"):
+        if mod.name not in ("base", "registry", "samples"):
             importlib.import_module(f"{__package__}.{mod.name}")
 
 

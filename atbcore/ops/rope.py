@@ -38,7 +38,7 @@ from .base import (FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_param_dtype
 from .registry import register_op
 
 __all__ = ["RoPEParams", "RoPE", "ROTARY_TYPES", "LAYOUTS", "rope_angles", "rope_cos_sin",
-           "apply_rope_np"]
+           "apply_rope_np", "check_positions"]
 
 # accepted spelling -> canonical rotary type
 ROTARY_TYPES = {
@@ -353,16 +353,7 @@ class RoPE(OpDef):
         return outs
 
     def check_values(self, p, ins):
-        pos = ins.get("position_ids")
-        if pos is None or _numel(pos) == 0:
-            return
-        lo, hi = int(pos.min()), int(pos.max())
-        if lo < 0:
-            raise InputError(self.name, "position_ids values", ">= 0", f"min {lo}")
-        cos = ins.get("cos")
-        if cos is not None and hi >= cos.shape[0]:
-            raise InputError(self.name, "position_ids values (index into the cos/sin table)",
-                             f"< {cos.shape[0]}", f"max {hi}")
+        check_positions(self.name, ins.get("position_ids"), ins.get("cos"))
 
     def reference(self, p, ins):
         descs = {n: (None if v is None else TensorDesc(np.shape(v), Dtype.of(np.asarray(v).dtype)))
@@ -382,6 +373,19 @@ class RoPE(OpDef):
             y = apply_rope_np(xh, cos, sin, p.rotary_type).reshape(np.shape(x))
             outs.append(y.astype(np.asarray(x).dtype))
         return outs
+
+
+def check_positions(op: str, pos: Any, cos: Any) -> None:
+    """``position_ids`` (NumPy or torch) are >= 0 and, with a cos/sin table, index
+    into it; errors name ``op`` (RoPE, or the fused op that rotates)."""
+    if pos is None or _numel(pos) == 0:
+        return
+    lo, hi = int(pos.min()), int(pos.max())
+    if lo < 0:
+        raise InputError(op, "position_ids values", ">= 0", f"min {lo}")
+    if cos is not None and hi >= cos.shape[0]:
+        raise InputError(op, "position_ids values (index into the cos/sin table)",
+                         f"< {cos.shape[0]}", f"max {hi}")
 
 
 def _numel(x: Any) -> int:

@@ -30,7 +30,7 @@ from ..errors import InputError, ShapeError
 from ..tensor import TensorDesc
 from .base import OpDef, expect_rank, expect_same_dtype, expect_shape
 from .registry import get_op, register_op
-from .rope import RoPEParams, rope_geometry
+from .rope import RoPEParams, check_positions, rope_geometry
 
 __all__ = ["RopeKVCache", "cache_rows"]
 
@@ -79,8 +79,7 @@ class RopeKVCache(OpDef):
         return [ins["q"], ins["key_cache"], ins["value_cache"]]
 
     def check_values(self, p, ins):
-        get_op("RoPE").check_values(p, {"position_ids": ins.get("position_ids"),
-                                        "cos": ins.get("cos")})
+        check_positions(self.name, ins.get("position_ids"), ins.get("cos"))
         pos = ins.get("position_ids")
         if pos is not None and len(pos.shape) and int(np.prod(tuple(pos.shape))):
             hi, n = int(pos.max()), TensorDesc.of(ins["key_cache"]).shape[1]

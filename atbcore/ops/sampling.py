@@ -11,8 +11,13 @@ TopkToppSampling is deterministic for a seed and identical on every backend:
 5. the kept probabilities' cumulative sum is renormalised to end at exactly 1 and
    the first candidate whose cumsum exceeds ``u`` is the sampled id.
 
-``temperature == 0`` is greedy (argmax, first maximum). Rows whose logits are
-all ``-inf`` or NaN have no distribution; their result is unspecified.
+``temperature == 0`` is greedy (argmax, first maximum).
+
+Non-finite logits follow one rule on every backend: a NaN logit counts as
+``-inf`` (that candidate is never picked, greedy or sampled); when a row holds
+``+inf`` logits the whole mass is shared equally by them (the limit of the
+softmax); a row with no finite or ``+inf`` logit at all (every one ``-inf`` or
+NaN) picks id 0.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from .base import FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_rank, f64
 from .registry import register_op
 from .shape import norm_dim
 
-__all__ = ["ArgmaxParams", "SamplingParams", "sampling_uniforms", "sample_sorted"]
+__all__ = ["ArgmaxParams", "SamplingParams", "sampling_uniforms", "sample_sorted", "finite_logits",
+           "sampling_weights"]
 
 _ARGMAX_DTYPES = FLOAT_DTYPES | {Dtype.INT8, Dtype.UINT8, Dtype.INT32, Dtype.INT64}
 
@@ -101,10 +107,29 @@ def sampling_uniforms(seed: int, rows: int) -> np.ndarray:
     return np.random.default_rng(int(seed)).random(rows)
 
 
+def finite_logits(x, xp):
+    """Logits with NaN read as ``-inf`` (``xp`` is numpy or torch): the rule of the
+    module docstring, shared by the reference and the kernels."""
+    return xp.where(xp.isnan(x), -xp.inf if xp is np else float("-inf"), x)
+
+
+def sampling_weights(sl, xp):
+    """Unnormalised softmax weights of descending logits ``sl`` [B, V] (the max
+    first), with the module docstring's rule for +inf and all -inf rows."""
+    top = sl[:, :1]
+    with np.errstate(invalid="ignore"):
+        e = xp.exp(sl - top)
+    pos_inf = xp.isposinf(top)
+    e = xp.where(pos_inf, xp.isposinf(sl) * 1.0, e)      # +inf rows: the +inf share
+    first = xp.zeros_like(e)
+    first[:, 0] = 1.0
+    return xp.where(xp.isneginf(top), first, e)           # nothing finite: id sorted first
+
+
 def sample_sorted(sorted_logits: np.ndarray, u: np.ndarray, p: SamplingParams) -> np.ndarray:
     """Steps 3-5 on float64 logits already divided by the temperature and sorted in
     descending order: the position (in sorted order) each row samples."""
-    e = np.exp(sorted_logits - sorted_logits[:, :1])  # [B, V], the max is first
+    e = sampling_weights(sorted_logits, np)  # [B, V], the max is first
     probs = e / e.sum(axis=-1, keepdims=True)
     v = probs.shape[-1]
     keep = np.ones_like(probs, dtype=bool)
@@ -143,7 +168,7 @@ class TopkToppSampling(OpDef):
         return [x.replace(shape=(x.shape[0],), dtype=Dtype.INT64)]
 
     def reference(self, p, ins):
-        x = f64(ins["logits"])
+        x = finite_logits(f64(ins["logits"]), np)
         if p.temperature == 0.0:
             return [np.argmax(x, axis=-1).astype(np.int64)]
         x = x / p.temperature

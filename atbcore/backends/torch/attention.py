@@ -8,22 +8,29 @@ each chunk seeing only the key range it can reach, so neither scores nor a mask 
 ``[Sq, Skv]`` is ever materialised whole.
 
 On the CPU, attention with no ``mask`` runs as the C prefill attention
-(:mod:`atbcore.backends.cpu_kernels.torch_prefill`) unless it is tiny: causal and
-window rules and per-row ``seq_lens`` are applied per key block inside the kernel,
-causal blocks past a row block are skipped, half inputs are read as they are.
-Measured here against SDPA (2 cores): 8 heads on 2 KV heads, head_dim 64, causal
-64 tokens 1.5x, 512 2.0x, 1024 1.6x; 32 on 8, head_dim 128, 4 x 256 tokens 1.6x;
-BERT-base shapes (32 x 128, full) 1.14x; a 16-token causal block 0.75x (the call's
-fixed cost), so blocks under 64 x 64 scores with no positions to apply stay SDPA.
+(:mod:`atbcore.backends.cpu_kernels.torch_prefill`): causal and window rules and
+per-row ``seq_lens`` are applied per key block inside the kernel, causal blocks
+past a row block are skipped, half inputs are read as they are. Tiny blocks go
+there too, although SDPA's call costs less for them: torch's fused CPU kernel
+gets non-finite inputs wrong (a row whose only visible score is NaN comes out
+finite, a NaN in a masked-out key leaks into other rows, a negative scale makes
+causal rows NaN), and the C kernel follows the reference's arithmetic.
+
+Where SDPA still runs on the CPU (an explicit mask, no C compiler) one sum per
+input tells finite inputs from the rest, and non-finite ones take the written-out
+masked softmax; a negative scale is folded into q (``q * s = (-q) * |s|``).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from ...ops.attention import AttnDims, attention_dims, split_packed
+from ...ops.attention import AttnDims, attention_dims, effective_window, split_packed
 from ...tensor import TensorDesc
+from ..cpu_kernels import torch_ops as ck
 from . import kernel
 
 __all__ = ["sdpa_attention", "to_bnsd", "from_bnsd", "CHUNK"]
@@ -62,7 +69,18 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
     skv = k.shape[2]
     gqa = k.shape[1] != h
     causal = causal or window is not None
-    if mask is None and kv_lens is None and window is None:
+    window = effective_window(window, sq, skv)
+    if scale < 0:
+        # torch's fused CPU kernel masks causal scores with -inf before scaling, so a
+        # negative scale turns them into +inf and the rows into NaN; q * scale . k is
+        # (-q) * |scale| . k, which every SDPA kernel gets right
+        q, scale = -q, -scale
+    # torch's fused kernels let a NaN/Inf in a masked-out key leak into rows that do
+    # not see it (or drop one a row does see); non-finite inputs take the plain
+    # masked-softmax path, whose result is the reference's
+    exact = q.device.type == "cpu" and not all_finite(q, k, v)
+    attend = _math_attention if exact else F.scaled_dot_product_attention
+    if mask is None and kv_lens is None and window is None and not exact:
         if not causal or sq == 1 or sq == skv:
             # causal with one query row at the end sees every key: no mask at all.
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal and sq == skv > 1,
@@ -99,19 +117,37 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
                 torch.where(am, mc, torch.tensor(float("-inf"), dtype=q.dtype, device=dev))
         seen = am.any(-1, keepdim=True) if am.dtype == torch.bool else \
             (am > float("-inf")).any(-1, keepdim=True)
-        o = F.scaled_dot_product_attention(q[:, :, r0:r1], k[:, :, lo:hi], v[:, :, lo:hi],
-                                           attn_mask=am, scale=scale, enable_gqa=gqa)
+        o = attend(q[:, :, r0:r1], k[:, :, lo:hi], v[:, :, lo:hi], attn_mask=am, scale=scale,
+                   enable_gqa=gqa)
         # some SDPA backends give NaN for a row with no visible key; we define zeros.
         out[:, :, r0:r1] = o.masked_fill(~seen, 0.0)
     return out
+
+
+def all_finite(*xs: torch.Tensor) -> bool:
+    """True when no tensor holds NaN or Inf: one reduction each (a sum of finite
+    values that overflows reads as non-finite, which only costs the exact path)."""
+    return math.isfinite(sum(float(x.sum()) for x in xs))
+
+
+def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                    attn_mask: torch.Tensor, scale: float, enable_gqa: bool) -> torch.Tensor:
+    """softmax(q k^T * scale, masked) v written out: masked keys never contribute
+    and non-finite values propagate exactly as the reference's arithmetic does."""
+    if enable_gqa:  # [B, Hkv, S, D] -> [B, H, S, D]
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
+    return torch.softmax(s, -1) @ v
 
 
 def _descs(ins) -> dict[str, TensorDesc | None]:
     return {n: None if x is None else TensorDesc.of(x) for n, x in ins.items()}
 
 
-# scores per batch row and head from which SDPA's work goes to the C kernel
-C_MIN_SCORES = 64 * 64
+# launches of all_finite(q, k, v): the SDPA path's check on the CPU
+FINITE_CHECK_LAUNCHES = 3
 
 
 def _c_reason(p, ins, dims: AttnDims, q: torch.Tensor, k: torch.Tensor) -> str | None:
@@ -124,12 +160,11 @@ def _c_reason(p, ins, dims: AttnDims, q: torch.Tensor, k: torch.Tensor) -> str |
         return why
     if ins.get("mask") is not None:
         return "an explicit mask"
+    for name, t in (("q", q), ("k", k), ("v", ins.get("v"))):
+        if t is not None and t.dim() and t.stride(-1) != 1:
+            return f"input {name!r} has a strided head dim (stride {t.stride(-1)})"
     if dims.head_dim > MAX_HEAD_DIM:
         return f"head_dim {dims.head_dim} > {MAX_HEAD_DIM}"
-    positions = (p.window is not None or ins.get("seq_lens") is not None
-                 or (p.causal and dims.q_len != dims.kv_len))
-    if not positions and dims.q_len * dims.kv_len < C_MIN_SCORES:
-        return "a tiny block with no positions to apply: SDPA's call costs less"
     return None
 
 
@@ -148,7 +183,8 @@ def _run_c(p, ins, dims: AttnDims, q: torch.Tensor, k: torch.Tensor,
     prefill_attention(bshd(q, h), bshd(k, dims.kv_heads), bshd(v, dims.kv_heads),
                       scale=p.scale if p.scale is not None else dims.scale_default,
                       kv_lens=None if lens is None else lens.tolist(),
-                      causal=p.causal, window=p.window, out=bshd(out, h))
+                      causal=p.causal or p.window is not None,
+                      window=effective_window(p.window, sq, dims.kv_len), out=bshd(out, h))
     return out
 
 
@@ -173,9 +209,10 @@ def _run(p, ins, dims: AttnDims) -> torch.Tensor:
     return from_bnsd(o, dims.layout).to(ins["q"].dtype)
 
 
-@kernel("FlashAttention", impl="C prefill attention on the CPU (no mask, past 64 x 64 scores "
-        "or with positions), else torch scaled_dot_product_attention (fp32 compute, "
-        "query-chunked when a mask is built)")
+@kernel("FlashAttention", impl="C prefill attention on the CPU (no mask), else torch "
+        "scaled_dot_product_attention (fp32 compute, query-chunked when a mask is built; "
+        "on the CPU non-finite inputs take the written-out softmax)",
+        launches=ck.c_launches(1 + FINITE_CHECK_LAUNCHES))
 def flash_attention(p, ins):
     dims = attention_dims("FlashAttention", p, _descs(ins))
     return [_run(p, ins, dims).contiguous()]

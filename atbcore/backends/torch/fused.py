@@ -13,6 +13,7 @@ from ...ops.registry import get_op
 from ...tensor import TensorDesc
 from ..cpu_kernels import torch_ops as ck
 from . import TORCH_KERNELS, kernel
+from .activation import c_activation
 from .rope import rope_with_v
 
 __all__: list[str] = []
@@ -23,7 +24,7 @@ def _part(op: str):
 
 
 @kernel("RopeFlashAttention", impl="C rope of q, k + contiguous v in one kernel (CPU; else torch "
-        "rotary + copy) + torch scaled_dot_product_attention", launches=ck.c_launches(12, with_c=2))
+        "rotary + copy) + torch scaled_dot_product_attention", launches=ck.c_launches(15, with_c=2))
 def rope_flash_attention(p, ins):
     descs = {n: None if x is None else TensorDesc.of(x) for n, x in ins.items()}
     dims, _ = get_op("RopeFlashAttention")._split(p, descs)
@@ -46,7 +47,17 @@ def linear_activation(p, ins):
     x, w, b = ins["x"], ins["weight"], ins.get("bias")
     if p.quant is not None:
         y, = _part("Linear")(p.linear(), ins)
-        return [act.torch(y.float()).to(x.dtype)]
+        return [_activate(act, y.float()).to(x.dtype)]
     wf = w.float() if p.transpose_weight else w.float().t()            # [out, in]
     y = F.linear(x.float(), wf, None if b is None else b.float())
-    return [act.torch(y).to(x.dtype)]
+    return [_activate(act, y).to(x.dtype)]
+
+
+def _activate(act, y):
+    """The activation the unfused graph's activation op would apply (the C kernel
+    for built-ins on the CPU), so fusing does not change a value, not even at
+    +-inf, where torch's vectorized gelu gives NaN and the formula gives inf."""
+    name, why = c_activation(act)
+    if not (why or ck.why_not(y)):
+        return ck.activation(y, name)
+    return act.torch(y)

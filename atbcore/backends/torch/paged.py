@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import paged_decode_attention as c_paged_decode_attention
 from ..cpu_kernels.torch_decode import reshape_and_cache as c_reshape_and_cache
+from ...ops.attention import effective_window
 from .attention import sdpa_attention
 from . import kernel
 
@@ -90,15 +91,18 @@ def paged_attention(p, ins):
     lens = ctx.long()
     if qsl is None or t == bt.shape[0]:  # one query per sequence (sum(q_seq_lens) == B)
         why = ck.why_not(q, kc, vc)
+        # one query per sequence sits at its last position: a window past the whole
+        # cache is no window (and never wraps in the kernel's int32 positions)
+        window = effective_window(p.window, 1, nb * bs)
         if why is None and kc.dtype == vc.dtype and d <= 512:
-            return [c_paged_decode_attention(q, kc, vc, bt, ctx, scale=scale, window=p.window)]
+            return [c_paged_decode_attention(q, kc, vc, bt, ctx, scale=scale, window=window)]
         ck.log_fallback("PagedAttention", why or "head_dim > 512 or mixed cache dtypes")
         nblk = -(-int(lens.max()) // bs)
         table = bt[:, :nblk].long().clamp(0, nb - 1)  # entries past a context may be padding
         # [B, nblk*BS, Hkv, D] gathered copies
         n = table.shape[1] * bs
         return [paged_decode_attention(q, _gather(kc, table), _gather(vc, table), scale,
-                                       decode_mask(lens, n, p.window))]
+                                       decode_mask(lens, n, window))]
     qlens = [int(x) for x in qsl.tolist()]
     out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     start = 0

@@ -122,7 +122,8 @@ def _token_cos_sin(p: RoPEParams, g: RopeGeometry, ins: dict, device: torch.devi
     need = int(ids.max()) + 1 if ids.numel() else 1
     if need > MAX_TABLE_LEN:
         return _cos_sin_at(ids, g.rotary_dim, p.base, p.rotary_type, device, torch.float32)
-    ct, st = rope_tables(g.rotary_dim, p.base, p.rotary_type, max(need, int(p.max_seq_len)), device)
+    ct, st = rope_tables(g.rotary_dim, p.base, p.rotary_type,
+                         max(need, min(int(p.max_seq_len), MAX_TABLE_LEN)), device)
     return ct[ids], st[ids]
 
 
@@ -225,7 +226,8 @@ def rope_c(p: RoPEParams, g: RopeGeometry, ins: dict, q_out: Any = None, k_out: 
         ct, st = _cos_sin_at(ids, rd, p.base, p.rotary_type, q.device, torch.float32)
         _call(op, q, k, ct, st, table_len=g.seq, **kw)
         return [qo] if k is None else [qo, ko]
-    length = int(p.max_seq_len) if pos is not None else start + g.seq
+    # max_seq_len only sizes the first table: never past MAX_TABLE_LEN, whatever it says
+    length = min(int(p.max_seq_len), MAX_TABLE_LEN) if pos is not None else start + g.seq
     for _ in range(2):
         ct, st = rope_tables(rd, p.base, p.rotary_type, length, q.device)
         need = _call(op, q, k, ct, st, pos=pos, table_len=ct.shape[0],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ops.sampling import sampling_uniforms
+from ...ops.sampling import finite_logits, sampling_uniforms, sampling_weights
 from . import kernel
 
 __all__ = ["argmax", "topk_topp_sampling"]
@@ -21,7 +21,7 @@ def argmax(p, ins):
 
 def _sample_sorted(sl: torch.Tensor, u: torch.Tensor, p) -> torch.Tensor:
     # sl: [B, V] float64 logits / temperature, sorted descending
-    e = torch.exp(sl - sl[:, :1])
+    e = sampling_weights(sl, torch)
     probs = e / e.sum(dim=-1, keepdim=True)
     v = probs.shape[-1]
     keep = torch.ones_like(probs, dtype=torch.bool)
@@ -40,12 +40,12 @@ def _sample_sorted(sl: torch.Tensor, u: torch.Tensor, p) -> torch.Tensor:
 
 
 @kernel("TopkToppSampling", impl="torch sort + cumsum inverse-CDF sampling (float64)",
-        launches=23)
+        launches=33)
 def topk_topp_sampling(p, ins):
-    x = ins["logits"]
+    x = finite_logits(ins["logits"].double(), torch)
     if p.temperature == 0.0:
         return [torch.argmax(x, dim=-1)]
-    x = x.double() / p.temperature
+    x = x / p.temperature
     sl, order = torch.sort(x, dim=-1, descending=True, stable=True)
     u = torch.from_numpy(sampling_uniforms(p.seed, x.shape[0])).to(x.device)
     pos = _sample_sorted(sl, u, p)

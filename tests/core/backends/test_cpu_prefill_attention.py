@@ -220,8 +220,9 @@ def test_flash_attention_op_takes_c_kernel(layout, params, sq, skv, lens):
     assert_close(out, lay(torch.from_numpy(ref).float()), "fp32", f"FlashAttention {layout}")
 
 
-def test_tiny_blocks_stay_with_sdpa():
-    """A block under 64 x 64 scores with no positions to apply runs SDPA (cheaper call)."""
+def test_tiny_blocks_run_the_c_kernel_and_keep_nan_rows():
+    """A block under 64 x 64 scores also runs the C kernel: torch's fused SDPA drops
+    the NaN of a row whose only visible key is NaN (issue 19), the C kernel does not."""
     import atbcore as atb
 
     q, k, v = (torch.randn(1, 8, 4, 16) for _ in range(3))
@@ -229,9 +230,15 @@ def test_tiny_blocks_stay_with_sdpa():
                                                       {"num_heads": 4, "layout": "BSND"})
     with LaunchCounter() as c:
         out, = op.execute([q, k, v])
-    assert "prefill_attention" not in c.ops
+    assert c.ops == ["prefill_attention"]
     sdpa = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     assert_close(out, sdpa.transpose(1, 2), "fp32", "tiny block")
+    k[0, 0, 0, 0] = float("nan")  # head 0's key 0: the only key row 0 sees under causal
+    causal = atb.Builder(backend="torch").build_operation(
+        "FlashAttention", {"num_heads": 4, "layout": "BSND", "causal": True})
+    out, = causal.execute([q, k, v])
+    assert out[:, :, 0].isnan().all()  # every row of head 0 sees key 0
+    assert out[:, :, 1:].isfinite().all()
 
 
 def test_masked_call_logs_why_sdpa_ran(caplog):

@@ -205,7 +205,10 @@ static void softmax_block(float *St, float *Ot, float *mx, float *sum, const int
 #ifdef ATB_AVX512
     for (int64_t c = 0; c < Mp; c += 16) {
         const __m512i pv = _mm512_loadu_si512(pos + c);
-        const __m512i lowv = _mm512_sub_epi32(pv, _mm512_set1_epi32((int32_t)window));
+        /* positions are int32 lanes: a window past INT32_MAX sees every earlier key
+         * anyway, so saturate it rather than let the cast wrap it negative */
+        const int32_t w32 = window > INT32_MAX ? INT32_MAX : (int32_t)window;
+        const __m512i lowv = _mm512_sub_epi32(pv, _mm512_set1_epi32(w32));
         __mmask16 vis[FL_BK];
         __m512 bm = _mm512_set1_ps(-INFINITY);
         for (int j = 0; j < nk; ++j) {

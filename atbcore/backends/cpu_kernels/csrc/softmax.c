@@ -81,7 +81,11 @@ ATB_API int64_t atb_softmax(const void *args) {
         for (int64_t j = 0; j < n; ++j) mx = z[j] > mx ? z[j] : mx;
         /* fp32: exponentials go straight into y (x was read into z already) */
         float *o = dt == ATB_F32 ? (float *)P(a.y) + r * a.y_stride : z;
-        if (mx == -INFINITY && a.empty_rows_zero) {
+        /* the max skips NaN: a row whose only visible values are NaN is not empty,
+         * it is NaN (as torch gives), so look before zeroing it */
+        int empty = mx == -INFINITY && a.empty_rows_zero;
+        for (int64_t j = 0; empty && j < n; ++j) empty = z[j] == z[j];
+        if (empty) {
             memset(o, 0, (size_t)n * sizeof(float));
         } else {
             float sum = 0.0f;

@@ -1,0 +1,153 @@
+"""Graphs spelled from primitive ops that ``atb verify`` fuses to check every
+fusion rule: a LLaMA decoder layer (RMSNorm written out, separate q/k/v, RoPE,
+attention as MatMul/Softmax/MatMul, gated MLP) and a BERT-style MLP block
+(Linear + bias add, exact GELU, residual + LayerNorm). Between them every
+built-in rule fires; :func:`rule_graphs` says which graph exercises which rule.
+
+Weights are drawn in float64, rounded once to the dtype, and the same rounded
+values build a float32 twin of the graph: the twin's NumPy run is the golden
+result both the fused and the unfused graph are measured against.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..dtypes import Dtype
+from ..graph.builder import GraphBuilder
+from ..graph.ir import Graph
+from ..tensor import TensorDesc
+
+__all__ = ["GRAPHS", "build"]
+
+B, S, HID, HEADS, INTER = 2, 8, 32, 4, 64
+
+
+def _weights(rng: np.random.Generator, shapes: dict[str, tuple[int, ...]], dt: Dtype,
+             scale: float = 0.2) -> dict[str, np.ndarray]:
+    # rounded to dt, held as float32 so both twins carry identical values
+    return {k: (rng.standard_normal(s) * scale).astype(dt.numpy).astype(np.float32)
+            for k, s in shapes.items()}
+
+
+def _rms(b: GraphBuilder, x: str, w: str, eps: str, name: str) -> str:
+    sq, = b.add_node("Elewise", [x, x], {"elewise_type": "mul"}, name=f"{name}.square")
+    ms, = b.add_node("ReduceMean", [sq], {"dim": -1, "keepdim": True}, name=f"{name}.mean")
+    ad, = b.add_node("Elewise", [ms, eps], {"elewise_type": "add"}, name=f"{name}.add_eps")
+    rs, = b.add_node("Elewise", [ad], {"elewise_type": "rsqrt"}, name=f"{name}.rsqrt")
+    xn, = b.add_node("Elewise", [x, rs], {"elewise_type": "mul"}, name=f"{name}.normalize")
+    y, = b.add_node("Elewise", [w, xn], {"elewise_type": "mul"}, name=name)
+    return y
+
+
+def llama_layer(dt: Dtype, w: dict[str, np.ndarray]) -> Graph:
+    """One LLaMA decoder layer from primitives (causal mask as a constant)."""
+    d = HID // HEADS
+    b = GraphBuilder("verify_llama_layer")
+    x = b.add_input("x", TensorDesc((B, S, HID), dt))
+    ids = {k: b.add_weight(k, v.astype(dt.numpy)) for k, v in w.items()}
+    mask = np.triu(np.full((S, S), -np.inf), 1).astype(dt.numpy)
+    m = b.add_weight("causal_mask", mask)
+    eps = b.add_weight("rms_eps", np.array([1e-6], dt.numpy))
+    h = _rms(b, x, ids["ln1"], eps, "input_layernorm")
+    q, = b.add_node("Linear", [h, ids["wq"]], name="q_proj")
+    k, = b.add_node("Linear", [h, ids["wk"]], name="k_proj")
+    v, = b.add_node("Linear", [h, ids["wv"]], name="v_proj")
+    q, k = b.add_node("RoPE", [q, k], {"num_heads": HEADS, "num_kv_heads": HEADS}, name="rope")
+    heads = []
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        t4 = b.reshape(t, (B, -1, HEADS, d), name=f"{name}_heads")            # [B, S, N, D]
+        tt, = b.add_node("Transpose", [t4], {"perm": (0, 2, 1, 3)}, name=f"{name}_bnsd")
+        heads.append(tt)                                                      # [B, N, S, D]
+    qt, kt, vt = heads
+    k_t, = b.add_node("Transpose", [kt], {"perm": (0, 1, 3, 2)}, name="k_transposed")
+    s, = b.add_node("MatMul", [qt, k_t], name="scores")                       # [B, N, S, S]
+    s, = b.add_node("Elewise", [s], {"elewise_type": "muls", "scalar": d ** -0.5}, name="scale")
+    s, = b.add_node("Elewise", [s, m], {"elewise_type": "add"}, name="mask_add")
+    p, = b.add_node("Softmax", [s], {"dim": -1}, name="softmax")
+    o, = b.add_node("MatMul", [p, vt], name="context")                        # [B, N, S, D]
+    o, = b.add_node("Transpose", [o], {"perm": (0, 2, 1, 3)}, name="context_bsnd")
+    o = b.reshape(o, (B, -1, HID), name="context_bsh")                        # [B, S, H]
+    a, = b.add_node("Linear", [o, ids["wo"]], name="o_proj")
+    r1, = b.add_node("Elewise", [x, a], {"elewise_type": "add"}, name="attn_residual")
+    h2 = _rms(b, r1, ids["ln2"], eps, "post_attention_layernorm")
+    g, = b.add_node("Linear", [h2, ids["wg"]], name="gate_proj")
+    u, = b.add_node("Linear", [h2, ids["wu"]], name="up_proj")
+    ga, = b.add_node("SiLU", [g], name="act")
+    mu, = b.add_node("Elewise", [ga, u], {"elewise_type": "mul"}, name="gate_mul")
+    dn, = b.add_node("Linear", [mu, ids["wd"]], name="down_proj")
+    out, = b.add_node("Elewise", [r1, dn], {"elewise_type": "add"}, name="out")
+    b.mark_output(out)
+    return b.build()
+
+
+def llama_weights(rng: np.random.Generator, dt: Dtype) -> dict[str, np.ndarray]:
+    w = _weights(rng, {"wq": (HID, HID), "wk": (HID, HID), "wv": (HID, HID), "wo": (HID, HID),
+                       "wg": (INTER, HID), "wu": (INTER, HID), "wd": (HID, INTER)}, dt)
+    w["ln1"] = (1 + 0.1 * rng.standard_normal(HID)).astype(dt.numpy).astype(np.float32)
+    w["ln2"] = (1 + 0.1 * rng.standard_normal(HID)).astype(dt.numpy).astype(np.float32)
+    return w
+
+
+def mlp_block(dt: Dtype, w: dict[str, np.ndarray]) -> Graph:
+    """BERT-style: Linear + bias add -> exact GELU -> Linear -> residual add -> LayerNorm."""
+    b = GraphBuilder("verify_mlp_block")
+    x = b.add_input("x", TensorDesc((B, S, HID), dt))
+    ids = {k: b.add_weight(k, v.astype(dt.numpy)) for k, v in w.items()}
+    h, = b.add_node("Linear", [x, ids["w1"]], name="fc1")
+    h, = b.add_node("Elewise", [h, ids["b1"]], {"elewise_type": "add"}, name="fc1_bias")
+    h, = b.add_node("Gelu", [h], name="gelu")
+    y, = b.add_node("Linear", [h, ids["w2"]], name="fc2")
+    r, = b.add_node("Elewise", [x, y], {"elewise_type": "add"}, name="residual")
+    out, = b.add_node("LayerNorm", [r, ids["ln_w"], ids["ln_b"]], name="norm")
+    b.mark_output(out)
+    return b.build()
+
+
+def mlp_weights(rng: np.random.Generator, dt: Dtype) -> dict[str, np.ndarray]:
+    w = _weights(rng, {"w1": (INTER, HID), "b1": (INTER,), "w2": (HID, INTER), "ln_b": (HID,)}, dt)
+    w["ln_w"] = (1 + 0.1 * rng.standard_normal(HID)).astype(dt.numpy).astype(np.float32)
+    return w
+
+
+# name -> (graph builder, weights, fusion level that exercises its rules)
+GRAPHS: dict[str, tuple[Callable[[Dtype, dict], Graph], Callable[..., dict], str]] = {
+    "llama_layer": (llama_layer, llama_weights, "standard"),
+    "mlp_block": (mlp_block, mlp_weights, "standard"),
+    "mlp_block_aggressive": (mlp_block, mlp_weights, "aggressive"),
+}
+
+
+def build(name: str, dtype: str, seed: int = 0) -> tuple[Graph, Graph, np.ndarray, str]:
+    """(graph in ``dtype``, its float32 twin, input x as float32 holding values
+    exact in ``dtype``, fusion level)."""
+    make, weights, level = GRAPHS[name]
+    dt = Dtype.of(dtype)
+    rng = np.random.default_rng(seed)
+    w = weights(rng, dt)
+    x = rng.standard_normal((B, S, HID)).astype(dt.numpy).astype(np.float32)
+    return make(dt, w), make(Dtype.FP32, w), x, level
+
+
+def run_graph(graph: Graph, x: Any, backend: str) -> list:
+    """Outputs of ``graph`` node by node on ``backend`` (one Operation per node), so a
+    fused op is checked on the kernel that backend runs for it."""
+    from ..graph.analysis import topo_order
+    from ..operation import Builder
+    from ..tensor import convert, to_numpy
+
+    from ..backends import get_backend
+
+    native = get_backend(backend).native
+    env: dict[str, Any] = {w: convert(np.array(to_numpy(a), copy=True), native)
+                           for w, a in graph.weights}
+    env[graph.inputs[0]] = convert(np.array(x, copy=True), native)
+    builder = Builder(backend=backend)
+    for n in topo_order(graph):
+        ins = [env[t] if t else None for t in n.inputs]
+        while ins and ins[-1] is None:
+            ins.pop()
+        env.update(zip(n.outputs, builder.build_operation(n.op, n.params).execute(ins)))
+    return [env[o] for o in graph.outputs]
