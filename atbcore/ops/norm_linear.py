@@ -51,6 +51,14 @@ class RmsNormLinear(OpDef):
     inputs = ("x", "norm_weight", "weight", "bias?", "scale?")
     outputs = ("y",)
 
+    def bind(self, p, items):
+        """As Linear's inputs, with ``norm_weight`` second: with ``quant="w8"``, four
+        inputs are (x, norm_weight, weight, scale) unless ``bias=True``."""
+        if p.quant == "w8" and len(items) == 4 and p.bias is not True:
+            return {"x": items[0], "norm_weight": items[1], "weight": items[2], "bias": None,
+                    "scale": items[3]}
+        return super().bind(p, items)
+
     def infer_shape(self, p, ins):
         x, nw = ins["x"], ins["norm_weight"]
         expect_dtype(self.name, "norm_weight", nw, FLOAT_DTYPES)

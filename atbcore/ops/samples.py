@@ -72,6 +72,12 @@ def _linear_act(dt, rng):
     return {**params, "activation_type": "gelu"}, ins
 
 
+def _norm_linear(dt, rng):
+    params, ins = _linear(dt, rng)
+    nw = (1 + 0.1 * rng.standard_normal(8)).astype(ins[0].dtype)
+    return {**params, "eps": 1e-5}, [ins[0], nw, *ins[1:]]
+
+
 def _ffn(dt, rng):
     return ({"activation_type": "swiglu"},
             [_f(rng, (3, 8), dt), _f(rng, (12, 8), dt, 0.3), _f(rng, (12, 8), dt, 0.3),
@@ -116,6 +122,7 @@ SAMPLES: dict[str, Sample] = {
     "RoPE": _rope,
     "RopeFlashAttention": _rope_attention,
     "LinearActivation": _linear_act,
+    "RmsNormLinear": _norm_linear,
     "Transpose": lambda dt, rng: ({"perm": [1, 0, 2]}, [_f(rng, (2, 3, 4), dt)]),
     "Reshape": lambda dt, rng: ({"shape": [4, -1]}, [_f(rng, (2, 3, 4), dt)]),
     "Split": lambda dt, rng: ({"sizes": [1, 3]}, [_f(rng, (2, 4), dt)]),
@@ -147,7 +154,7 @@ SAMPLES: dict[str, Sample] = {
 }
 
 # Ops with an int8 form: weight-only int8 Linear, int8 KV caches.
-INT8_OPS = frozenset({"Linear", "LinearActivation", "ReshapeAndCache"})
+INT8_OPS = frozenset({"Linear", "LinearActivation", "RmsNormLinear", "ReshapeAndCache"})
 
 
 def sample_dtypes(op: str) -> list[str]:

@@ -51,7 +51,7 @@ def test_int8_forms_are_checked(tmp_path):
     out = tmp_path / "v.json"
     assert main(["verify", "--dtype", "int8", "--no-fusions", "--json", str(out)]) == 0
     assert {r["name"] for r in json.loads(out.read_text())["rows"]} == {
-        "Linear", "LinearActivation", "ReshapeAndCache"}
+        "Linear", "LinearActivation", "RmsNormLinear", "ReshapeAndCache"}
 
 
 def test_unknown_filter_values_are_usage_errors(capsys):
