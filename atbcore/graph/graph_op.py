@@ -35,6 +35,7 @@ import weakref
 from typing import Any, Mapping, Sequence
 
 from ..errors import AtbError, GraphError, InputError, ParamsError, ShapeError, DtypeError
+from ..operation import check_writable
 from ..runtime.config import get_config
 from ..runtime.executor import ExecPlan, build_plan, infer_descs, native_weight
 from ..runtime.plan_cache import PlanCache
@@ -305,6 +306,7 @@ class GraphOp:
         for i, (slot, w) in enumerate(zip(outputs, want)):
             if slot is None or isinstance(slot, TensorDesc):
                 continue
+            check_writable(self.name, f"output {i}", slot)
             got = describe(slot)
             if tuple(got.shape) != tuple(w.shape):
                 raise ShapeError(self.name, f"output {i} shape", list(w.shape), list(got.shape))

@@ -162,3 +162,17 @@ def test_numpy_inputs_run_the_bound_program_too(pool):
     assert isinstance(y, np.ndarray)
     atb.assert_close(y, run_graph(op.graph_unfused, [x])[0], what="numpy in, bound plan")
     assert get_memory_pool() is pool and pool.stats()["num_blocks"] >= 1
+
+
+def test_outputs_are_checked_before_anything_is_written(pool):
+    op = _mlp()
+    x = rand([1, 3, H], seed=4)
+    y = op(x)
+    frozen = np.full_like(y, 7.0)
+    frozen.flags.writeable = False
+    with pytest.raises(atb.InputError, match="mlp: output 0 is read-only"):
+        op.execute([x], [frozen])
+    assert (frozen == 7.0).all()
+    out = np.empty_like(y)
+    assert op.execute([x], [out])[0] is out
+    np.testing.assert_array_equal(out, y)
