@@ -19,6 +19,8 @@ attention weights or hidden states, ``inputs_embeds`` or ``token_type_ids`` prom
 a caller's own cache, ``synced_gpus``, opt_level < 2. Beam search and assisted
 decoding are Hugging Face's loops by construction.
 
+``runner.stats["loop_tokens"]`` counts the steps atb's loop ran.
+
 With ``enable_prefix_caching`` a batch-1 call reuses the KV of the longest prefix it
 shares with the previous call's tokens (counted in ``runner.stats["prefix_hits"]``).
 With ``enable_speculative`` greedy batch-1 calls use Hugging Face's prompt-lookup
@@ -136,6 +138,7 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
         if has_eos:
             tok = torch.where(unfinished, tok, pad.to(tok.device))
         ids = torch.cat([ids, tok[:, None]], dim=-1)
+        r.stats["loop_tokens"] = r.stats.get("loop_tokens", 0) + 1
         if streamer is not None:
             streamer.put(tok.cpu())
         unfinished &= ~stopping_criteria(ids, None)
