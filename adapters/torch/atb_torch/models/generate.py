@@ -7,11 +7,13 @@ and then calls ``_sample`` for greedy and sampled decoding; the compiled model's
 through the runner's prefill, then one decode-plan step per token, with Hugging
 Face's own processors and criteria applied to each step's fp32 logits in Hugging
 Face's order — so every processor ``generate`` builds (min/max length, temperature,
-top-k/top-p/min-p, typical, repetition/presence/frequency penalties, bad words,
+top-k/top-p/min-p, typical, repetition penalty, no-repeat n-grams, bad words,
 forced/suppressed tokens, stop strings, EOS handling, user processors) keeps the
-decode plan's speed, and the tokens are Hugging Face's. Sampling draws with
-``torch.multinomial`` on ``softmax(scores)``, once per step, exactly as Hugging
-Face's loop does, so a seeded run gives Hugging Face's tokens.
+decode plan's speed, and the tokens are Hugging Face's. Sampling draws what
+``torch.multinomial(softmax(scores), 1)`` draws, once per step, as Hugging Face's
+loop does, so a seeded run gives Hugging Face's tokens. The costly pieces on a large
+vocabulary (top-p, min length, the draw itself) run as bit-identical faster
+equivalents (:mod:`.processors`, :mod:`.sampler`).
 
 What it cannot run returns None (logged once per reason) and Hugging Face's loop
 runs over the compiled ``forward``: dict outputs (``return_dict_in_generate``),
@@ -36,6 +38,8 @@ import torch
 
 from .hf_cache import AtbCache
 from .hf_compat import CACHE_NAMES, cache_kwarg, log_once
+from .processors import accelerate
+from .sampler import sample
 
 __all__ = ["atb_sample", "speculative_kwargs"]
 
@@ -124,15 +128,16 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
     logits = r.prefill(ids[:, start:], kv, attention_mask=mask, position_ids=pos[:, start:])
     next_pos = pos[:, -1] + 1
     # Hugging Face's _sample, step for step (processors see fp32 logits and all ids so far)
+    processors = accelerate(logits_processor)
     pad = gc._pad_token_tensor
     has_eos = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     unfinished = torch.ones(b, dtype=torch.bool, device=r.device)
     while True:
         scores = logits.to(dtype=torch.float32, copy=True)              # [B, V]
-        if len(logits_processor):
-            scores = logits_processor(ids, scores)
+        for proc in processors:
+            scores = proc(ids, scores)
         if gc.do_sample:
-            tok = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            tok = sample(torch.softmax(scores, dim=-1))                  # = torch.multinomial
         else:
             tok = scores.argmax(dim=-1)                                  # [B]
         if has_eos:
