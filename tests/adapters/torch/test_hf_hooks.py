@@ -44,14 +44,13 @@ def test_torch_compile_backend_atb_logits(arch):
     with torch.no_grad():
         ref = m(ids, attention_mask=mask).logits
         out = torch.compile(m, backend=backend)(ids, attention_mask=mask).logits
-        by_name = torch.compile(m, backend="atb")(ids, attention_mask=mask).logits
     assert counts == {"rms_norm": 5, "swiglu": 2, "flash_attention": 2}, counts
     assert_close(_real(out, mask), _real(ref, mask), "fp32", f"{arch} backend=atb")
-    assert torch.equal(by_name, out)
 
 
 def test_torch_compile_backend_atb_decode_steps():
-    """Prefill then decode over HF's DynamicCache (causal prefill, one-token steps)."""
+    """Prefill then decode over HF's DynamicCache (causal prefill, one-token steps),
+    with the backend found by its name."""
     m = tiny("llama")
     m.set_attn_implementation("sdpa")
     c = torch.compile(m, backend="atb")

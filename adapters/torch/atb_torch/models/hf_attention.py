@@ -1,10 +1,10 @@
 """``attn_implementation="atb"``: atb's FlashAttention inside Hugging Face models.
 
 Registered with transformers' ``AttentionInterface`` (and, for the masks it builds,
-``AttentionMaskInterface``, with SDPA's boolean masks) when this module is imported —
-``import atb_torch.models`` does it::
+``AttentionMaskInterface``, with SDPA's boolean masks) when this module is imported
+(``atb_torch.models`` itself does not import transformers)::
 
-    import atb_torch.models  # registers "atb"
+    import atb_torch.models.hf_attention  # registers "atb"
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="atb")
     model.set_attn_implementation("atb")             # or on a loaded model
 
