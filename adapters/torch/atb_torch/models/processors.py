@@ -10,7 +10,8 @@ they may change the behaviour).
 * ``TopPLogitsWarper``: Hugging Face sorts the whole vocabulary with indices (an
   argsort: milliseconds at 32k tokens). Only the sorted *values* are needed to find
   the cut — the ascending cumulative softmax Hugging Face computes is a function of
-  the sorted values alone — and a value sort is ~40x cheaper. The kept tokens are then
+  the sorted values alone — and a value sort is ~40x cheaper (after top-k, only the
+  finite values are sorted: the -inf run before them is known). The kept tokens are then
   those at or above the first kept value; if that value ties with the last removed
   one (which index Hugging Face removes then depends on its sort's order) the
   original runs.
@@ -32,18 +33,31 @@ __all__ = ["accelerate", "FAST"]
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _sorted_values(x: np.ndarray) -> np.ndarray:
+    """``np.sort(x, axis=-1)`` (what ``torch.sort(x).values`` is), quicker when most of a
+    row is -inf (after top-k or bad words): the -inf run, then the rest sorted."""
+    finite = np.isfinite(x)
+    n = finite.sum(axis=-1)
+    if x.shape[0] != 1 or n[0] * 8 > x.shape[-1] or (x[~finite] != -np.inf).any():
+        return np.sort(x, axis=-1)
+    out = np.full_like(x, -np.inf)
+    out[0, x.shape[-1] - n[0]:] = np.sort(x[finite])
+    return out
+
+
 def _top_p(proc: Any) -> Processor:
     top_p, keep, fill = float(proc.top_p), int(proc.min_tokens_to_keep), proc.filter_value
+    # Hugging Face compares float32 cumulative probabilities with this, cast to float32
+    limit = torch.tensor([1 - top_p], dtype=torch.float32)
 
     def call(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if scores.dtype != torch.float32 or scores.device.type != "cpu":
             return proc(ids, scores)
-        # the same tensor torch.sort(scores).values is: values are unique up to ties
-        ordered = torch.from_numpy(np.sort(scores.numpy(), axis=-1))          # [B, V] ascending
-        cum = ordered.softmax(dim=-1).cumsum(dim=-1)
-        remove = cum <= (1 - top_p)
-        remove[..., -keep:] = False
-        cut = remove.sum(dim=-1)                            # removed prefix length per row
+        ordered = torch.from_numpy(_sorted_values(scores.numpy()))          # [B, V] ascending
+        cum = ordered.softmax(dim=-1).cumsum(dim=-1)                        # nondecreasing
+        # removed: the prefix with cum <= limit, keeping at least `keep` at the top
+        cut = torch.searchsorted(cum, limit.expand(cum.shape[0], 1), right=True)[:, 0]
+        cut = cut.clamp(max=max(scores.shape[-1] - keep, 0))
         if not bool(cut.any()):
             return scores
         rows = torch.arange(scores.shape[0])
