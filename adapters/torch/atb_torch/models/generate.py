@@ -11,9 +11,9 @@ top-k/top-p/min-p, typical, repetition penalty, no-repeat n-grams, bad words,
 forced/suppressed tokens, stop strings, EOS handling, user processors) keeps the
 decode plan's speed, and the tokens are Hugging Face's. Sampling draws what
 ``torch.multinomial(softmax(scores), 1)`` draws, once per step, as Hugging Face's
-loop does, so a seeded run gives Hugging Face's tokens. The costly processors on a
-large vocabulary (top-p, min length) run as bit-identical faster equivalents
-(:mod:`.processors`).
+loop does, so a seeded run gives Hugging Face's tokens. The costly pieces on a large
+vocabulary (top-p, min length, the draw itself) run as bit-identical faster
+equivalents (:mod:`.processors`, :mod:`.sampler`).
 
 What it cannot run returns None (logged once per reason) and Hugging Face's loop
 runs over the compiled ``forward``: dict outputs (``return_dict_in_generate``),
@@ -39,6 +39,7 @@ import torch
 from .hf_cache import AtbCache
 from .hf_compat import CACHE_NAMES, cache_kwarg, log_once
 from .processors import accelerate
+from .sampler import sample
 
 __all__ = ["atb_sample", "speculative_kwargs"]
 
@@ -136,7 +137,7 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
         for proc in processors:
             scores = proc(ids, scores)
         if gc.do_sample:
-            tok = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            tok = sample(torch.softmax(scores, dim=-1))                  # = torch.multinomial
         else:
             tok = scores.argmax(dim=-1)                                  # [B]
         if has_eos:

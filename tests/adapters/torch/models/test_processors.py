@@ -55,3 +55,23 @@ def test_unknown_and_subclassed_processors_kept():
 
     procs = [lp.TopKLogitsWarper(5), Mine(0.9), lp.TemperatureLogitsWarper(0.7)]
     assert accelerate(procs) == procs
+
+
+@pytest.mark.parametrize("shape,kept", [((1, 32000), 0.002), ((3, 5000), 0.5), ((2, 700), 1.0)])
+def test_sampler_draws_what_multinomial_draws(shape, kept):
+    """Same token and the same generator state after (the next draw agrees too)."""
+    from atb_torch.models import sampler
+
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(*shape, generator=g) * 3, -1)
+    probs[torch.rand(*shape, generator=g) > kept] = 0
+    probs[:, 0] += 1e-3  # no row left empty
+    for seed in range(20):
+        torch.manual_seed(seed)
+        torch.rand(seed)  # start anywhere in the generator's block
+        ref = torch.multinomial(probs, 1).squeeze(1), torch.rand(3)
+        torch.manual_seed(seed)
+        torch.rand(seed)
+        out = sampler.sample(probs), torch.rand(3)
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]), seed
+    assert sampler._verified == [True], "atb's draw did not run (torch.multinomial did)"
