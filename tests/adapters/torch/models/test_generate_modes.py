@@ -180,3 +180,14 @@ def test_text_generation_pipeline(models, tokenizer, arch):
     kw = dict(max_new_tokens=8, do_sample=False)
     got = pipe(text, **kw)[0]["generated_text"]
     assert got == ref(text, **kw)[0]["generated_text"] and len(got) == len(text) + 8
+
+
+@pytest.mark.parametrize("opt", [0, 1])
+def test_opt_levels_below_2_run_hf_loop_with_hf_tokens(models, opt):
+    """No decode plan below opt 2: Hugging Face's loop over the compiled forward."""
+    m, c = models["llama"], compile(models["llama"], opt_level=opt)
+    ids, mask = left_padded([5, 9], seed=3)
+    for kw in (dict(do_sample=False), dict(do_sample=True, top_p=0.9),
+               dict(do_sample=False, repetition_penalty=1.3)):
+        ref, out, steps = _both(m, c, ids, attention_mask=mask, max_new_tokens=8, **kw)
+        assert torch.equal(out, ref) and steps == 0, (opt, kw)
