@@ -2,13 +2,15 @@
 
 Dynamo hands the backend a torch-level FX graph; :data:`RULES` rewrite what atb has a
 fused kernel for into its ``torch.ops.atb.*`` custom ops, and the rest runs as
-traced (eager):
+traced (eager) or through inductor:
 
 * RMSNorm written out (``x.to(f32)``, ``pow(2).mean(-1, keepdim=True)``, ``+ eps``,
   ``rsqrt``, ``* ``, ``.to(dtype)``, ``weight *``) -> ``atb.rms_norm``;
 * ``silu(a) * b`` -> ``atb.swiglu(a, b)``;
 * ``scaled_dot_product_attention`` (no dropout) -> ``atb.flash_attention`` (GQA
   without repeating K/V, causal when the query and key lengths are the same).
+
+``options={"inner": "inductor"}`` hands the rewritten graph to inductor instead.
 
 The backend is registered with Dynamo when this module is imported and, for an
 installed atb, through the ``torch_dynamo_backends`` entry point, so
@@ -130,7 +132,9 @@ def rewrite(gm: fx.GraphModule) -> dict[str, int]:
             target, args = hit
             with gm.graph.inserting_before(node):
                 new = gm.graph.call_function(target, args)
-            new.meta = dict(node.meta)
+            # not the pattern end's example value: the new op's strides may differ
+            # (inductor would hold the kernel to them); later passes trace afresh
+            new.meta = {k: v for k, v in node.meta.items() if k not in ("example_value", "val")}
             node.replace_all_uses_with(new)
             gm.graph.erase_node(node)
             counts[name] += 1
@@ -141,11 +145,25 @@ def rewrite(gm: fx.GraphModule) -> dict[str, int]:
     return counts
 
 
-def atb_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """The Dynamo backend: :func:`rewrite`, then the graph runs as traced."""
+def atb_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: Any = None,
+                options: dict | None = None) -> Callable[..., Any]:
+    """The Dynamo backend: :func:`rewrite`, then the graph runs as traced (eager), or
+    through inductor with ``torch.compile(m, backend="atb", options={"inner": "inductor"})``
+    (atb's ops stay calls into atb; inductor generates code for the rest)."""
+    from atbcore.errors import ParamsError
+
+    options = dict(options or {})
+    inner = options.pop("inner", "eager")
+    if inner not in ("eager", "inductor") or options:
+        raise ParamsError("torch.compile(backend='atb')", "options",
+                          "{'inner': 'eager' | 'inductor'}", repr({"inner": inner, **options}))
     counts = rewrite(gm)
-    logger.info("torch.compile(backend='atb'): %s; the rest runs eagerly",
-                ", ".join(f"{n} x{c}" for n, c in counts.items()) or "nothing rewritten")
+    logger.info("torch.compile(backend='atb'): %s; the rest runs %s",
+                ", ".join(f"{n} x{c}" for n, c in counts.items()), inner)
+    if inner == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs)
     return gm.forward
 
 

@@ -88,3 +88,24 @@ def test_attn_implementation_atb_refuses_attention_weights():
     ids, _ = left_padded([4])
     with pytest.raises(CapabilityError, match="output_attentions"):
         m(ids, output_attentions=True)
+
+
+def test_torch_compile_backend_atb_with_inductor_for_the_rest():
+    m = tiny("llama")
+    m.set_attn_implementation("sdpa")
+    ids, mask = left_padded([5, 12, 9])
+    with torch.no_grad():
+        ref = m(ids, attention_mask=mask).logits
+        out = torch.compile(m, backend="atb", options={"inner": "inductor"})(
+            ids, attention_mask=mask).logits
+    assert_close(_real(out, mask), _real(ref, mask), "fp32", "backend=atb, inner inductor")
+
+
+def test_torch_compile_backend_atb_refuses_unknown_options():
+    from atbcore.errors import ParamsError
+
+    m = tiny("llama")
+    ids, _ = left_padded([4])
+    with pytest.raises(Exception) as e:  # Dynamo wraps the backend's error
+        torch.compile(m, backend="atb", options={"inner": "tvm"})(ids)
+    assert isinstance(e.value, ParamsError) or "inner" in str(e.value)
