@@ -33,6 +33,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--inductor", action="store_true",
+                    help="also backend='atb' with options={'inner': 'inductor'}")
     ap.add_argument("--out", default=None)
     return ap.parse_args()
 
@@ -65,13 +67,18 @@ def main() -> int:
 
     engines = {"HF eager (sdpa)": model, "torch.compile(backend='atb')": compiled,
                "attn_implementation='atb'": atb_attn}
+    if a.inductor:
+        engines["backend='atb' + inductor"] = torch.compile(
+            model, backend="atb", dynamic=True, options={"inner": "inductor"})
     runs = {}
     for name, m in engines.items():
         runs[name] = decode(m)
         runs[name + " prefill"] = prefill(m)
     with torch.no_grad():
-        for _ in range(2):  # compile prefill and the (dynamic) decode graph first
-            runs["torch.compile(backend='atb')"]()
+        for name in engines:  # compile prefill and the (dynamic) decode graph first
+            if name.startswith(("torch.compile", "backend=")):
+                runs[name]()
+                runs[name]()
         timed = interleaved(runs, repeats=a.repeats, warmup=1)
     tok_s = {n: a.steps / (median(t for t, _ in timed[n]) - median(t for t, _ in
                                                                    timed[n + " prefill"]))
