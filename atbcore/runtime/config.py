@@ -11,7 +11,8 @@ from typing import Any
 from ..errors import ParamsError
 from ..log import set_log_level
 
-__all__ = ["RuntimeConfig", "init", "get_config", "check_compatibility", "package_version"]
+__all__ = ["RuntimeConfig", "init", "get_config", "check_compatibility", "package_version",
+           "SUPPORTED"]
 
 _ALLOCATORS = ("pool", "naive")
 
@@ -60,8 +61,12 @@ def package_version(dist: str) -> str | None:
         return None
 
 
-_MIN_VERSIONS = {"numpy": "1.24", "torch": "2.4", "mindspore": "2.3", "paddlepaddle": "3.0",
-                 "transformers": "4.45"}
+# Supported ranges: (lowest, first unsupported or None); pyproject.toml's dependency
+# ranges say the same (tests/core/test_supported_ranges.py checks that they agree).
+SUPPORTED: dict[str, tuple[str, str | None]] = {
+    "numpy": ("1.24", None), "torch": ("2.4", "3"), "mindspore": ("2.3", "3"),
+    "paddlepaddle": ("3.0", "4"), "transformers": ("5.0", "6"),
+    "sentence-transformers": ("6.2", "7")}
 
 
 def _vtuple(v: str) -> tuple[int, ...]:
@@ -80,13 +85,15 @@ def check_compatibility() -> dict[str, Any]:
     Returns ``{"compatible": bool, "python": ..., "packages": {name: version|None},
     "problems": [...]}``; never raises for a missing optional framework.
     """
-    packages = {name: package_version(name) for name in _MIN_VERSIONS}
+    packages = {name: package_version(name) for name in SUPPORTED}
     packages["torch_npu"] = package_version("torch_npu")
     problems = []
-    for name, minimum in _MIN_VERSIONS.items():
+    for name, (lowest, beyond) in SUPPORTED.items():
         v = packages.get(name)
-        if v is not None and _vtuple(v) < _vtuple(minimum):
-            problems.append(f"{name} {v} is older than the supported minimum {minimum}")
+        if v is not None and _vtuple(v) < _vtuple(lowest):
+            problems.append(f"{name} {v} is older than the supported minimum {lowest}")
+        elif v is not None and beyond is not None and _vtuple(v) >= _vtuple(beyond):
+            problems.append(f"{name} {v} is newer than the supported range (< {beyond})")
     if packages["torch_npu"] and packages["torch"]:
         tv, nv = _vtuple(packages["torch"])[:2], _vtuple(packages["torch_npu"])[:2]
         if tv != nv:

@@ -134,7 +134,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
 
 @rms_norm.register_fake
 def _(x, weight, eps=1e-6):
-    return torch.empty_like(x)
+    # contiguous, as the kernel's output (inductor checks fake strides against real ones)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @_register("add_rms_norm", "AddRmsNorm")
@@ -254,7 +255,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
 @flash_attention.register_fake
 def _(q, k, v, mask=None, seq_lens=None, num_heads=0, num_kv_heads=0, scale=0.0, causal=False,
       window=0, layout=""):
-    return torch.empty_like(q)
+    return torch.empty_like(q, memory_format=torch.contiguous_format)  # as the kernel's
 
 
 @_register("paged_attention", "PagedAttention")

@@ -19,9 +19,10 @@ __all__ = ["gelu", "quick_gelu", "silu", "relu", "swiglu", "geglu", "activation"
 
 
 def _gated_fake(x: Tensor, up: Tensor | None) -> Tensor:
-    # one input [..., 2n] -> [..., n]; two inputs keep the shape
+    # one input [..., 2n] -> [..., n]; two inputs keep the shape. Contiguous, as the
+    # kernel's output is (inductor checks the fake's strides against the real ones)
     if up is not None:
-        return torch.empty_like(x)
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
 

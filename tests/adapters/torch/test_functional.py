@@ -156,6 +156,7 @@ def test_moe_vs_hf_mixtral(dt, tag):
     torch.manual_seed(0)
     cfg = MixtralConfig(hidden_size=32, intermediate_size=24, num_local_experts=4,
                         num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2)
+    cfg._experts_implementation = "eager"  # HF's plain loop; 5.0 leaves it unset outside a model
     blk = MixtralSparseMoeBlock(cfg).eval()
     with torch.no_grad():
         for p in blk.parameters():

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, MistralConfig
-from transformers.masking_utils import (causal_mask_function, eager_mask,
-                                        sliding_window_causal_mask_function)
+from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb,
                                                       eager_attention_forward)
 from transformers.models.mistral.modeling_mistral import MistralAttention, MistralRotaryEmbedding
 
 import atbcore as atb
+from hf_masks import eager_mask
 
 SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              max_position_embeddings=256, attention_dropout=0.0)

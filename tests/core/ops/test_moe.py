@@ -58,6 +58,7 @@ def test_vs_hf_mixtral_sparse_moe_block():
 
     cfg = MixtralConfig(hidden_size=96, intermediate_size=40, num_local_experts=8,
                         num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2)
+    cfg._experts_implementation = "eager"  # HF's plain loop; 5.0 leaves it unset outside a model
     blk = _fill(MixtralSparseMoeBlock(cfg))
     x = torch.randn(2, 9, 96, generator=torch.Generator().manual_seed(1))
     want = blk(x).detach()
@@ -77,6 +78,7 @@ def test_vs_hf_qwen2_moe_block_without_renorm():
     cfg = Qwen2MoeConfig(hidden_size=64, moe_intermediate_size=24, shared_expert_intermediate_size=32,
                          num_experts=6, num_experts_per_tok=3, norm_topk_prob=False,
                          num_attention_heads=4, num_key_value_heads=2)
+    cfg._experts_implementation = "eager"  # HF's plain loop; 5.0 leaves it unset outside a model
     blk = _fill(Qwen2MoeSparseMoeBlock(cfg), seed=2)
     with torch.no_grad():
         blk.shared_expert.down_proj.weight.zero_()              # our MoE has no shared expert

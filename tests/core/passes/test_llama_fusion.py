@@ -80,7 +80,8 @@ def test_mask_input_stays_an_input_of_the_attention():
 @torch.no_grad()
 def test_primitive_and_fused_layer_match_hugging_face():
     from transformers import LlamaConfig
-    from transformers.masking_utils import causal_mask_function, eager_mask
+    from hf_masks import eager_mask
+    from transformers.masking_utils import causal_mask_function
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     cfg = LlamaConfig(hidden_size=HID, num_attention_heads=NH, num_key_value_heads=NH,

@@ -1,18 +1,32 @@
-"""atb's own greedy loop behind a compiled model's ``generate``.
+"""atb's own decoding loop behind a compiled model's ``generate``.
 
-``fast_greedy`` answers only calls whose result it reproduces exactly: greedy
-(``do_sample`` False, one beam, one sequence), ``max_new_tokens`` given, input ids
-(with an ``attention_mask``, or no padding token configured), and no logits
-processors, stopping criteria, streamers, assistants or dict outputs. Tokens follow
-Hugging Face's rules: positions ``cumsum(mask) - 1`` then +1 per step, ``argmax`` of
-the last logits, rows that produced an EOS token continue with ``pad_token_id``, the
-loop ends when every row has finished. Anything else returns None and Hugging
-Face's ``generate`` runs (still through the compiled ``forward``).
+Hugging Face's ``generate`` prepares everything (generation config, the logits
+processors, the stopping criteria, batch expansion for ``num_return_sequences``)
+and then calls ``_sample`` for greedy and sampled decoding; the compiled model's
+``_sample`` runs :func:`atb_sample` instead of Hugging Face's loop: the prompt
+through the runner's prefill, then one decode-plan step per token, with Hugging
+Face's own processors and criteria applied to each step's fp32 logits in Hugging
+Face's order — so every processor ``generate`` builds (min/max length, temperature,
+top-k/top-p/min-p, typical, repetition penalty, no-repeat n-grams, bad words,
+forced/suppressed tokens, stop strings, EOS handling, user processors) keeps the
+decode plan's speed, and the tokens are Hugging Face's. Sampling draws what
+``torch.multinomial(softmax(scores), 1)`` draws, once per step, as Hugging Face's
+loop does, so a seeded run gives Hugging Face's tokens. The costly pieces on a large
+vocabulary (top-p, min length, the draw itself) run as bit-identical faster
+equivalents (:mod:`.processors`, :mod:`.sampler`).
+
+What it cannot run returns None (logged once per reason) and Hugging Face's loop
+runs over the compiled ``forward``: dict outputs (``return_dict_in_generate``),
+attention weights or hidden states, ``inputs_embeds`` or ``token_type_ids`` prompts,
+a caller's own cache, ``synced_gpus``, opt_level < 2. Beam search and assisted
+decoding are Hugging Face's loops by construction.
+
+``runner.stats["loop_tokens"]`` counts the steps atb's loop ran.
 
 With ``enable_prefix_caching`` a batch-1 call reuses the KV of the longest prefix it
 shares with the previous call's tokens (counted in ``runner.stats["prefix_hits"]``).
-With ``enable_speculative`` greedy batch-1 calls that reach Hugging Face's
-``generate`` use its prompt-lookup decoding (same tokens, fewer forward passes).
+With ``enable_speculative`` greedy batch-1 calls use Hugging Face's prompt-lookup
+decoding (same tokens, fewer forward passes).
 """
 
 from __future__ import annotations
@@ -22,75 +36,54 @@ from typing import Any
 
 import torch
 
-__all__ = ["fast_greedy", "speculative_kwargs"]
+from .hf_cache import AtbCache
+from .hf_compat import CACHE_NAMES, cache_kwarg, log_once
+from .processors import accelerate
+from .sampler import sample
 
-# generation settings the loop implements (any other non-None setting falls back)
-_ALLOWED = {"max_new_tokens", "max_length", "do_sample", "num_beams", "use_cache",
-            "pad_token_id", "bos_token_id", "eos_token_id", "temperature", "top_k", "top_p",
-            "num_return_sequences", "return_dict_in_generate", "output_attentions",
-            "output_hidden_states", "output_scores", "output_logits", "cache_implementation",
-            "min_length", "min_new_tokens", "transformers_version", "_from_model_config",
-            "disable_compile", "max_cache_len", "remove_invalid_values", "length_penalty",
-            "early_stopping", "low_memory"}
-_MUST = {"do_sample": (None, False), "num_beams": (None, 1), "use_cache": (None, True),
-         "num_return_sequences": (None, 1), "return_dict_in_generate": (None, False),
-         "output_attentions": (None, False), "output_hidden_states": (None, False),
-         "output_scores": (None, False), "output_logits": (None, False),
-         "cache_implementation": (None, "dynamic", "static"), "min_length": (None, 0),
-         "min_new_tokens": (None, 0), "remove_invalid_values": (None, False)}
+__all__ = ["atb_sample", "speculative_kwargs"]
+
+# model_kwargs the loop reads or may ignore (generate passes them along)
+_KNOWN = {"attention_mask", "position_ids", "use_cache", "cache_position", "logits_to_keep", "return_dict",
+          "output_attentions", "output_hidden_states", "tokenizer", "assistant_tokenizer",
+          *CACHE_NAMES}
 
 
-def _config(model: Any, generation_config: Any, kwargs: dict) -> tuple[Any, dict]:
-    gc = copy.deepcopy(generation_config if generation_config is not None
-                       else model.generation_config)
-    rest = gc.update(**kwargs)
-    return gc, rest
-
-
-def _plain_greedy(gc: Any) -> bool:
-    d = gc.to_dict()
-    for k, v in d.items():
-        if v is None:
-            continue
-        if k not in _ALLOWED or (k in _MUST and v not in _MUST[k]):
-            return False
-    return True
-
-
-def _ids(tok: Any) -> list[int]:
-    if tok is None:
-        return []
-    if isinstance(tok, torch.Tensor):
-        return [int(x) for x in tok.reshape(-1).tolist()]
-    return [int(x) for x in (tok if isinstance(tok, (list, tuple)) else [tok])]
-
-
-def fast_greedy(model: Any, inputs: Any, generation_config: Any, kwargs: dict) -> Any:
-    """The generated ids ``[B, S + n]``, or None to let Hugging Face run."""
+def _unsupported(model: Any, gc: Any, synced_gpus: bool, model_kwargs: dict) -> str | None:
+    """Why atb's loop cannot answer this call (None: it can)."""
     r = model.atb_runner
-    if r.opt_level < 2 or r.spec.kind != "decoder" or r.lm_head is None:
+    if r.opt_level < 2 or r.lm_head is None:
+        return f"opt_level {r.opt_level}" if r.opt_level < 2 else "a model without an LM head"
+    if synced_gpus:
+        return "synced_gpus"
+    for name in ("return_dict_in_generate", "output_attentions", "output_hidden_states"):
+        if getattr(gc, name, None):
+            return name
+    extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _KNOWN)
+    if extra:
+        return f"model argument {extra[0]!r}"
+    cache = model_kwargs.get(cache_kwarg())
+    if not isinstance(cache, AtbCache) or cache.kv is not None or cache.runner is not r:
+        return "a cache passed by the caller" if cache is not None else "use_cache=False"
+    return None
+
+
+def atb_sample(model: Any, input_ids: torch.Tensor, logits_processor: Any,
+               stopping_criteria: Any, gc: Any, synced_gpus: bool, streamer: Any,
+               model_kwargs: dict) -> torch.Tensor | None:
+    """The generated ids ``[B, S + n]`` (Hugging Face's ``_sample`` result without
+    dict outputs), or None to let Hugging Face's loop run (see the module docstring)."""
+    why = _unsupported(model, gc, synced_gpus, model_kwargs)
+    if why is not None:
+        log_once(f"generate: {why} -> Hugging Face's decoding loop over the compiled forward")
         return None
-    kwargs = dict(kwargs)
-    ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
-    mask = kwargs.pop("attention_mask", None)
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int):
-        return None
-    try:
-        gc, rest = _config(model, generation_config, kwargs)
-    except (TypeError, ValueError):
-        return None
-    if rest or not _plain_greedy(gc) or not gc.max_new_tokens:
-        return None
-    pad_ids, eos = _ids(gc.pad_token_id), _ids(gc.eos_token_id)
-    if eos and not pad_ids:
-        pad_ids = eos[:1]  # what Hugging Face does (with a warning)
-    if mask is None and pad_ids and pad_ids[0] not in eos and bool((ids == pad_ids[0]).any()):
-        mask = (ids != pad_ids[0]).long()  # Hugging Face infers the mask from pad tokens
+    mask = model_kwargs.get("attention_mask")
     if mask is not None and bool(mask.bool().all()):
         mask = None
     with torch.no_grad():
-        return _loop(model, ids.to(r.device), None if mask is None else mask.to(r.device),
-                     int(gc.max_new_tokens), eos, pad_ids[0] if pad_ids else 0)
+        return _loop(model, input_ids, mask, model_kwargs.get("position_ids"),
+                     model_kwargs[cache_kwarg()], logits_processor, stopping_criteria, gc,
+                     streamer)
 
 
 def _prefix(model: Any, ids: torch.Tensor, mask: Any) -> tuple[Any, int]:
@@ -110,41 +103,66 @@ def _prefix(model: Any, ids: torch.Tensor, mask: Any) -> tuple[Any, int]:
     return kv, common
 
 
-def _loop(model: Any, ids: torch.Tensor, mask: Any, max_new: int, eos: list[int],
-          pad: int) -> torch.Tensor:
+def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
+          logits_processor: Any, stopping_criteria: Any, gc: Any, streamer: Any) -> torch.Tensor:
     r = model.atb_runner
+    ids = ids.to(r.device)
+    mask = None if mask is None else mask.to(r.device)
     b, s = ids.shape
     kv, start = _prefix(model, ids, mask)
     if kv is None:
-        kv = r.new_cache(b, s + max_new)
+        kv = cache.storage(b, max(int(gc.max_length), s + 1))
     else:
-        kv.reserve(s + max_new)
+        cache.kv = kv
+        kv.reserve(max(int(gc.max_length), s + 1))
         r.stats["prefix_hits"] = r.stats.get("prefix_hits", 0) + start
-    if mask is not None:
+    # positions as Hugging Face's generate makes them (when the caller gave none):
+    # cumsum(mask) - 1, padding at 0; then one more per step
+    if pos is not None:
+        pos = pos.to(r.device).expand(b, s)
+    elif mask is not None:
         m = mask.bool()
         pos = (m.long().cumsum(-1) - 1).masked_fill(~m, 0)
     else:
         pos = torch.arange(s, device=r.device)[None].expand(b, s)
-    logits = r.prefill(ids[:, start:], kv, attention_mask=mask,
-                       position_ids=pos[:, start:] if start or mask is None else None)
+    logits = r.prefill(ids[:, start:], kv, attention_mask=mask, position_ids=pos[:, start:])
     next_pos = pos[:, -1] + 1
-    out = [ids]
-    eos_t = torch.tensor(eos, device=r.device) if eos else None
+    # Hugging Face's _sample, step for step (processors see fp32 logits and all ids so far)
+    processors = accelerate(logits_processor)
+    pad = gc._pad_token_tensor
+    has_eos = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     unfinished = torch.ones(b, dtype=torch.bool, device=r.device)
-    for i in range(max_new):
-        tok = logits.argmax(dim=-1)                                      # [B]
-        if eos_t is not None:
-            tok = torch.where(unfinished, tok, torch.full_like(tok, pad))
-            unfinished &= ~torch.isin(tok, eos_t)
-        out.append(tok[:, None])
-        if i == max_new - 1 or (eos_t is not None and not bool(unfinished.any())):
+    while True:
+        scores = logits.to(dtype=torch.float32, copy=True)              # [B, V]
+        for proc in processors:
+            scores = proc(ids, scores)
+        if gc.do_sample:
+            tok = sample(torch.softmax(scores, dim=-1))                  # = torch.multinomial
+        else:
+            tok = scores.argmax(dim=-1)                                  # [B]
+        if has_eos:
+            tok = torch.where(unfinished, tok, pad.to(tok.device))
+        ids = torch.cat([ids, tok[:, None]], dim=-1)
+        r.stats["loop_tokens"] = r.stats.get("loop_tokens", 0) + 1
+        if streamer is not None:
+            streamer.put(tok.cpu())
+        unfinished &= ~stopping_criteria(ids, None)
+        if not bool(unfinished.any()):
             break
         logits = r.decode(tok, kv, positions=next_pos)
         next_pos = next_pos + 1
-    result = torch.cat(out, dim=1)
+    if streamer is not None:
+        streamer.end()
     if model.atb_options.get("enable_prefix_caching") and b == 1 and mask is None:
-        model.__dict__["_atb_prefix"] = (result[:, :kv.length].clone(), kv)
-    return result
+        model.__dict__["_atb_prefix"] = (ids[:, :kv.length].clone(), kv)
+    return ids
+
+
+def _config(model: Any, generation_config: Any, kwargs: dict) -> tuple[Any, dict]:
+    gc = copy.deepcopy(generation_config if generation_config is not None
+                       else model.generation_config)
+    rest = gc.update(**kwargs)
+    return gc, rest
 
 
 def speculative_kwargs(model: Any, inputs: Any, generation_config: Any, kwargs: dict) -> dict:

@@ -27,6 +27,12 @@ from .cache import ContiguousKVCache
 __all__ = ["AtbCache", "to_atb_cache"]
 
 
+def _query_length(query: Any) -> int:
+    """New tokens of a ``get_mask_sizes`` call: an int from transformers >= 5.2 (or so),
+    the ``cache_position`` tensor before that."""
+    return int(query.shape[0]) if isinstance(query, torch.Tensor) else int(query)
+
+
 class _AtbLayer(CacheLayerMixin):
     """One layer's view of the shared cache (read-only for Hugging Face code)."""
 
@@ -63,13 +69,16 @@ class _AtbLayer(CacheLayerMixin):
         raise CapabilityError("AtbCache", "update() from model code", "the compiled model "
                               "writes its own cache", "an uncompiled layer writing into it")
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
+    def get_mask_sizes(self, query_length: Any) -> tuple[int, int]:
+        return self.get_seq_length() + _query_length(query_length), 0
 
     def get_seq_length(self) -> int:
         return self.owner.get_seq_length()
 
     def get_max_length(self) -> int:
+        return -1
+
+    def get_max_cache_shape(self) -> int:  # transformers < 5.2 asks this instead
         return -1
 
 
@@ -95,10 +104,13 @@ class AtbCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0 if self.kv is None else self.kv.length
 
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
+    def get_mask_sizes(self, query_length: Any, layer_idx: int = 0) -> tuple[int, int]:
+        return self.get_seq_length() + _query_length(query_length), 0
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
         return -1
 
     @property
@@ -114,11 +126,14 @@ class AtbCache(Cache):
         return -1 if self.kv is None else self.kv.batch
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Drop the last ``-tokens_to_remove`` tokens (Hugging Face's convention)."""
-        if tokens_to_remove > 0:
-            raise ValueError("AtbCache.crop takes a negative count of tokens to remove")
-        if self.kv is not None and tokens_to_remove:
-            self.kv.crop(self.kv.length + tokens_to_remove)
+        """Drop the last ``-tokens_to_remove`` tokens (Hugging Face's convention since
+        5.x); a positive count is the length to keep (the older convention, which
+        transformers < 5.2 still uses in assisted decoding)."""
+        if self.kv is None or tokens_to_remove == 0:
+            return
+        keep = tokens_to_remove if tokens_to_remove > 0 else self.kv.length + tokens_to_remove
+        if keep < self.kv.length:
+            self.kv.crop(max(keep, 0))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.kv is not None:

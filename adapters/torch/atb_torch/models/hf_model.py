@@ -1,21 +1,26 @@
 """The compiled Hugging Face model: a subclass of the user's model class whose
 ``forward`` runs the :class:`.runner.ModelRunner`.
 
-``wrap_hf(model, runner)`` returns a new instance of ``Atb<ModelClass>`` that shares
+``wrap_hf(model, runner)`` returns a new instance of a subclass of the model's class
+(same name and module, so ``save_pretrained`` writes the original architecture and
+pipelines accept it; ``isinstance(m, AtbCausalLMMixin)`` tells them apart) that shares
 the original's submodules, config and generation config (the original model is left
 as it was), so everything ``generate`` and user code read from the model keeps
-working; only ``forward`` (and, for plain greedy decoding, ``generate``) change.
+working; only ``forward``, ``generate`` and ``_sample`` change.
 
-* Decoders: ``forward(input_ids, attention_mask, position_ids, past_key_values,
-  inputs_embeds, labels, use_cache, logits_to_keep, ...)`` returns
-  ``CausalLMOutputWithPast`` (``BaseModelOutputWithPast`` for base models) with an
-  :class:`.hf_cache.AtbCache` as ``past_key_values``; single-token steps over a cache
-  run the decode plan at opt >= 2. ``generate`` sizes the cache to ``max_length``.
+* Decoders: ``forward(input_ids, attention_mask, position_ids, cache | past_key_values,
+  inputs_embeds, labels, use_cache, logits_to_keep, ...)`` (the cache under either
+  name: transformers 5.24 renamed it) returns ``CausalLMOutputWithPast``
+  (``BaseModelOutputWithPast`` for base models) with an :class:`.hf_cache.AtbCache` as
+  the cache; single-token steps over a cache run the decode plan at opt >= 2.
+  ``generate`` sizes the cache to ``max_length``; its greedy and sampled decoding run
+  atb's loop (:mod:`.generate`).
 * Encoders: ``forward(input_ids, attention_mask, token_type_ids, position_ids,
   inputs_embeds)`` returns ``BaseModelOutputWithPoolingAndCrossAttentions``.
 
-Options atb does not implement (``output_attentions``, ``output_hidden_states``, other
-non-None keyword arguments) raise :class:`~atbcore.errors.CapabilityError`.
+``output_attentions`` / ``output_hidden_states`` run the model's own forward over the
+shared weights (logged once: atb materialises neither); other keyword arguments atb
+does not implement raise :class:`~atbcore.errors.CapabilityError`.
 """
 
 from __future__ import annotations
@@ -26,30 +31,49 @@ from typing import Any
 
 import torch
 
-from atbcore.errors import CapabilityError
+from atbcore.errors import CapabilityError, ParamsError
 
 from .hf_cache import AtbCache, to_atb_cache
+from .hf_compat import CACHE_NAMES, cache_kwarg, log_once, output_with_cache
 
 __all__ = ["wrap_hf", "AtbCausalLMMixin", "AtbEncoderMixin"]
 
-# keyword arguments forward accepts and ignores (generate and pipelines pass them)
-_IGNORED = {"return_dict", "cache_position", "num_items_in_batch"}
+# keyword arguments forward accepts and ignores (generate and pipelines pass them;
+# Hugging Face's own models ignore them too)
+_IGNORED = {"return_dict", "cache_position", "num_items_in_batch", "tokenizer",
+            "assistant_tokenizer"}
 
 
-def _refuse(kwargs: dict, output_attentions: Any, output_hidden_states: Any) -> None:
-    if output_attentions:
-        raise CapabilityError("compile", "output_attentions", "False (compiled models do not "
-                              "materialise attention weights)", True)
-    if output_hidden_states:
-        raise CapabilityError("compile", "output_hidden_states", "False", True)
+def _refuse(kwargs: dict) -> None:
     bad = sorted(k for k, v in kwargs.items() if v is not None and k not in _IGNORED)
     if bad:
         raise CapabilityError("compile", f"forward argument {bad[0]!r}", "an argument the "
                               "compiled model implements", bad)
 
 
+def _one_cache(cache: Any, past_key_values: Any) -> Any:
+    """The cache passed under either name (``cache`` from transformers 5.24 on)."""
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ParamsError("compile", "cache", "one of cache= and past_key_values=", "both")
+    return cache if cache is not None else past_key_values
+
+
 def _tuple(out: Any, return_dict: Any) -> Any:
     return out.to_tuple() if return_dict is False else out
+
+
+def _hf_cache(cache: Any, config: Any) -> Any:
+    """A Hugging Face ``DynamicCache`` holding ``cache``'s tokens (an AtbCache cannot
+    be written by the model's own layers), or ``cache`` itself."""
+    if not isinstance(cache, AtbCache):
+        return cache
+    from transformers.cache_utils import DynamicCache
+
+    out = DynamicCache(config=config)
+    if cache.get_seq_length():
+        for i, (k, v) in enumerate(cache):
+            out.update(k.clone(), v.clone(), i)                          # [B, Hkv, S, D]
+    return out
 
 
 class AtbCausalLMMixin:
@@ -63,10 +87,18 @@ class AtbCausalLMMixin:
                 labels: Any = None, use_cache: bool | None = None,
                 logits_to_keep: int | torch.Tensor = 0, token_type_ids: Any = None,
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
-                return_dict: bool | None = None, **kwargs: Any) -> Any:
+                return_dict: bool | None = None, cache: Any = None, **kwargs: Any) -> Any:
         from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-        _refuse(kwargs, output_attentions, output_hidden_states)
+        past_key_values = _one_cache(cache, past_key_values)
+        if output_attentions or output_hidden_states:
+            return self._hf_forward(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
+                use_cache=use_cache, logits_to_keep=logits_to_keep, token_type_ids=token_type_ids,
+                output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                return_dict=return_dict, **kwargs)
+        _refuse(kwargs)
         r = self.atb_runner
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -100,38 +132,63 @@ class AtbCausalLMMixin:
                                logits_to_keep=logits_to_keep)
         pkv = cache if use_cache else None
         if r.lm_head is None:
-            return _tuple(BaseModelOutputWithPast(last_hidden_state=logits, past_key_values=pkv),
-                          return_dict)
+            return _tuple(output_with_cache(BaseModelOutputWithPast, pkv,
+                                            last_hidden_state=logits), return_dict)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels,
                                       vocab_size=self.config.vocab_size)
-        return _tuple(CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=pkv),
+        return _tuple(output_with_cache(CausalLMOutputWithPast, pkv, loss=loss, logits=logits),
                       return_dict)
+
+    def _hf_forward(self, past_key_values: Any = None, **kwargs: Any) -> Any:
+        """The model's own (uncompiled) forward over the shared weights: what atb has
+        no fast path for (attention weights, every layer's hidden states)."""
+        what = [k for k in ("output_attentions", "output_hidden_states") if kwargs.get(k)]
+        log_once(f"compile: {' and '.join(what)} -> the model's own forward (atb computes "
+                 "neither attention weights nor per-layer hidden states)")
+        if past_key_values is not None:
+            kwargs[cache_kwarg()] = _hf_cache(past_key_values, self.config)
+        return super().forward(**kwargs)
 
     def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict,
                                       generation_mode: Any, batch_size: int,
                                       max_cache_length: int) -> Any:
-        if (model_kwargs.get("past_key_values") is not None
-                or generation_config.use_cache is False
-                or generation_config.cache_implementation not in (None, "dynamic", "static")):
+        gc = generation_config
+        if (any(model_kwargs.get(n) is not None for n in CACHE_NAMES) or gc.use_cache is False
+                or gc.cache_implementation not in (None, "dynamic", "static")
+                or gc.output_attentions or gc.output_hidden_states):
+            # a cache the model's own forward can write (the last two run it, see forward)
             return super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
         # allocated on the first forward (the batch after beam/sample expansion), sized
         # for the whole generation so no step reallocates
-        model_kwargs["past_key_values"] = AtbCache(self.atb_runner, max_cache_length + 1)
+        model_kwargs[cache_kwarg()] = AtbCache(self.atb_runner, max_cache_length + 1)
         return None
+
+    def _sample(self, input_ids: torch.Tensor, logits_processor: Any, stopping_criteria: Any,
+                generation_config: Any, synced_gpus: bool = False, streamer: Any = None,
+                **model_kwargs: Any) -> Any:
+        """Greedy and sampled decoding (Hugging Face's ``_sample``, which ``generate``
+        calls with its logits processors and stopping criteria ready): atb's own loop
+        over the decode plan where it can (see :mod:`.generate`), else Hugging Face's."""
+        from .generate import atb_sample
+
+        out = atb_sample(self, input_ids, logits_processor, stopping_criteria,
+                         generation_config, synced_gpus, streamer, model_kwargs)
+        if out is not None:
+            return out
+        return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config,
+                               synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
 
     def generate(self, inputs: torch.Tensor | None = None, generation_config: Any = None,
                  **kwargs: Any) -> Any:
-        """Hugging Face ``generate``; plain greedy decoding of input ids (no logits
-        processors, stopping criteria, streamers or dict outputs) runs atb's own
-        loop over the decode plan, with the same tokens."""
-        from .generate import fast_greedy, speculative_kwargs
+        """Hugging Face ``generate``. Greedy and sampled decoding (with the common
+        logits processors and stopping criteria) run atb's own loop over the decode
+        plan, with the same tokens; beams and assisted decoding run Hugging Face's
+        loop over the compiled forward (see :mod:`.generate`)."""
+        from .generate import speculative_kwargs
 
-        out = fast_greedy(self, inputs, generation_config, kwargs)
-        if out is not None:
-            return out
         kwargs = speculative_kwargs(self, inputs, generation_config, kwargs)
         return super().generate(inputs, generation_config=generation_config, **kwargs)
 
@@ -148,7 +205,16 @@ class AtbEncoderMixin:
                 return_dict: bool | None = None, use_cache: Any = None, **kwargs: Any) -> Any:
         from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 
-        _refuse(kwargs, output_attentions, output_hidden_states)
+        if output_attentions or output_hidden_states:
+            what = [k for k, v in (("output_attentions", output_attentions),
+                                   ("output_hidden_states", output_hidden_states)) if v]
+            log_once(f"compile: {' and '.join(what)} -> the model's own forward")
+            return super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                position_ids=position_ids, inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                return_dict=return_dict, **kwargs)
+        _refuse(kwargs)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         last, pooled = self.atb_runner.encode(input_ids, attention_mask, token_type_ids,
@@ -166,8 +232,12 @@ def wrap_hf(model: Any, runner: Any, options: dict | None = None) -> Any:
     base = type(model)
     cls = _CLASSES.get((mixin, base))
     if cls is None:
-        cls = type(f"Atb{base.__name__}", (mixin, base), {"__module__": __name__,
-                                                           "__doc__": base.__doc__})
+        # the base's name and module: Hugging Face keys on them (the ``architectures``
+        # save_pretrained writes, the pipelines' supported-model lists, the attention
+        # and experts implementation checks, which read the class's module file)
+        cls = type(base.__name__, (mixin, base), {"__module__": base.__module__,
+                                                  "__qualname__": base.__qualname__,
+                                                  "__doc__": base.__doc__})
         _CLASSES[(mixin, base)] = cls
     new = object.__new__(cls)
     new.__dict__.update(model.__dict__)

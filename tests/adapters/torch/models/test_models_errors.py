@@ -4,6 +4,7 @@ architecture through ``atb_model_architecture``."""
 
 import pytest
 import torch
+from transformers.cache_utils import DynamicCache
 import transformers as tf
 
 from atbcore.errors import CapabilityError, InputError, ParamsError
@@ -62,8 +63,8 @@ def test_bad_compile_arguments():
 def test_forward_options_refused():
     c = compile(tiny("llama"))
     ids, _ = left_padded([5])
-    _raises(CapabilityError, "output_attentions")(lambda: c(ids, output_attentions=True))
-    _raises(CapabilityError, "output_hidden_states")(lambda: c(ids, output_hidden_states=True))
+    _raises(ParamsError, "one of cache= and past_key_values=")(
+        lambda: c(ids, cache=DynamicCache(), past_key_values=DynamicCache()))
     _raises(CapabilityError, "cu_seq_lens_q")(lambda: c(ids, cu_seq_lens_q=torch.tensor([0, 5])))
     _raises(InputError, "input_ids out of range")(lambda: c(ids + 1000))
     _raises(CapabilityError, "packed sequences")(

@@ -1,0 +1,77 @@
+"""atb's faster logits processors give Hugging Face's scores bit for bit (the oracle:
+the Hugging Face processor they replace), on random, tied and masked scores."""
+
+import math
+
+import pytest
+import torch
+from transformers.generation import logits_process as lp
+
+from atb_torch.models.processors import accelerate
+
+
+def _scores(kind, b=3, v=5000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, v, generator=g) * 3
+    if kind == "ties":  # coarse values: many exact ties, some at the cut
+        x = (x * 2).round() / 2
+    elif kind == "masked":  # -inf columns, as after top-k or bad words
+        x[:, torch.randperm(v, generator=g)[: v // 2]] = -math.inf
+    elif kind == "top_k":  # few finite values, as after top-k: the short sort path
+        x[:, torch.randperm(v, generator=g)[: v - 40]] = -math.inf
+    elif kind == "peaked":
+        x[:, 7] += 30
+    return x
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "masked", "top_k", "peaked"])
+@pytest.mark.parametrize("top_p,keep", [(0.9, 1), (0.5, 1), (0.99, 3), (0.1, 20), (1.0, 1)])
+def test_top_p_same_as_hf(kind, top_p, keep):
+    hf = lp.TopPLogitsWarper(top_p, min_tokens_to_keep=keep)
+    (fast,) = accelerate([hf])
+    ids = torch.zeros(3, 4, dtype=torch.long)
+    for seed in range(4):
+        x = _scores(kind, seed=seed)
+        ref = hf(ids, x.clone())
+        out = fast(ids, x.clone())
+        assert torch.equal(out, ref), (kind, top_p, keep, seed)
+        assert torch.isinf(ref).any() or top_p == 1.0  # the cut removed something
+
+
+@pytest.mark.parametrize("eos", [2, [2, 9], torch.tensor([4, 300])])
+def test_min_length_processors_same_as_hf(eos):
+    procs = [lp.MinLengthLogitsProcessor(7, eos), lp.MinNewTokensLengthLogitsProcessor(3, 4, eos)]
+    fast = accelerate(procs)
+    x = _scores("random", v=400)
+    for length in (2, 6, 7, 9):
+        ids = torch.zeros(3, length, dtype=torch.long)
+        for hf, f in zip(procs, fast):
+            assert torch.equal(f(ids, x.clone()), hf(ids, x.clone())), (type(hf), length)
+
+
+def test_unknown_and_subclassed_processors_kept():
+    class Mine(lp.TopPLogitsWarper):
+        pass
+
+    procs = [lp.TopKLogitsWarper(5), Mine(0.9), lp.TemperatureLogitsWarper(0.7)]
+    assert accelerate(procs) == procs
+
+
+@pytest.mark.parametrize("shape,kept", [((1, 32000), 0.002), ((3, 5000), 0.5), ((2, 700), 1.0)])
+def test_sampler_draws_what_multinomial_draws(shape, kept):
+    """Same token and the same generator state after (the next draw agrees too)."""
+    from atb_torch.models import sampler
+
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(*shape, generator=g) * 3, -1)
+    probs[torch.rand(*shape, generator=g) > kept] = 0
+    probs[:, 0] += 1e-3  # no row left empty
+    for seed in range(20):
+        torch.manual_seed(seed)
+        torch.rand(seed)  # start anywhere in the generator's block
+        ref = torch.multinomial(probs, 1).squeeze(1), torch.rand(3)
+        torch.manual_seed(seed)
+        torch.rand(seed)
+        out = sampler.sample(probs), torch.rand(3)
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]), seed
+    assert sampler._verified == [True], "atb's draw did not run (torch.multinomial did)"
