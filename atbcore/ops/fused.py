@@ -183,12 +183,6 @@ class LinearActivationParams(LinearParams):
                       "a non-gated activation", act.name)
         object.__setattr__(self, "activation_type", act.name)
 
-    def linear(self) -> LinearParams:
-        """The Linear params inside."""
-        return LinearParams(in_features=self.in_features, out_features=self.out_features,
-                            bias=self.bias, transpose_weight=self.transpose_weight,
-                            quant=self.quant, dtype=self.dtype)
-
 
 @register_op
 class LinearActivation(OpDef):

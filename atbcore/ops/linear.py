@@ -82,6 +82,12 @@ class LinearParams(Params):
     quant: str | None = None
     dtype: Dtype | None = None
 
+    def linear(self) -> "LinearParams":
+        """The plain Linear params of this (possibly fused-op) params object."""
+        return LinearParams(in_features=self.in_features, out_features=self.out_features,
+                            bias=self.bias, transpose_weight=self.transpose_weight,
+                            quant=self.quant, dtype=self.dtype)
+
     def validate(self) -> None:
         for name in ("in_features", "out_features"):
             v = getattr(self, name)

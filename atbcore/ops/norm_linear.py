@@ -34,12 +34,6 @@ class RmsNormLinearParams(LinearParams):
                 or not 0 < float(self.eps) < float("inf"):
             self.fail("eps", "a finite float > 0", repr(self.eps))
 
-    def linear(self) -> LinearParams:
-        """The Linear params inside."""
-        return LinearParams(in_features=self.in_features, out_features=self.out_features,
-                            bias=self.bias, transpose_weight=self.transpose_weight,
-                            quant=self.quant, dtype=self.dtype)
-
 
 @register_op
 class RmsNormLinear(OpDef):
