@@ -23,3 +23,7 @@ def set_log_level(level: str | int) -> None:
 
 if os.environ.get("ATB_LOG_LEVEL"):
     set_log_level(os.environ["ATB_LOG_LEVEL"])
+else:
+    # WARNING unless asked: a framework that sets the root logger to INFO (Paddle does
+    # at import) must not turn atb's per-kernel INFO lines on for its users
+    logger.setLevel(logging.WARNING)

@@ -125,8 +125,10 @@ def bench_paddle(samples: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with paddle.no_grad():
         mlp(paddle.zeros([1, 1, HIDDEN]))
+        by_pos = {"0.weight": "ln_w", "0.bias": "ln_b", "1.weight": "w1", "1.bias": "b1",
+                  "3.weight": "w2", "3.bias": "b2"}  # Paddle names the layers by position
         for name, p in mlp.named_parameters():
-            v = w[_key(name)]
+            v = w[by_pos[name]]
             p.set_value(v if tuple(p.shape) == tuple(v.shape) else v.T)
 
         def plain(x: Any) -> Any:
