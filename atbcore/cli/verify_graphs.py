@@ -18,6 +18,7 @@ import numpy as np
 from ..dtypes import Dtype
 from ..graph.builder import GraphBuilder
 from ..graph.ir import Graph
+from ..graph.primitives import LLAMA_WEIGHT_NAMES, llama_layer_primitive
 from ..tensor import TensorDesc
 
 __all__ = ["GRAPHS", "build"]
@@ -32,55 +33,14 @@ def _weights(rng: np.random.Generator, shapes: dict[str, tuple[int, ...]], dt: D
             for k, s in shapes.items()}
 
 
-def _rms(b: GraphBuilder, x: str, w: str, eps: str, name: str) -> str:
-    sq, = b.add_node("Elewise", [x, x], {"elewise_type": "mul"}, name=f"{name}.square")
-    ms, = b.add_node("ReduceMean", [sq], {"dim": -1, "keepdim": True}, name=f"{name}.mean")
-    ad, = b.add_node("Elewise", [ms, eps], {"elewise_type": "add"}, name=f"{name}.add_eps")
-    rs, = b.add_node("Elewise", [ad], {"elewise_type": "rsqrt"}, name=f"{name}.rsqrt")
-    xn, = b.add_node("Elewise", [x, rs], {"elewise_type": "mul"}, name=f"{name}.normalize")
-    y, = b.add_node("Elewise", [w, xn], {"elewise_type": "mul"}, name=name)
-    return y
+_HF = dict(zip(("ln1", "wq", "wk", "wv", "wo", "ln2", "wg", "wu", "wd"), LLAMA_WEIGHT_NAMES))
 
 
 def llama_layer(dt: Dtype, w: dict[str, np.ndarray]) -> Graph:
     """One LLaMA decoder layer from primitives (causal mask as a constant)."""
-    d = HID // HEADS
-    b = GraphBuilder("verify_llama_layer")
-    x = b.add_input("x", TensorDesc((B, S, HID), dt))
-    ids = {k: b.add_weight(k, v.astype(dt.numpy)) for k, v in w.items()}
-    mask = np.triu(np.full((S, S), -np.inf), 1).astype(dt.numpy)
-    m = b.add_weight("causal_mask", mask)
-    eps = b.add_weight("rms_eps", np.array([1e-6], dt.numpy))
-    h = _rms(b, x, ids["ln1"], eps, "input_layernorm")
-    q, = b.add_node("Linear", [h, ids["wq"]], name="q_proj")
-    k, = b.add_node("Linear", [h, ids["wk"]], name="k_proj")
-    v, = b.add_node("Linear", [h, ids["wv"]], name="v_proj")
-    q, k = b.add_node("RoPE", [q, k], {"num_heads": HEADS, "num_kv_heads": HEADS}, name="rope")
-    heads = []
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        t4 = b.reshape(t, (B, -1, HEADS, d), name=f"{name}_heads")            # [B, S, N, D]
-        tt, = b.add_node("Transpose", [t4], {"perm": (0, 2, 1, 3)}, name=f"{name}_bnsd")
-        heads.append(tt)                                                      # [B, N, S, D]
-    qt, kt, vt = heads
-    k_t, = b.add_node("Transpose", [kt], {"perm": (0, 1, 3, 2)}, name="k_transposed")
-    s, = b.add_node("MatMul", [qt, k_t], name="scores")                       # [B, N, S, S]
-    s, = b.add_node("Elewise", [s], {"elewise_type": "muls", "scalar": d ** -0.5}, name="scale")
-    s, = b.add_node("Elewise", [s, m], {"elewise_type": "add"}, name="mask_add")
-    p, = b.add_node("Softmax", [s], {"dim": -1}, name="softmax")
-    o, = b.add_node("MatMul", [p, vt], name="context")                        # [B, N, S, D]
-    o, = b.add_node("Transpose", [o], {"perm": (0, 2, 1, 3)}, name="context_bsnd")
-    o = b.reshape(o, (B, -1, HID), name="context_bsh")                        # [B, S, H]
-    a, = b.add_node("Linear", [o, ids["wo"]], name="o_proj")
-    r1, = b.add_node("Elewise", [x, a], {"elewise_type": "add"}, name="attn_residual")
-    h2 = _rms(b, r1, ids["ln2"], eps, "post_attention_layernorm")
-    g, = b.add_node("Linear", [h2, ids["wg"]], name="gate_proj")
-    u, = b.add_node("Linear", [h2, ids["wu"]], name="up_proj")
-    ga, = b.add_node("SiLU", [g], name="act")
-    mu, = b.add_node("Elewise", [ga, u], {"elewise_type": "mul"}, name="gate_mul")
-    dn, = b.add_node("Linear", [mu, ids["wd"]], name="down_proj")
-    out, = b.add_node("Elewise", [r1, dn], {"elewise_type": "add"}, name="out")
-    b.mark_output(out)
-    return b.build()
+    mask = np.triu(np.full((S, S), -np.inf), 1)
+    return llama_layer_primitive({_HF[k]: v for k, v in w.items()}, batch=B, seq=S, heads=HEADS,
+                                 dtype=dt, eps=1e-6, mask=mask, name="verify_llama_layer")
 
 
 def llama_weights(rng: np.random.Generator, dt: Dtype) -> dict[str, np.ndarray]:

@@ -5,6 +5,7 @@ far fewer kernels per forward, and its memory plan reuses the arena."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from atbcore.runtime.planner import _best_fit
@@ -83,3 +84,17 @@ def test_one_plan_serves_a_range_of_sequence_lengths():
         x = rand([2, s, 64], seed=s)
         atb.assert_close(op(x), run_graph(g, [x])[0], what=f"seq {s}")
     assert op.cache_stats()["plans"] == 1 and op.cache_stats()["hits"] == 3
+
+
+def test_primitive_builder_refuses_bad_arguments():
+    from atbcore.graph.primitives import llama_layer_primitive
+    from llama_graphs import llama_weights
+
+    w = llama_weights()
+    with pytest.raises(atb.InputError, match="missing"):
+        llama_layer_primitive({k: v for k, v in w.items() if "down" not in k}, batch=1, seq=4,
+                              heads=4)
+    with pytest.raises(atb.ParamsError, match="heads"):
+        llama_layer_primitive(w, batch=1, seq=4, heads=5)
+    with pytest.raises(atb.ShapeError, match="mask"):
+        llama_layer_primitive(w, batch=1, seq=4, heads=4, mask=np.zeros((3, 3)))
