@@ -54,12 +54,15 @@ class Slot:
 class BindContext:
     """What a binder gets besides its tensors: the node's name, its ``workspace`` (a
     uint8 tensor in the plan's arena of the bytes the kernel's ``workspace`` asked
-    for, or None) and where it records the layout it reads each weight in."""
+    for, or None), where it records the layout it reads each weight in, and
+    ``trusted``: the node's graph inputs are values atb itself made and checked (a
+    KV cache's index tensors), so the kernel may skip its own per-call value checks."""
 
     node: str
     workspace: Any = None
     layouts: dict[str, str] | None = None
     pool_rows: list[int] | None = None
+    trusted: bool = False
 
     def note_layout(self, name: str, layout: str) -> None:
         """Say that weight input ``name`` is read as ``layout`` (shown by explain())."""
@@ -220,9 +223,14 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
             if off is not None and plan.arena_block is not None:
                 ws = convert(plan.arena_block.view(off, (nbytes,), Dtype.UINT8), c.native)
             call = binder(c.params, {**dict.fromkeys(c.names), **ins}, outs,
-                          BindContext(c.node, ws, c.layouts, pool_rows))
+                          BindContext(c.node, ws, c.layouts, pool_rows, c.trusted))
             if call is not None:
                 fixed.update(views)
+                # a view of a fixed buffer is fixed too: later binders get the tensor
+                made = getattr(call, "fixed_out", None)
+                if made is not None:
+                    fixed.update((o, v) for o, v in zip(c.outs, made)
+                                 if v is not None and o not in outputs)
                 if not getattr(binder, "fills_slots", False):
                     allocs.extend((o.index, _empty(c.native, o.desc)) for o in outs
                                   if type(o) is Slot)

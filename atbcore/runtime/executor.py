@@ -104,6 +104,7 @@ class BoundCall:
     outs: tuple[str, ...]
     frees: tuple[str, ...] = ()
     check: bool = False
+    trusted: bool = False  # its graph inputs are all values atb made (build_plan's trusted)
     writes_out: bool = False
     out_offsets: tuple[int | None, ...] = ()
     stream: int = 0

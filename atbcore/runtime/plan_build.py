@@ -23,12 +23,19 @@ from .scheduler import assign_streams, flatten, schedule
 __all__ = ["build_plan", "native_weight"]
 
 
+def _trusted(n: Node, inputs: Mapping[str, Any], trusted: frozenset[str]) -> bool:
+    """Whether node ``n`` reads graph inputs, all of them ``trusted``."""
+    read = {i for i in n.inputs if i in inputs}
+    return bool(read) and read <= trusted
+
+
 def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
                backend: str | None = None, levels: list[list[Node]] | None = None,
                weights: Callable[[str, str, str], Any] | None = None,
                points: Mapping[str, tuple[str | None, str | None]] | None = None,
                num_streams: int = 1, arena: str = "auto",
-               framework: str | None = None) -> ExecPlan:
+               framework: str | None = None, trusted: frozenset[str] = frozenset()
+               ) -> ExecPlan:
     """Compile ``graph`` for ``input_descs`` (graph input id -> descriptor).
 
     ``backend`` forces one backend (else the dispatcher's priority order);
@@ -37,7 +44,10 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
     plugin points ``(pre, post)``; ``num_streams > 1`` runs independent branches on
     separate CUDA streams (CUDA only; ignored elsewhere); ``arena`` is
     ``"auto" | "always" | "never"`` (see the module docstring); ``framework`` is the
-    caller's (framework backends of that framework are asked first).
+    caller's (framework backends of that framework are asked first). ``trusted``:
+    graph inputs whose values atb itself made and checked (a KV cache's index
+    tensors): a node reading graph inputs only from this set skips its per-call
+    value checks.
     """
     levels = levels if levels is not None else schedule(graph)
     descs, bindings = infer_descs(graph, levels, input_descs)
@@ -95,7 +105,8 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
             node=n.name, op=n.op, opdef=opdef, params=n.params, fn=k.fn, backend=be.name,
             native=be.native, impl=k.impl, launches=k.launches, fallbacks=skipped, ins=ins,
             names=opdef.input_names, outs=n.outputs, frees=frees,
-            check=type(opdef).check_values is not OpDef.check_values,
+            check=type(opdef).check_values is not OpDef.check_values and not
+            _trusted(n, input_descs, trusted), trusted=_trusted(n, input_descs, trusted),
             writes_out=bool(getattr(k, "writes_out", False)),
             out_offsets=tuple(memory.offsets.get(o) for o in n.outputs),
             stream=streams.get(n.name, 0), pre=p, post=post, bind=binder_of(k),

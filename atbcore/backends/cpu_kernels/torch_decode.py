@@ -24,7 +24,7 @@ from .torch_ops import (DTYPE_CODES, MAX_ROTARY_DIM, _ROPE, _check, _deliver, _f
 
 __all__ = ["linear_rows", "linear_rows_bound", "pack_panels", "PANEL", "LINEAR_WEIGHT_DTYPES",
            "decode_attention", "decode_attention_bound",
-           "paged_decode_attention", "rope_cache_bound", "rope_bound", "reshape_and_cache",
+           "paged_decode_attention", "paged_decode_attention_bound", "rope_cache_bound", "rope_bound", "reshape_and_cache",
            "reshape_and_cache_bound", "argmax_rows"]
 
 _ATTN = struct.Struct("<32qd2q")
@@ -122,6 +122,20 @@ def paged_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache
     rounding into ``out`` [B, H, D] (new when None); a row with no key gives zeros.
     The block ids each row reads are checked against the cache (once per change of
     the tables: :func:`.torch_checks.check_block_tables`)."""
+    return paged_decode_attention_bound(q, key_cache, value_cache, block_tables, context_lens,
+                                        scale=scale, window=window, out=out)()
+
+
+def paged_decode_attention_bound(q: torch.Tensor, key_cache: torch.Tensor,
+                                 value_cache: torch.Tensor, block_tables: torch.Tensor,
+                                 context_lens: torch.Tensor, *, scale: float,
+                                 window: int | None = None, out: torch.Tensor | None = None,
+                                 check_tables: bool = True) -> Callable[[], torch.Tensor]:
+    """:func:`paged_decode_attention` with its arguments packed once: ``call()``
+    attends with the tables' and lengths' values then current (checked again per
+    call unless ``check_tables`` is False: values atb itself made). The tensors must
+    stay alive and in place while the call lives; q, tables and lengths contiguous
+    for the packed form to read what the caller writes (else they are copied now)."""
     op = "paged_decode_attention"
     chk.tensor(op, "q", q, dims=(3,))
     chk.tensor(op, "key_cache", key_cache, dims=(4,))
@@ -154,24 +168,28 @@ def paged_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache
     y = out if (out is not None and out.shape == q.shape and out.dtype in DTYPE_CODES
                 and out.stride(-1) == 1) else torch.empty(b, h, d, dtype=q.dtype)
     if q.numel() == 0:
-        return _deliver(out, y)
+        return lambda: _deliver(out, y)
     if n == 0:
-        y.zero_()
-        return _deliver(out, y)
+        return lambda: _deliver(out, y.zero_())
     kc, vc = _unit_last(key_cache), _unit_last(value_cache)
-    args = _ATTN.pack(
-        q.data_ptr(), kc.data_ptr(), vc.data_ptr(), y.data_ptr(), 0, DTYPE_CODES[q.dtype],
-        DTYPE_CODES[kc.dtype], DTYPE_CODES[y.dtype], b, h, kv, d, q.stride(0), q.stride(1),
-        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
-        y.stride(0), y.stride(1), 0, 0, cl.data_ptr(), int(cl.dtype == torch.int32),
-        int(window or 0), bt.data_ptr(), int(bt.dtype == torch.int32), bt.stride(0), bs,
-        pool_threads(), float(scale), 0, n)
-    status = _fn("decode_attention")(args)
-    if status == -3:
-        raise ShapeError(op, "context_lens", f"0 <= length <= {n} (the block table's reach)",
-                         context_lens.tolist())
-    _check(status, "decode_attention")
-    return _deliver(out, y)
+    pre = (q.data_ptr(), kc.data_ptr(), vc.data_ptr(), y.data_ptr(), 0, DTYPE_CODES[q.dtype],
+           DTYPE_CODES[kc.dtype], DTYPE_CODES[y.dtype], b, h, kv, d, q.stride(0), q.stride(1),
+           kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+           y.stride(0), y.stride(1), 0, 0, cl.data_ptr(), int(cl.dtype == torch.int32),
+           int(window or 0), bt.data_ptr(), int(bt.dtype == torch.int32), bt.stride(0), bs)
+    fn, pack, scale = _fn("decode_attention"), _ATTN.pack, float(scale)
+    keep = (q, kc, vc, bt, cl)  # the packed addresses stay valid while the call lives
+
+    def call() -> torch.Tensor:
+        if check_tables:
+            chk.check_block_tables(op, bt, cl, nb, bs)
+        status = fn(pack(*pre, pool_threads(), scale, 0, n))
+        if status == -3:
+            raise ShapeError(op, "context_lens", f"0 <= length <= {n} (the block table's reach)",
+                             keep[4].tolist())
+        _check(status, "decode_attention")
+        return _deliver(out, y)
+    return call
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n: int, lo: int = 0,

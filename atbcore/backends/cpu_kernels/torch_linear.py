@@ -17,7 +17,8 @@ from . import torch_checks as chk
 from .threads import pool_threads
 from .torch_ops import DTYPE_CODES, _check, _deliver, _fn, _rows
 
-__all__ = ["linear_rows", "linear_rows_bound", "linear_rows_bound_out", "pack_panels", "PANEL",
+__all__ = ["linear_rows", "linear_rows_bound", "linear_rows_bound_out", "linear_rows_bound_io",
+           "pack_panels", "PANEL",
            "LINEAR_WEIGHT_DTYPES"]
 
 # weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
@@ -193,7 +194,6 @@ def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     return call
 
 
-_LINEAR_X = struct.Struct("<4q")    # LinArgs before the output address
 _LINEAR_REST = struct.Struct("<10q")  # after it, up to threads
 
 
@@ -207,24 +207,51 @@ def linear_rows_bound_out(x: torch.Tensor, w: torch.Tensor, out_like: torch.Tens
     (a plan's fresh output tensor): ``call(out)`` checks only that ``out`` is shaped,
     typed and laid out like ``out_like`` (checked fully now) and packs its address.
     None where :func:`linear_rows_bound` would be None."""
-    if linear_rows_bound(x, w, out_like, scale=scale, bias=bias, accumulate=accumulate,
+    io = linear_rows_bound_io(x, w, out_like, scale=scale, bias=bias, accumulate=accumulate,
+                              rms_norm_eps=rms_norm_eps, rms_norm_weight=rms_norm_weight,
+                              panels=panels)
+    if io is None:
+        return None
+
+    def call(out: torch.Tensor) -> None:
+        io(x, out)
+    call.keep = (x, io)  # type: ignore[attr-defined]
+    return call
+
+
+def linear_rows_bound_io(x_like: torch.Tensor, w: torch.Tensor, out_like: torch.Tensor, *,
+                         scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                         accumulate: bool = False, rms_norm_eps: float | None = None,
+                         rms_norm_weight: torch.Tensor | None = None,
+                         panels: torch.Tensor | None = None
+                         ) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
+    """:func:`linear_rows_bound` for an input and an output that change per call (a
+    plan's input and fresh output): ``call(x, out)`` checks only that each is a
+    contiguous CPU tensor shaped and typed like ``x_like`` / ``out_like`` (checked
+    fully now) and packs their addresses. None where :func:`linear_rows_bound` would
+    be None."""
+    if linear_rows_bound(x_like, w, out_like, scale=scale, bias=bias, accumulate=accumulate,
                          rms_norm_eps=rms_norm_eps, rms_norm_weight=rms_norm_weight,
                          panels=panels) is None:
         return None
-    k = x.shape[-1]
-    head, tail = _linear_fields(x, x.numel() // k, k, w, scale, bias, out_like, accumulate,
-                                rms_norm_eps, rms_norm_weight, panels)
+    k = x_like.shape[-1]
+    head, tail = _linear_fields(x_like, x_like.numel() // k, k, w, scale, bias, out_like,
+                                accumulate, rms_norm_eps, rms_norm_weight, panels)
     fields = _LINEAR_HEAD.unpack(head)
-    before, after = _LINEAR_X.pack(*fields[:4]), _LINEAR_REST.pack(*fields[5:])
-    shape, dtype, fn = out_like.shape, out_like.dtype, _fn("linear_rows")
-    keep = (x, w, scale, bias, rms_norm_weight, panels)
+    mid, after = _LINEAR_W.pack(*fields[1:4]), _LINEAR_REST.pack(*fields[5:])
+    xshape, xdtype = x_like.shape, x_like.dtype
+    shape, dtype, fn, q = out_like.shape, out_like.dtype, _fn("linear_rows"), _Q.pack
+    keep = (w, scale, bias, rms_norm_weight, panels)
 
-    def call(out: torch.Tensor) -> None:
-        if (out.shape != shape or out.dtype != dtype or not out.is_contiguous()
-                or out.device.type != "cpu"):
-            raise ShapeError("linear_rows", "out", f"a contiguous CPU {dtype} {list(shape)}",
-                             f"{out.dtype} {list(out.shape)} on {out.device}")
-        _check(fn(before + _Q.pack(out.data_ptr()) + after + _Q.pack(pool_threads()) + tail),
+    def call(x: torch.Tensor, out: torch.Tensor) -> None:
+        for name, t, sh, dt in (("x", x, xshape, xdtype), ("out", out, shape, dtype)):
+            if t.shape != sh or t.dtype != dt or not t.is_contiguous() or t.device.type != "cpu":
+                raise ShapeError("linear_rows", name, f"a contiguous CPU {dt} {list(sh)}",
+                                 f"{t.dtype} {list(t.shape)} on {t.device}")
+        _check(fn(q(x.data_ptr()) + mid + q(out.data_ptr()) + after + q(pool_threads()) + tail),
                "linear_rows")
     call.keep = keep  # type: ignore[attr-defined]
     return call
+
+
+_LINEAR_W = struct.Struct("<3q")  # LinArgs between the input and output addresses

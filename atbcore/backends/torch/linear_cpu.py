@@ -17,6 +17,7 @@ import torch
 from ...runtime.binding import Slot, resolve
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import LINEAR_WEIGHT_DTYPES, linear_rows, linear_rows_bound
+from ..cpu_kernels.torch_linear import linear_rows_bound_io
 from .weight_layout import PANELS_LAYOUT, panels, panels_enabled
 
 __all__ = ["CpuLinear", "why_not_cpu_linear", "why_not_norm_weight", "bind_cpu_linear"]
@@ -80,6 +81,17 @@ class CpuLinear:
                                  panels=self.panels, rms_norm_eps=self.eps,
                                  rms_norm_weight=self.norm_weight)
 
+    def bound_io(self, x: Any, out: Any) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
+        """``call(x, out)`` for tensors or :class:`Slot` s shaped as given (packed once
+        but for the two addresses)."""
+        def like(t: Any) -> torch.Tensor:
+            if type(t) is not Slot:
+                return t
+            return torch.empty(t.desc.shape, dtype=t.desc.dtype.torch)
+        return linear_rows_bound_io(like(x), self.meta, like(out), scale=self.scale,
+                                    bias=self.bias, panels=self.panels, rms_norm_eps=self.eps,
+                                    rms_norm_weight=self.norm_weight)
+
 
 def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
                     ) -> Callable[[list], None] | None:
@@ -105,7 +117,22 @@ def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
         call = lin.bound(x, y)
         if call is not None:
             return lambda env: call()
+    else:  # an input or output that changes per run: addresses packed per call
+        io = lin.bound_io(x, y)
+        if io is not None:
+            gx = (lambda env, i=x.index: env[i]) if type(x) is Slot else (lambda env: x)
+            gy = (lambda env, i=y.index: env[i]) if type(y) is Slot else (lambda env: y)
+            return lambda env: _io_or_run(io, lin, gx(env), gy(env))
     return lambda env: lin.run(resolve(x, env), resolve(y, env))
+
+
+def _io_or_run(io: Callable[[torch.Tensor, torch.Tensor], None], lin: "CpuLinear",
+               x: torch.Tensor, y: torch.Tensor) -> None:
+    """The packed call for contiguous tensors, else the general one (a strided input)."""
+    if x.is_contiguous() and y.is_contiguous():
+        io(x, y)
+    else:
+        lin.run(x, y)
 
 
 def _rows(shape: Any) -> int:

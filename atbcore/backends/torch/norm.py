@@ -12,9 +12,13 @@ logged with its reason. Declared launches are the CPU counts (see
 
 from __future__ import annotations
 
+from typing import Any, Callable, Mapping
+
 import torch
 import torch.nn.functional as F
 
+from ...runtime.binding import Slot
+from ...tensor import describe
 from ..cpu_kernels import torch_ops as ck
 from . import kernel
 
@@ -49,8 +53,31 @@ def _rms_norm(p, x, w):
     return F.rms_norm(_f32(x), _shape(p, x, w), wf, p.eps).to(x.dtype)
 
 
+def _bind_norm(name: str) -> Callable[..., Any]:
+    """A binder for LayerNorm / RmsNorm writing a planned buffer: the C call with the
+    weights and output packed once (x read per run); None (the generic call) for
+    anything else."""
+
+    def bind(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
+        x, w, b, o = ins["x"], ins["weight"], ins.get("bias"), outs[0]
+        if type(w) is Slot or type(b) is Slot or type(o) is Slot:
+            return None
+        xd = x.desc if type(x) is Slot else describe(x)
+        if ck.why_not(w, b, o) or xd.dtype.torch != o.dtype or tuple(xd.shape) != o.shape \
+                or not str(xd.device).startswith("cpu") or o.numel() == 0:
+            return None
+        n = _numel(_shape(p, o, w))
+        offset = getattr(p, "weight_offset", 0.0)
+        run = ck.norm_bound(name, w, b, n, p.eps, offset, o)
+        if type(x) is Slot:
+            i = x.index
+            return lambda env: run(env[i])
+        return lambda env: run(x)
+    return bind
+
+
 @kernel("LayerNorm", impl="C layer_norm, one pass (CPU); else F.layer_norm (fp32 compute)",
-        launches=ck.c_launches(1), writes_out=True)
+        launches=ck.c_launches(1), writes_out=True, bind=_bind_norm("layer_norm"))
 def layer_norm(p, ins, out=None):
     x, w, b = ins["x"], ins["weight"], ins["bias"]
     why = ck.why_not(x, w, b)
@@ -62,7 +89,7 @@ def layer_norm(p, ins, out=None):
 
 
 @kernel("RmsNorm", impl="C rms_norm, one pass (CPU); else F.rms_norm (fp32 compute)",
-        launches=ck.c_launches(6), writes_out=True)
+        launches=ck.c_launches(6), writes_out=True, bind=_bind_norm("rms_norm"))
 def rms_norm(p, ins, out=None):
     x, w = ins["x"], ins["weight"]
     why = ck.why_not(x, w)

@@ -17,12 +17,19 @@ paths:
 
 from __future__ import annotations
 
+from typing import Any, Callable, Mapping
+
 import torch
 import torch.nn.functional as F
 
+from ...runtime.binding import Slot, resolve
+from ...tensor import copy_into
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import paged_decode_attention as c_paged_decode_attention
+from ..cpu_kernels.torch_decode import paged_decode_attention_bound as \
+    c_paged_decode_attention_bound
 from ..cpu_kernels.torch_decode import reshape_and_cache as c_reshape_and_cache
+from ..cpu_kernels.torch_decode import reshape_and_cache_bound as c_reshape_and_cache_bound
 from ...ops.attention import effective_window
 from .attention import sdpa_attention
 from . import kernel
@@ -30,8 +37,44 @@ from . import kernel
 __all__ = ["reshape_and_cache", "paged_attention", "paged_decode_attention", "decode_mask"]
 
 
+def _same(a: tuple, b: tuple | None) -> bool:
+    return b is not None and all(x is y for x, y in zip(a, b))
+
+
+def _getter(home: Any) -> Callable[[list], Any]:
+    return (lambda env, i=home.index: env[i]) if type(home) is Slot else (lambda env: home)
+
+
+def _bind_reshape_and_cache(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
+    """The C copy with its arguments packed once per set of tensors (a program fed
+    the same cache and index tensors each step packs once); the outputs are the
+    caches themselves."""
+    if any(type(o) is not Slot for o in outs):
+        return None
+    gets = [_getter(ins[n]) for n in ("key", "value", "key_cache", "value_cache",
+                                      "slot_mapping")]
+    ok, ov = outs[0].index, outs[1].index
+    state: list[Any] = [None, None]  # the tensors bound, their packed call
+
+    def call(env: list) -> None:
+        cur = tuple(g(env) for g in gets)
+        if not _same(cur, state[0]):
+            bound = None if ck.why_not(*cur[:4]) else c_reshape_and_cache_bound(*cur)
+            state[:] = [cur, bound]
+        if state[1] is not None:
+            state[1]()
+        else:
+            reshape_and_cache(p, dict(zip(("key", "value", "key_cache", "value_cache",
+                                           "slot_mapping"), cur)))
+        env[ok], env[ov] = cur[2], cur[3]
+    return call
+
+
+_bind_reshape_and_cache.fills_slots = True  # type: ignore[attr-defined]
+
+
 @kernel("ReshapeAndCache", impl="C row copy into the block caches (CPU), else torch "
-        "indexed write (in place)", launches=ck.c_launches(8))
+        "indexed write (in place)", launches=ck.c_launches(8), bind=_bind_reshape_and_cache)
 def reshape_and_cache(p, ins):
     kc, vc = ins["key_cache"], ins["value_cache"]
     k, v, sm = ins["key"], ins["value"], ins["slot_mapping"]
@@ -79,9 +122,45 @@ def paged_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     return o.reshape(b, h, d).to(q.dtype)                            # [B, Hkv, G, D] -> [B, H, D]
 
 
+def _bind_paged_attention(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
+    """Decode (one query per sequence) into a planned buffer: the C kernel packed once
+    per set of cache/table tensors (tables checked per call unless the node's inputs
+    are trusted); None (the generic call) otherwise."""
+    q, o, bt = ins["query"], outs[0], ins["block_tables"]
+    qshape = q.desc.shape if type(q) is Slot else tuple(q.shape)
+    rows = bt.desc.shape[0] if type(bt) is Slot else bt.shape[0]
+    if type(o) is Slot or qshape[0] != rows or qshape[2] > 512:
+        return None
+    names = ("query", "key_cache", "value_cache", "block_tables", "context_lens")
+    gets = [_getter(ins[n]) for n in names]
+    qsl = ins.get("q_seq_lens")
+    scale = p.scale if p.scale is not None else qshape[2] ** -0.5
+    state: list[Any] = [None, None]
+
+    def call(env: list) -> None:
+        cur = tuple(g(env) for g in gets)
+        if not _same(cur, state[0]):
+            q, kc, vc, tables, lens = cur
+            bound = None
+            if (ck.why_not(q, kc, vc) is None and kc.dtype == vc.dtype
+                    and tables.is_contiguous() and lens.is_contiguous()):
+                window = effective_window(p.window, 1, kc.shape[0] * kc.shape[1])
+                bound = c_paged_decode_attention_bound(
+                    q, kc, vc, tables, lens, scale=scale, window=window, out=o,
+                    check_tables=not ctx.trusted)
+            state[:] = [cur, bound]
+        if state[1] is not None:
+            state[1]()
+            return
+        got = dict(zip(names, cur), q_seq_lens=resolve(qsl, env))
+        copy_into(o, paged_attention(p, got)[0])
+    return call
+
+
 @kernel("PagedAttention", impl="decode: C kernel reading the blocks in place (CPU), else "
         "batched block gather + torch scaled_dot_product_attention (GQA folded into query "
-        "rows); per-sequence for multi-token queries; fp32 compute", launches=ck.c_launches(8))
+        "rows); per-sequence for multi-token queries; fp32 compute", launches=ck.c_launches(8),
+        bind=_bind_paged_attention)
 def paged_attention(p, ins):
     q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
     bt, ctx, qsl = ins["block_tables"], ins["context_lens"], ins.get("q_seq_lens")

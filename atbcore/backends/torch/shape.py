@@ -4,9 +4,12 @@ as an alias of its input)."""
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import torch
 
 from ...log import logger
+from ...runtime.binding import Slot
 from ...ops.shape import resolve_shape, slice_bounds, split_sizes
 from ...tensor import describe
 from . import kernel
@@ -25,19 +28,69 @@ def transpose(p, ins):
     return [_fresh(ins["x"].permute(*p.perm))]
 
 
-@kernel("Reshape", impl="torch.Tensor.view (zero-copy)", launches=0)
-def reshape(p, ins):
-    x = ins["x"]
-    shape = resolve_shape("Reshape", p.shape, tuple(x.shape))
+def _view(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     try:
-        return [x.view(shape)]
+        return x.view(shape)
     except RuntimeError as e:
         # Strides that no view can express (e.g. a transposed input): copy once.
         logger.info("Reshape: input strides %s allow no view (%s); copying", x.stride(), e)
-        return [x.reshape(shape)]
+        return x.reshape(shape)
 
 
-@kernel("Split", impl="torch.split + contiguous copies (one per part)", launches=2)
+def _bind_reshape(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
+    """The view made once for a fixed input, else per run with the shape resolved
+    at bind time."""
+    x, o = ins["x"], outs[0]
+    if type(o) is not Slot:
+        return None
+    shape, j = tuple(o.desc.shape), o.index
+    if type(x) is Slot:
+        i = x.index
+
+        def call(env: list) -> None:
+            env[j] = _view(env[i], shape)
+        return call
+    v = _view(x, shape)
+
+    def fixed(env: list) -> None:
+        env[j] = v
+    fixed.fixed_out = [v]  # type: ignore[attr-defined]  # readers bind to the view itself
+    return fixed
+
+
+_bind_reshape.fills_slots = True  # type: ignore[attr-defined]
+
+
+@kernel("Reshape", impl="torch.Tensor.view (zero-copy)", launches=0, bind=_bind_reshape)
+def reshape(p, ins):
+    x = ins["x"]
+    return [_view(x, resolve_shape("Reshape", p.shape, tuple(x.shape)))]
+
+
+def _bind_split(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
+    """Each part copied into its planned buffer (sizes resolved at bind time)."""
+    x = ins["x"]
+    if any(type(o) is Slot for o in outs):
+        return None
+    dim, sizes = split_sizes("Split", p, x.desc if type(x) is Slot else describe(x))
+    sizes = list(sizes)
+    if type(x) is not Slot:  # a planned buffer: its parts are views made once
+        pairs = list(zip(outs, torch.split(x, sizes, dim=dim)))
+
+        def fixed(env: list) -> None:
+            for o, t in pairs:
+                o.copy_(t)
+        return fixed
+    i = x.index
+
+    def call(env: list) -> None:
+        for o, t in zip(outs, torch.split(env[i], sizes, dim=dim)):
+            o.copy_(t)
+    return call
+
+
+@kernel("Split", impl="torch.split + contiguous copies (one per part)", launches=2,
+        bind=_bind_split)
 def split(p, ins):
     x = ins["x"]
     dim, sizes = split_sizes("Split", p, describe(x))
