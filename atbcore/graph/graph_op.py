@@ -45,7 +45,7 @@ from ..tensor import (TensorDesc, convert, copy_into, describe, framework_of, is
                       raw_signature)
 from .graph_op_explain import explain_text, plugin_points
 from .graph_op_io import load_graph_op_kwargs, make_fusion_config, save_graph_op
-from .graph_op_kv import KVBinder, kv_dim_names
+from .graph_op_kv import KVBinder, in_place_cache, kv_dim_names, run_in_place
 from .ir import Graph
 
 __all__ = ["GraphOp"]
@@ -102,13 +102,18 @@ class GraphOp:
         self.num_streams = int(num_streams)
         self.arena = arena
         self.max_plans = max_plans
-        self.graph: Graph | None = None  # after the pass pipeline
-        self.pass_reports: list[Any] = []
         self.profiler = Profiler(self.name)
-        self.last_launches: int | None = None
-        self.last_plan: ExecPlan | None = None
         self._dynamic = dict(dynamic_shape or {})
         self._plugins: dict[str, list[Any]] = {}
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        """The lowering, plans and run state (also a fresh start for the in-place
+        cache form, which copies this GraphOp's settings)."""
+        self.graph: Graph | None = None  # after the pass pipeline
+        self.pass_reports: list[Any] = []
+        self.last_launches: int | None = None
+        self.last_plan: ExecPlan | None = None
         self._cache: PlanCache | None = None
         self._weights: dict[tuple[str, str, str], Any] = {}
         self._captured: dict[tuple, Any] = {}
@@ -120,6 +125,10 @@ class GraphOp:
         self._finalizer: Any = None
         # (raw signature, plan, program key, framework) of the last plain call
         self._hot: tuple | None = None
+        self._in_place: Any = None  # the in-place cache form (graph_op_kv.in_place_form)
+        self._cache_form: tuple | None = None  # (cache layer desc, batch) when this is one
+        self._feeder: Any = None  # its graph_op_kv.CacheFeeder
+        self._trusted: frozenset[str] = frozenset()  # inputs atb made (build_plan's trusted)
 
     # ------------------------------------------------------------------ building
     def _descs_of(self, inputs: Sequence[Any]) -> list[TensorDesc]:
@@ -141,7 +150,9 @@ class GraphOp:
         if self.graph_unfused is None:
             from .sequential import lower_sequential
 
-            self.graph_unfused = lower_sequential(self._layers, list(descs), self.name)
+            cache_desc, batch = self._cache_form or (None, 1)
+            self.graph_unfused = lower_sequential(self._layers, list(descs), self.name,
+                                                  kv_cache_desc=cache_desc, batch=batch)
         from ..passes.pipeline import run_pipeline
 
         self.graph, self.pass_reports = run_pipeline(self.graph_unfused, self.fusion_config)
@@ -161,7 +172,7 @@ class GraphOp:
         assert self.graph is not None
         return build_plan(self.graph, descs, backend=self.backend, weights=self._weight,
                           points=self._points, num_streams=self.num_streams, arena=self.arena,
-                          framework=framework)
+                          framework=framework, trusted=self._trusted)
 
     def _weight(self, tid: str, native: str, device: str) -> Any:
         # Weights become backend-native once per (native, device), shared by all plans.
@@ -206,12 +217,17 @@ class GraphOp:
         if not inputs:
             raise InputError(self.name, "number of inputs", "at least 1", 0)
         self._check_alive()
-        self._ensure_graph(self._descs_of(inputs))
+        if self.graph is None:
+            self._ensure_graph(self._descs_of(inputs))
         kv = self._kv
         if kv is None or not kv.slots:
             outs = self.execute(inputs)
             out = outs[0] if len(outs) == 1 else tuple(outs)
             return out if kv_cache is _UNSET else (out, kv_cache)
+        if in_place_cache(kv_cache) and len(inputs) == 1:
+            out = run_in_place(self, inputs[0], kv_cache)
+            if out is not None:
+                return out, kv_cache
         given = None if kv_cache is _UNSET else kv_cache
         full, plens = kv.inputs(inputs, given)
         outs = self.execute(full)
@@ -438,6 +454,8 @@ class GraphOp:
         """Free every plan's arena back to the pool and drop cached weights; the
         GraphOp can no longer run."""
         with self._lock:
+            if self._in_place is not None:
+                self._in_place.destroy()
             if self._cache is not None:
                 self._cache.clear()
             self._captured.clear()

@@ -16,7 +16,10 @@ scale=None, window=None, kv_cache=False, packed=None, qkv_bias=False)``:
   sequence (a contiguous cache; ``Concat`` in the IR); causal masks are bottom-right
   aligned, so new queries see the whole past. With a RoPE layer, the graph also
   takes ``<name>.position_ids`` (int64 ``[S]``: P + arange(S)). See
-  :func:`atbcore.graph.sequential.kv_cache_slots`.
+  :func:`atbcore.graph.sequential.kv_cache_slots`. In the in-place cache form
+  (:func:`~atbcore.graph.sequential.lower_sequential` with ``kv_cache_desc``) the
+  new keys/values go into the cache layer with ``ReshapeAndCache`` and the attention
+  is a ``PagedAttention`` over it (token-major tensors; no concatenation).
 
 The output ``[B, S, H*D]`` has no output projection (a following ``Linear`` is).
 """
@@ -97,8 +100,9 @@ class FlashAttention(Layer):
                       ) -> tuple[str, str, str, int]:
         d = ctx.builder.desc(x)
         h, hkv = self.num_heads, self.num_kv_heads
-        if d.rank != 3 or d.shape[-1] % (h + 2 * hkv):
-            raise ShapeError(name, "packed QKV input [B, S, (num_heads + 2*num_kv_heads) * head_dim]",
+        if d.rank != (2 if ctx.cache_desc is not None else 3) or d.shape[-1] % (h + 2 * hkv):
+            raise ShapeError(name, "packed QKV input [B, S, (num_heads + 2*num_kv_heads) * head_dim] "
+                             "([T, ...] with an atb.KVCache)",
                              f"a last dim divisible by {h + 2 * hkv}", f"shape {list(d.shape)}")
         hd = d.shape[-1] // (h + 2 * hkv)
         if self.head_dim is not None and hd != self.head_dim:
@@ -143,6 +147,8 @@ class FlashAttention(Layer):
         q, k, v, hd = (self._split_packed if packed else self._project)(ctx, name, x, split)
         if not k:  # packed QKV straight into the attention
             return ctx.builder.add_node("FlashAttention", [q], self._params(), name=name)[0]
+        if ctx.cache_desc is not None:
+            return self._lower_in_place(ctx, name, q, k, v, hd, rope)
         dq = ctx.builder.desc(q)
         pos = None
         if self.kv_cache:
@@ -160,6 +166,38 @@ class FlashAttention(Layer):
             v, = ctx.builder.add_node("Concat", [slot.past_value, v], {"dim": 1},
                                       name=slot.present_value)
         return ctx.builder.add_node("FlashAttention", [q, k, v], self._params(), name=name)[0]
+
+
+    def _lower_in_place(self, ctx: "LoweringContext", name: str, q: str, k: str, v: str,
+                        hd: int, rope: Any) -> str:
+        """Token-major q/k/v ``[T, *]``: RoPE (as ``[1, T, *]``), the cache write
+        and ``PagedAttention`` over the cache layer; returns ``[T, H*D]``."""
+        from .sequential import CACHE_INDEX
+
+        if not self.kv_cache:
+            raise ShapeError(name, "attention in a block run with an atb.KVCache",
+                             "FlashAttention(kv_cache=True)", "kv_cache=False")
+        b, h, hkv = ctx.builder, self.num_heads, self.num_kv_heads
+        slot = ctx.add_cache_slot(name, positions=rope is not None)
+        if rope is not None:
+            p = {k_: v_ for k_, v_ in rope.params.items() if v_ is not None}
+            p.update(num_heads=h, num_kv_heads=hkv, head_dim=hd)
+            q3, = b.add_node("Reshape", [q], {"shape": (1, -1, h * hd)}, name=f"{name}.q_bsh")
+            k3, = b.add_node("Reshape", [k], {"shape": (1, -1, hkv * hd)}, name=f"{name}.k_bsh")
+            q, k = b.add_node("RoPE", [q3, k3, slot.position_ids], p, name=ctx.name_of(rope))
+        qh, = b.add_node("Reshape", [q], {"shape": (-1, h, hd)}, name=f"{name}.q_heads")
+        kh, = b.add_node("Reshape", [k], {"shape": (-1, hkv, hd)}, name=f"{name}.k_heads")
+        vh, = b.add_node("Reshape", [v], {"shape": (-1, hkv, hd)}, name=f"{name}.v_heads")
+        slots, tables, lens, qlens = CACHE_INDEX
+        kc, vc = b.add_node("ReshapeAndCache", [kh, vh, slot.key_cache, slot.value_cache, slots],
+                            name=f"{name}.cache_write")
+        p = {"num_heads": h, "num_kv_heads": hkv, "head_dim": hd, "causal": self.causal}
+        if self.scale is not None:
+            p["scale"] = self.scale
+        if self.window is not None:
+            p["window"] = self.window
+        o, = b.add_node("PagedAttention", [qh, kc, vc, tables, lens, qlens], p, name=name)
+        return b.add_node("Reshape", [o], {"shape": (-1, h * hd)}, name=f"{name}.merge")[0]
 
 
 class FusedFeedForward(Layer):

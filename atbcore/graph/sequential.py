@@ -14,6 +14,20 @@ Graph interface:
 * outputs: the last layer's output, then every ``<name>.present_key`` /
   ``<name>.present_value``.
 
+**In-place cache form** (``kv_cache_desc=`` given: a contiguous cache layer
+``[max_batch, max_seq_len, Hkv, D]``, e.g. ``atbcore.memory.KVCache.keys(layer)``).
+The block is lowered token-major: ``"input"`` is ``[T, hidden]`` (the ``B * S``
+tokens of equal-length rows, row-major), and every ``FlashAttention(kv_cache=True)``
+writes its new keys/values into its cache layer with ``ReshapeAndCache`` and attends
+with ``PagedAttention`` over it (the cache read as ``max_batch`` blocks of
+``max_seq_len`` rows): nothing is concatenated and the graph's input shapes do not
+change from one decode step to the next. Inputs: ``"input"``, per attention
+``<name>.key_cache`` / ``<name>.value_cache`` (and ``<name>.position_ids`` ``[T]``
+with RoPE), and once per block the int32 index tensors of :data:`CACHE_INDEX`
+(``slot_mapping [T]``, ``block_tables [B, 1]``, ``context_lens [B]``,
+``q_seq_lens [B]``). Outputs: the last layer's ``[T, hidden]``; the caches are
+written in place. :func:`cache_slots` lists the attention layers.
+
 Descriptors: ``input_descs[0]`` describes x. The following ones describe the
 cache inputs in the order above; when only x is given they default to an empty
 past ``[B, 0, Hkv*D]`` (and positions ``[S]``).
@@ -40,9 +54,13 @@ from .builder import GraphBuilder
 from .ir import Graph
 from .layers import Layer
 
-__all__ = ["lower_sequential", "LoweringContext", "KVSlot", "kv_cache_slots", "BLOCK_INPUT"]
+__all__ = ["lower_sequential", "LoweringContext", "KVSlot", "kv_cache_slots", "BLOCK_INPUT",
+           "CacheSlot", "cache_slots", "CACHE_INDEX"]
 
 BLOCK_INPUT = "input"
+# the in-place cache form's index inputs, shared by the block's attention layers
+CACHE_INDEX = ("cache.slot_mapping", "cache.block_tables", "cache.context_lens",
+               "cache.q_seq_lens")
 
 
 @dataclass(frozen=True)
@@ -57,12 +75,26 @@ class KVSlot:
     position_ids: str | None = None
 
 
+@dataclass(frozen=True)
+class CacheSlot:
+    """The cache inputs of one attention layer in the in-place cache form."""
+
+    layer: str
+    key_cache: str
+    value_cache: str
+    position_ids: str | None = None
+
+
 class LoweringContext:
-    """State shared by the layers while one list is lowered."""
+    """State shared by the layers while one list is lowered. ``cache_desc``: the
+    in-place cache form's cache layer descriptor (None = the concatenating form)."""
 
     def __init__(self, builder: GraphBuilder, input_id: str, layers: Sequence[Layer],
-                 extra_descs: Sequence[TensorDesc]) -> None:
+                 extra_descs: Sequence[TensorDesc], cache_desc: TensorDesc | None = None,
+                 batch: int = 1) -> None:
         self.builder = builder
+        self.cache_desc, self.batch = cache_desc, int(batch)
+        self.cache_slots: list[CacheSlot] = []
         self.input = input_id
         self.layers = list(layers)
         self.index = 0
@@ -121,13 +153,35 @@ class LoweringContext:
         self.extra_outputs += [slot.present_key, slot.present_value]
         return slot
 
+    def add_cache_slot(self, name: str, *, positions: bool) -> CacheSlot:
+        """Declare the in-place cache inputs of attention ``name`` (and, for the
+        first one, the block's index inputs)."""
+        b, c = self.builder, self.cache_desc
+        assert c is not None
+        kc = b.add_input(f"{name}.key_cache", c)
+        vc = b.add_input(f"{name}.value_cache", c)
+        tokens = self.builder.desc(self.input).shape[0]
+        if not self.cache_slots:
+            i32 = Dtype.INT32
+            for tid, shape in zip(CACHE_INDEX, ((tokens,), (self.batch, 1), (self.batch,),
+                                                    (self.batch,))):
+                b.add_input(tid, TensorDesc(shape, i32))
+        pos = b.add_input(f"{name}.position_ids", TensorDesc((tokens,), Dtype.INT64)) \
+            if positions else None
+        slot = CacheSlot(name, kc, vc, pos)
+        self.cache_slots.append(slot)
+        return slot
+
     def leftover(self) -> list[TensorDesc]:
         return list(self._extra)
 
 
 def lower_sequential(layers: Sequence[Layer], input_descs: Sequence[TensorDesc],
-                     name: str = "graph_op") -> Graph:
-    """The verified graph of ``layers`` applied in order; see the module docstring."""
+                     name: str = "graph_op", *, kv_cache_desc: TensorDesc | None = None,
+                     batch: int = 1) -> Graph:
+    """The verified graph of ``layers`` applied in order; see the module docstring
+    (``kv_cache_desc``/``batch``: the in-place cache form, ``input_descs[0]`` then
+    being the ``[T, hidden]`` tokens of ``batch`` rows)."""
     layers = list(layers)
     if not layers:
         raise ParamsError(name, "layers", "a non-empty list of layers", "[]")
@@ -140,7 +194,7 @@ def lower_sequential(layers: Sequence[Layer], input_descs: Sequence[TensorDesc],
         raise InputError(name, "number of inputs", "at least 1 (the block input)", 0)
     b = GraphBuilder(name)
     x = b.add_input(BLOCK_INPUT, descs[0])
-    ctx = LoweringContext(b, x, layers, descs[1:])
+    ctx = LoweringContext(b, x, layers, descs[1:], kv_cache_desc, batch)
     cur = x
     for i, layer in enumerate(layers):
         ctx.index = i
@@ -171,4 +225,16 @@ def kv_cache_slots(graph: Graph) -> list[KVSlot]:
             pos = f"{layer}.position_ids"
             out.append(KVSlot(layer, i, f"{layer}.past_value", f"{layer}.present_key",
                               f"{layer}.present_value", pos if pos in graph.inputs else None))
+    return out
+
+
+def cache_slots(graph: Graph) -> list[CacheSlot]:
+    """The attention layers of an in-place cache form graph, in input order."""
+    out = []
+    for i in graph.inputs:
+        if i.endswith(".key_cache"):
+            layer = i[: -len(".key_cache")]
+            pos = f"{layer}.position_ids"
+            out.append(CacheSlot(layer, i, f"{layer}.value_cache",
+                                 pos if pos in graph.inputs else None))
     return out

@@ -113,6 +113,9 @@ class KVCache:
         return self._kv
 
     def _seq_ids(self, seq_ids: Sequence[int] | None, n: int | None) -> list[int]:
+        if type(seq_ids) is range and seq_ids.step == 1 and 0 <= seq_ids.start and \
+                seq_ids.stop <= self.max_batch:  # rows a..b: valid and distinct as given
+            return list(seq_ids)
         ids = list(range(n if n is not None else self.max_batch)) if seq_ids is None else \
             [int(s) for s in np.asarray(seq_ids).reshape(-1)]
         bad = [s for s in ids if not 0 <= s < self.max_batch]
@@ -173,6 +176,22 @@ class KVCache:
         self._lens[layer, ids] = start + n
 
     update = append
+
+    def advance(self, layer: int, count: int, seq_ids: Sequence[int] | None = None) -> None:
+        """Count ``count`` more tokens in ``layer`` for ``seq_ids`` (default: rows
+        0..B-1 as given by the caller): for kernels that wrote them into
+        :meth:`keys` / :meth:`values` in place. Checks everything before changing
+        anything."""
+        self._alive()
+        layer = self._layer(layer)
+        ids = self._seq_ids(seq_ids, None)
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise InputError(_OP, "count", "an int >= 0", repr(count))
+        end = self._lens[layer, ids] + int(count)
+        if (end > self.max_seq_len).any():
+            raise ShapeError(_OP, f"layer {layer} overflows max_seq_len",
+                             f"<= {self.max_seq_len} tokens", int(end.max()))
+        self._lens[layer, ids] = end
 
     # ------------------------------------------------------------------ reading
     def get(self, layer: int, seq_ids: Sequence[int] | None = None) -> tuple[Any, Any, Any]:

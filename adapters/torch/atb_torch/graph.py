@@ -269,9 +269,8 @@ class GraphOp(nn.Module):
             raise AtbError(self.name, "an atb.KVCache under torch.compile (it keeps host-side "
                            "lengths)", "kv_cache=None or a dict when compiling",
                            type(cache).__name__)
-        core = self._runner.ensure_core([desc_of(t) for t in
-                                         full_inputs(xs, self._slots, [None] * len(self._slots))])
-        self._runner.bind(core, weights)
+        core = self._runner.ready(xs, weights, lambda: [
+            desc_of(t) for t in full_inputs(xs, self._slots, [None] * len(self._slots))])
         return run_guarded(self.name, lambda: core(*xs, kv_cache=cache), [*xs, *weights])
 
     def execute(self, inputs: Sequence[Any], outputs: list | None = None) -> list:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -86,6 +86,8 @@ class BoundCore(CoreGraphOp):
     def rebind(self, bound: dict[str, Tensor]) -> None:
         """Use ``bound`` from now on; plans holding old weights are dropped."""
         self._bound = bound
+        if self._in_place:  # the in-place cache form reads the same weights
+            self._in_place.rebind(bound)
         self._weights.clear()
         self._captured.clear()
         if self._cache is not None:
@@ -177,17 +179,25 @@ class GraphRunner:
         self._sig = sig
 
     # ------------------------------------------------------------------ calls
-    def run(self, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]:
-        """Run the fused plan on real tensors (the real kernel of graph_op)."""
+    def ready(self, inputs: list[Tensor], weights: list[Tensor],
+              descs: Callable[[], list[TensorDesc]] | None = None) -> BoundCore:
+        """The core, built and bound for these inputs and weights (``descs()``: the
+        core graph's input descriptors, when not those of ``inputs``); a call with
+        the last one's dtype, device and unchanged weights checks nothing more."""
         core, seen = self.core, self._seen
         if (core is None or seen is None or inputs[0].dtype != seen[0]
                 or any(x.device != seen[1] for x in inputs) or not _unchanged(seen[2], weights)):
             check_devices(self.name, [*inputs, *weights])
-            core = self.ensure_core([desc_of(x) for x in inputs])
+            core = self.ensure_core(descs() if descs is not None else
+                                    [desc_of(x) for x in inputs])
             self.bind(core, weights)
             self._seen = (inputs[0].dtype, inputs[0].device,
                           [(w, w._version, w.data_ptr()) for w in weights])
-        return core.execute(inputs)
+        return core
+
+    def run(self, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]:
+        """Run the fused plan on real tensors (the real kernel of graph_op)."""
+        return self.ready(inputs, weights).execute(inputs)
 
     def fake(self, inputs: list[Tensor], weights: list[Tensor]) -> list[Tensor]:
         """Output tensors of the right shapes for fake inputs (the fake kernel)."""
