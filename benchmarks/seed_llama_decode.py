@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--best", action="store_true",
+                    help="report the best run of each instead of the median (a shared machine)")
     a = ap.parse_args(argv)
     from seed_models import AcceleratedLLaMA
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -62,9 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(a.repeats):
         s.append(run_seed())
         h.append(run_hf())
-    ms, mh = statistics.median(s), statistics.median(h)
+    stat = max if a.best else statistics.median
+    ms, mh = stat(s), stat(h)
     print(f"seed AcceleratedLLaMA compiled: {ms:.1f} tok/s; compile(HF Llama): {mh:.1f} tok/s; "
-          f"ratio {ms / mh:.3f} (target >= 0.85)")
+          f"ratio {ms / mh:.3f} (target >= 0.85; {'best' if a.best else 'median'} of "
+          f"{a.repeats})")
     return 0
 
 

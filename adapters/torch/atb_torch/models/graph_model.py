@@ -1,8 +1,12 @@
 """``compile`` for models built from atb GraphOps (the seed's ``AcceleratedLLaMA``).
 
 Such a model is already atb: its blocks are GraphOps that fuse, plan and cache their
-own plans. ``compile`` wraps it (the model itself is not modified) so it runs without
-autograd and gains ``generate``::
+own plans. ``compile`` wraps it so it runs without autograd and gains ``generate``;
+at ``opt_level >= 1`` the plain ``nn.Linear`` layers around the GraphOps (the LM
+head, typically: the largest matrix of a decode step) run as one-Linear GraphOps on
+the same parameters (atb's matmul kernels and weight layouts). The model itself is
+not modified: the compiled one holds a shallow copy of the module tree in which
+those layers are replaced, sharing every parameter, buffer and GraphOp::
 
     model = atb.compile(AcceleratedLLaMA(...), mode="infer", opt_level=3)
     ids = model.generate(input_ids, max_new_tokens=100)
@@ -17,6 +21,7 @@ step; otherwise every step recomputes the whole sequence. Greedy by default;
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -43,15 +48,48 @@ def is_graph_model(model: Any) -> bool:
     return isinstance(model, torch.nn.Module) and bool(_graph_ops(model))
 
 
+def _lower_linears(module: torch.nn.Module) -> tuple[torch.nn.Module, int]:
+    """``module``, or a shallow copy of it whose plain ``nn.Linear`` descendants
+    outside GraphOps are one-Linear GraphOps on the same parameters; and how many
+    were replaced."""
+    from ..graph import GraphOp
+    from ..modules import Linear
+
+    swapped: dict[str, torch.nn.Module] = {}
+    count = 0
+    for name, child in module._modules.items():
+        if child is None or isinstance(child, GraphOp):
+            continue
+        if type(child) is torch.nn.Linear:
+            lin = Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                         dtype=child.weight.dtype, device="meta")  # no init: replaced
+            lin.weight = child.weight  # the very Parameter: no copy, updates are seen
+            if child.bias is not None:
+                lin.bias = child.bias
+            swapped[name] = GraphOp([lin], name=name)
+            count += 1
+            continue
+        new, n = _lower_linears(child)
+        if n:
+            swapped[name], count = new, count + n
+    if not swapped:
+        return module, 0
+    copy_ = copy.copy(module)
+    copy_._modules = {**module._modules, **swapped}
+    return copy_, count
+
+
 class CompiledGraphModel(torch.nn.Module):
     """See the module docstring; ``.model`` is the wrapped model, ``.graph_ops`` its
     GraphOps (``explain()`` each to see fusion, kernels and launches)."""
 
     def __init__(self, model: torch.nn.Module, options: dict) -> None:
         super().__init__()
-        self.model = model
         self.atb_options = dict(options)
         self.graph_ops = _graph_ops(model)
+        self.model, self.lowered_linears = model, 0
+        if options.get("opt_level", 2) >= 1:
+            self.model, self.lowered_linears = _lower_linears(model)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
@@ -86,7 +124,10 @@ class CompiledGraphModel(torch.nn.Module):
             from .layers import Kern
 
             sampler = (Kern, dict(top_k=top_k, top_p=top_p, temperature=temperature))
+        from atbcore.backends.cpu_kernels.threads import parked_torch_threads
+
         incremental = self.reset_cache()
+        cpu = input_ids.device.type == "cpu"
         seq = input_ids
         logits = self.model(seq)[:, -1]
         finished = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
@@ -103,7 +144,11 @@ class CompiledGraphModel(torch.nn.Module):
             seq = torch.cat([seq, tok[:, None]], dim=1)
             if i == max_new_tokens - 1 or bool(finished.all()):
                 break
-            logits = (self.model(tok[:, None]) if incremental else self.model(seq))[:, -1]
+            if incremental and cpu:  # one token a row: C kernels, torch's pool parked once
+                with parked_torch_threads():
+                    logits = self.model(tok[:, None])[:, -1]
+            else:
+                logits = (self.model(tok[:, None]) if incremental else self.model(seq))[:, -1]
         return seq
 
 

@@ -70,7 +70,7 @@ def test_seed_model_compiles_and_generates(seed_model):
     ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(1))
     ref = _full(seed_model, ids)
     seed_model.kv_cache = None
-    assert torch.equal(fast(ids), ref)
+    atb.assert_close(fast(ids), ref, "fp32", "compiled seed model vs the model")
     out = fast.generate(ids, max_new_tokens=12)
     seq = ids
     for _ in range(12):  # greedy by recomputing everything each step
@@ -86,3 +86,21 @@ def test_seed_model_seeded_sampling(seed_model):
     c = fast.generate(ids, max_new_tokens=8, do_sample=True, top_k=10, seed=8)
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert a.shape == (2, 13)
+
+
+def test_compile_runs_the_plain_lm_head_as_a_graph_op_on_the_same_weight(seed_model):
+    fast = compile(seed_model)
+    assert fast.lowered_linears == 1
+    head = fast.model.lm_head
+    assert isinstance(head, atb.GraphOp) and type(seed_model.lm_head) is nn.Linear  # untouched
+    (lin,) = head.layers.values()
+    assert lin.weight is seed_model.lm_head.weight  # shared, not copied
+    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        atb.assert_close(head(x), seed_model.lm_head(x), "fp32", "lowered LM head vs nn.Linear")
+        seed_model.lm_head.weight.mul_(0.5)  # an in-place edit is seen by the compiled model
+        try:
+            atb.assert_close(head(x), seed_model.lm_head(x), "fp32", "after an in-place edit")
+        finally:
+            seed_model.lm_head.weight.mul_(2.0)
+    assert compile(seed_model, opt_level=0).lowered_linears == 0
