@@ -254,12 +254,12 @@ class CacheFeeder:
                              len(self.slots))
 
     def prepare(self, x: Any, cache: Any) -> tuple[list, tuple[int, int, list[int]]]:
-        """Graph inputs for block input ``x`` ``[B, S, hidden]`` (checked against
+        """Graph inputs for block input ``x`` ``[B, S, ...]`` (checked against
         the cache: nothing is written when this raises) and ``(B, S, layers)``."""
         name = self.graph.name
         shape = tuple(x.shape)
-        if len(shape) != 3:
-            raise ShapeError(name, "block input with an atb.KVCache", "[B, S, hidden]",
+        if len(shape) < 2:
+            raise ShapeError(name, "block input with an atb.KVCache", "[B, S, ...]",
                              list(shape))
         b, s = int(shape[0]), int(shape[1])
         if not 1 <= b <= cache.max_batch:
@@ -273,8 +273,8 @@ class CacheFeeder:
         layers = self.layers._layers(cache)
         pairs = [views.get((fw, layer)) for layer in layers]
         if getattr(cache, "freed", False) or None in pairs:
-            want = describe(x).dtype
-            if Dtype.of(cache.dtype) != want:
+            want = describe(x).dtype  # token ids: the cache write's own dtype check runs
+            if want.is_floating and Dtype.of(cache.dtype) != want:
                 raise DtypeError(name, "atb.KVCache dtype (the block input's)", want.name,
                                  Dtype.of(cache.dtype).name)
             pairs = [(_as(x, cache.keys(layer)), _as(x, cache.values(layer))) for layer in layers]
@@ -291,7 +291,7 @@ class CacheFeeder:
             raise ShapeError(name, "tokens in the atb.KVCache after this call",
                              f"<= max_seq_len {cache.max_seq_len}", p + s)
         idx = _index_tensors(index, x, fw, cache.max_seq_len, b, s, p)
-        feed = {BLOCK_INPUT: x.reshape([b * s, shape[2]])}
+        feed = {BLOCK_INPUT: x.reshape([b * s, *shape[2:]])}
         feed.update(zip(self.index, idx[:4]))
         for slot, (k, v) in zip(self.slots, pairs):
             feed[slot.key_cache], feed[slot.value_cache] = k, v
@@ -325,7 +325,7 @@ def in_place_form(op: Any, x: Any, cache: Any) -> Any:
             form.graph_unfused = None
             dx, dc = describe(x), describe(_as(x, cache.keys(0)))
             form._cache_form = (dc, dx.shape[0])
-            form._ensure_graph([dx.replace(shape=(dx.shape[0] * dx.shape[1], dx.shape[2]))])
+            form._ensure_graph([dx.replace(shape=(dx.shape[0] * dx.shape[1], *dx.shape[2:]))])
             form._feeder = feeder = CacheFeeder(form.graph, op._kv)
             # the caches and their index tensors come from the feeder, checked there
             form._trusted = frozenset(feeder.index) | {t for s in feeder.slots
@@ -335,9 +335,10 @@ def in_place_form(op: Any, x: Any, cache: Any) -> Any:
 
 
 def run_in_place(op: Any, x: Any, cache: Any) -> Any:
-    """Run block ``op`` on ``x`` ``[B, S, hidden]`` with ``cache`` in the in-place
-    cache form; None when the block cannot take it (the caller concatenates)."""
-    if x is None or getattr(x, "ndim", 0) != 3:
+    """Run block ``op`` on ``x`` ``[B, S, ...]`` (hidden states, or token ids when the
+    block starts with an embedding) with ``cache`` in the in-place cache form; None
+    when the block cannot take it (the caller concatenates)."""
+    if x is None or getattr(x, "ndim", 0) < 2:
         return None
     form = in_place_form(op, x, cache)
     if form is None:
