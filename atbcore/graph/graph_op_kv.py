@@ -328,8 +328,9 @@ def in_place_form(op: Any, x: Any, cache: Any) -> Any:
             form._ensure_graph([dx.replace(shape=(dx.shape[0] * dx.shape[1], *dx.shape[2:]))])
             form._feeder = feeder = CacheFeeder(form.graph, op._kv)
             # the caches and their index tensors come from the feeder, checked there
-            form._trusted = frozenset(feeder.index) | {t for s in feeder.slots
-                                                       for t in (s.key_cache, s.value_cache)}
+            form._trusted = frozenset(feeder.index) | {
+                t for s in feeder.slots for t in (s.key_cache, s.value_cache, s.position_ids)
+                if t}
             op._in_place = form
         return form or None
 

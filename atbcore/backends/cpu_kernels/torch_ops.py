@@ -15,7 +15,7 @@ Imported only by the torch backend (it imports torch).
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -25,7 +25,7 @@ from . import torch_checks as chk
 from .bindings import entry, unavailable_reason
 from .threads import pool_threads
 
-__all__ = ["why_not", "rms_norm", "layer_norm", "norm_bound", "rope", "activation", "activation_bound",
+__all__ = ["why_not", "rms_norm", "layer_norm", "norm_bound", "rope_packed", "rope", "activation", "activation_bound",
            "softmax", "DTYPE_CODES",
            "ACT_CODES", "MAX_ROTARY_DIM", "c_launches", "log_fallback", "into", "out_at"]
 
@@ -123,35 +123,6 @@ def _vec(t: torch.Tensor | None) -> tuple[int, int, torch.Tensor | None]:
     if not t.is_contiguous():
         t = t.contiguous()
     return t.data_ptr(), DTYPE_CODES[t.dtype], t
-
-
-def norm_bound(name: str, w: torch.Tensor | None, b: torch.Tensor | None, n: int, eps: float,
-               w_offset: float, out: torch.Tensor) -> Callable[[torch.Tensor], None]:
-    """``"rms_norm"`` / ``"layer_norm"`` into the fixed buffer ``out`` with the weight,
-    bias and output arguments packed once: ``call(x)`` for an ``x`` shaped like
-    ``out`` (a plan's input slot: its dtype and shape are the plan's, its address
-    and strides are read per call)."""
-    n = chk.integer(name, "n", n, 0)
-    chk.vector(name, "weight", w, n)
-    chk.vector(name, "bias", b, n)
-    chk.tensor(name, "out", out)
-    chk.suffix_numel(name, "out", out, n)
-    y, ys = _out(out, out, n)
-    if y is not out or out.numel() == 0:
-        raise ShapeError(name, "'out' (a bound norm's buffer)", "non-empty rows of unit stride",
-                         f"shape {list(out.shape)} strides {list(out.stride())}")
-    wp, wdt, wk = _vec(w)
-    bp, bdt, bk = _vec(b)
-    eps, w_offset = chk.real(name, "eps", eps), chk.real(name, "w_offset", w_offset)
-    fn, pack, code, yp = _fn(name), _NORM.pack, DTYPE_CODES[out.dtype], y.data_ptr()
-    keep = (wk, bk, out)  # the packed addresses stay valid while the call lives
-
-    def call(x: torch.Tensor) -> None:
-        x2, rows, xs = _rows(x, n)
-        _check(fn(pack(x2.data_ptr(), 0, 0, yp, wp, bp, code, wdt, bdt, rows, n, xs, 0, 0, ys,
-                       pool_threads(), eps, w_offset)), name)
-    call.keep = keep  # type: ignore[attr-defined]
-    return call
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, n: int, eps: float, w_offset: float = 0.0,
@@ -285,22 +256,11 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.
     position or one past the cache; every other bad argument raises an AtbError
     subclass before anything is written.
     """
-    chk.check_rope("rope", q, k, cos, sin, layout=layout, head_dim=head_dim,
-                   rotary_dim=rotary_dim, q_heads=q_heads, k_heads=k_heads, batch=batch,
-                   seq=seq, table_len=table_len, pos=pos, tab_offset=tab_offset, q_out=q_out,
-                   k_out=k_out,
-                   v=v, v_out=v_out, cache_len=cache_len, cache_offset=cache_offset,
-                   max_rotary_dim=MAX_ROTARY_DIM)
-    if q.numel() == 0 and (k is None or k.numel() == 0):
-        return 0
-    fields, keep = _rope_fields(q, k, cos, sin, layout=layout, head_dim=head_dim,
-                                rotary_dim=rotary_dim, q_heads=q_heads, k_heads=k_heads,
-                                interleave=interleave, batch=batch, seq=seq,
-                                table_len=table_len, pos=pos, tab_offset=tab_offset,
-                                q_out=q_out, k_out=k_out, v=v, v_out=v_out, cache_len=cache_len)
-    status = _fn("rope")(_ROPE.pack(*fields, cache_offset))
-    del keep
-    return _rope_status(status, cache_len)
+    return rope_packed(q, k, cos, sin, layout=layout, head_dim=head_dim, rotary_dim=rotary_dim,
+                       q_heads=q_heads, k_heads=k_heads, interleave=interleave, batch=batch,
+                       seq=seq, table_len=table_len, pos=pos, tab_offset=tab_offset,
+                       q_out=q_out, k_out=k_out, v=v, v_out=v_out, cache_len=cache_len,
+                       cache_offset=cache_offset)()
 
 
 _NO_LEAD = (1,) * _SM_DIMS + (0,) * _SM_DIMS
@@ -392,3 +352,4 @@ def out_at(out: list | None, i: int) -> torch.Tensor | None:
 
 # the activation kernel lives in its own module; callers import it from here
 from .torch_act import activation, activation_bound  # noqa: E402
+from .torch_bound import norm_bound, rope_packed  # noqa: E402

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ...errors import InputError
+from ...runtime.binding import Slot
 from ...ops.rope import RoPEParams, RopeGeometry, rope_geometry
 from ...tensor import describe
 from ..cpu_kernels import torch_ops as ck
@@ -267,8 +268,47 @@ def _unit_stride(v: torch.Tensor) -> torch.Tensor:
     return v if v.numel() == 0 or v.stride(-1) == 1 else v.contiguous()
 
 
+def _bind_rope(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
+    """q and k in planned buffers, positions per run: the C call packed once per
+    position tensor (a plan fed the same tensor, rewritten in place, packs once) over
+    a table made now; the general call when a position is past the table. None for
+    anything else (given tables, no positions, outputs in slots)."""
+    q, k, pos = ins["q"], ins.get("k"), ins.get("position_ids")
+    if (pos is None or ins.get("cos") is not None or ins.get("sin") is not None
+            or any(type(t) is Slot for t in (q, k, *outs) if t is not None)):
+        return None
+    pd = pos.desc if type(pos) is Slot else describe(pos)
+    probe = torch.empty(pd.shape, dtype=pd.dtype.torch)
+    g = geometry("RoPE", p, {"q": q, "k": k, "position_ids": probe})
+    if c_unsupported(g, {"q": q, "k": k}) or not str(q.device).startswith("cpu"):
+        return None
+    qo, ko = outs[0], (outs[1] if k is not None else None)
+    if not _usable(qo, q) or (k is not None and not _usable(ko, k)):
+        return None
+    length = min(int(p.max_seq_len), MAX_TABLE_LEN)
+    ct, st = rope_tables(g.rotary_dim, p.base, p.rotary_type, length, q.device)
+    kw = dict(layout=g.layout, head_dim=g.head_dim, rotary_dim=g.rotary_dim, q_heads=g.q_heads,
+              k_heads=g.k_heads or 0, interleave=p.rotary_type == "interleave", batch=g.batch,
+              seq=g.seq, q_out=qo, k_out=ko, table_len=ct.shape[0])
+    get = (lambda env, i=pos.index: env[i]) if type(pos) is Slot else (lambda env: pos)
+    state: list[Any] = [None, None]
+
+    def call(env: list) -> None:
+        pt = get(env)
+        if state[0] is not pt:
+            state[:] = [pt, ck.rope_packed(q, k, ct, st, pos=pt, **kw)]
+        try:
+            need = state[1]()
+        except ValueError as e:  # the C kernel checked positions before writing anything
+            raise InputError("RoPE", "position_ids values", ">= 0", str(e)) from None
+        if need:  # a position past the table: the general call grows it
+            rope(p, {"q": q, "k": k, "position_ids": pt, "cos": None, "sin": None},
+                 out=[o for o in (qo, ko) if o is not None])
+    return call
+
+
 @kernel("RoPE", impl="C rope of q and k in one kernel, cached fp64-built tables (CPU); else torch "
-        "rotary (fp32 compute)", launches=ck.c_launches(10), writes_out=True)
+        "rotary (fp32 compute)", launches=ck.c_launches(10), writes_out=True, bind=_bind_rope)
 def rope(p, ins, out=None):
     g = geometry("RoPE", p, ins)
     why = c_unsupported(g, ins)
