@@ -230,7 +230,7 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
                 views["<workspace>"] = io.view(ws)
         run = compile_steps(spec.steps(p, views, out_views))
         io.note(op, f"C kernel atb_{spec.entry} ({io.name} tensors in place), bound")
-        fixed = {v.owner for v in views.values()} | {v.owner for v in out_views}
+        fixed = [v.owner for v in views.values()] + [v.owner for v in out_views]
         return _bound_call(io, run, tuple(dyn_in), tuple(dyn_out), (keep, fixed))
 
     bind.fills_slots = True  # type: ignore[attr-defined]  # it allocates its slot outputs
