@@ -178,7 +178,7 @@ def _wrap(io: TensorIO, op: str, spec: Any, k: Kernel) -> Kernel:
         workspace = lambda p, shapes: spec.workspace(p, shapes)  # noqa: E731
     return replace(k, fn=fn, impl=f"C kernel (atb {spec.entry}, {io.name} tensors in place) "
                    f"where it fits, else {k.impl}", bind=bind, workspace=workspace,
-                   launches=k.launches, writes_out=False)
+                   launches=spec.launches, writes_out=False)
 
 
 def _slot_view(key: str, desc: Any) -> NativeView:

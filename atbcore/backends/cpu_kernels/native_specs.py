@@ -69,6 +69,7 @@ def _rows(x: NativeView) -> int:
 class _Spec:
     entry = ""
     has_workspace = False
+    launches = 1  # C calls per op call
 
     def workspace(self, p: Any, shapes: Mapping[str, tuple]) -> int:
         return 0
@@ -206,6 +207,7 @@ class FfnSpec(_Spec):
 
     entry = "linear_rows + activation"
     has_workspace = True
+    launches = 4  # gate, up, activation, down (3 with gate|up merged or an ungated activation)
 
     @staticmethod
     def _first(p: Any) -> tuple[str, ...]:
