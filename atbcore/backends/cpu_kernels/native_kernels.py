@@ -25,7 +25,7 @@ from ...dtypes import Dtype
 from ...log import logger
 from ..base import Kernel
 from .bindings import unavailable_reason
-from .native import DTYPE_CODES, NativeView, array_view, contiguous_strides
+from .native import NativeView, array_view, contiguous_strides
 from .native_ops import Ref, compile_steps
 
 __all__ = ["TensorIO", "NumpyIO", "native_kernels", "why_not_native", "native_off"]
@@ -199,7 +199,7 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
             if v is None:
                 continue
             if type(v) is Slot:
-                if not v.desc.device.startswith("cpu") or v.desc.dtype not in _ANY_DTYPE:
+                if not v.desc.device.startswith("cpu"):
                     return None
                 views[name] = _slot_view(name, v.desc)
                 dyn_in.append((name, v.index))
@@ -237,9 +237,6 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
     return bind
 
 
-_ANY_DTYPE = frozenset(Dtype)
-
-
 def _bound_call(io: TensorIO, run: Callable[[Mapping[str, int]], None], dyn_in: tuple,
                 dyn_out: tuple, keep: Any) -> Callable[[list], None]:
     address, is_contiguous, empty = io.address, io.is_contiguous, io.empty
@@ -260,7 +257,3 @@ def _bound_call(io: TensorIO, run: Callable[[Mapping[str, int]], None], dyn_in: 
         del held
     call.keep = keep  # type: ignore[attr-defined]  # bound buffers live with the call
     return call
-
-
-# the float dtypes the C kernels compute in
-FLOATS = frozenset(DTYPE_CODES)

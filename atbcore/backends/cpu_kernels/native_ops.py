@@ -183,10 +183,14 @@ def layer_norm_steps(x: NativeView, w: NativeView | None, b: NativeView | None,
 
 
 def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: NativeView, *,
-                 scale: NativeView | None = None, accumulate: bool = False) -> list[Step]:
+                 scale: NativeView | None = None, accumulate: bool = False,
+                 norm_weight: NativeView | None = None,
+                 norm_eps: float | None = None) -> list[Step]:
     """``y (+)= x @ w.T * scale + bias`` for ``x`` [..., K] and a row-major ``w`` [N, K]
     (its rows may be any stride apart); fp32 sums, one rounding into ``y`` [..., N]
-    (``y``'s dtype may differ from x's: fp32 intermediates)."""
+    (``y``'s dtype may differ from x's: fp32 intermediates). With ``norm_eps`` the
+    rows of x are RmsNorm'd first (weight ``norm_weight`` [K], optional), rounded to
+    x's dtype as the RmsNorm kernel would store them."""
     op = "linear_rows"
     xdt = _float(op, "x", x)
     wdt = _float(op, "w", w, WEIGHT_CODES)
@@ -209,12 +213,15 @@ def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: Nativ
         raise InputError(op, "scale", "a per-output-channel fp32 [N] scale for an int8 w",
                          "None")
     bp, bdt = _vector(op, "bias", bias, n)
+    if norm_eps is None and norm_weight is not None:
+        raise InputError(op, "norm_eps", "a number when norm_weight is given", "None")
+    nwp, nwdt = _vector(op, "norm_weight", norm_weight, k)
     if rows == 0 or n == 0:
         return []
     head = (x.address, w.address, sp, bp, y.address, xdt, wdt, bdt, ydt, rows, k, n, k,
             w.strides[0] if n > 1 else k, n)
-    return [Step("linear_rows", LINEAR, (*head, THREADS, int(accumulate), 0, 0, 0, 0.0, 0.0,
-                                            0))]
+    return [Step("linear_rows", LINEAR, (*head, THREADS, int(accumulate), int(norm_eps is not None),
+                                            nwp, nwdt, float(norm_eps or 0.0), 0.0, 0))]
 
 
 def activation_steps(x: NativeView, act: str, y: NativeView, *, up: NativeView | None = None,

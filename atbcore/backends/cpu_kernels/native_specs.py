@@ -125,11 +125,16 @@ def _weight_why(w: NativeView, k: int) -> str | None:
 
 
 class LinearSpec(_Spec):
+    """Linear, and with ``norm`` RmsNormLinear (the matmul RmsNorms its rows first)."""
+
     entry = "linear_rows"
+
+    def __init__(self, norm: bool = False) -> None:
+        self.norm = norm
 
     def why_not(self, p: Any, views: Mapping[str, NativeView]) -> str | None:
         x, w, s = views["x"], views["weight"], views.get("scale")
-        why = _floats(views, ("x", "bias"))
+        why = _floats(views, ("x", "bias", "norm_weight"))
         if why:
             return why
         if not p.transpose_weight:
@@ -150,7 +155,9 @@ class LinearSpec(_Spec):
 
     def steps(self, p: Any, views: Mapping[str, NativeView], outs: list) -> list:
         return linear_steps(views["x"], views["weight"], views.get("bias"), outs[0],
-                            scale=views.get("scale") if p.quant == "w8" else None)
+                            scale=views.get("scale") if p.quant == "w8" else None,
+                            norm_weight=views.get("norm_weight"),
+                            norm_eps=float(p.eps) if self.norm else None)
 
 
 class ActivationSpec(_Spec):
@@ -292,6 +299,6 @@ _ACTS = ("Gelu", "QuickGelu", "SiLU", "Relu", "SwiGLU", "GeGLU", "Activation")
 SPECS: dict[str, Any] = {
     "RmsNorm": NormSpec(True, False), "AddRmsNorm": NormSpec(True, True),
     "LayerNorm": NormSpec(False, False), "AddLayerNorm": NormSpec(False, True),
-    "Linear": LinearSpec(), "Softmax": SoftmaxSpec(), "FusedFeedForward": FfnSpec(),
+    "Linear": LinearSpec(), "RmsNormLinear": LinearSpec(norm=True), "Softmax": SoftmaxSpec(), "FusedFeedForward": FfnSpec(),
     **{op: ActivationSpec() for op in _ACTS},
 }

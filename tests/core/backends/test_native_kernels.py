@@ -135,7 +135,8 @@ def test_numpy_native_backend_against_the_reference(dt):
     calls = [("RmsNorm", {"weight_offset": 1.0}, [x, w]), ("AddRmsNorm", {}, [x, r, w]),
              ("LayerNorm", {}, [x, w, b]), ("LayerNorm", {}, [x]),
              ("AddLayerNorm", {}, [x, r, w, b]), ("Linear", {}, [x, wl, rand((40,), dt, 8)]),
-             ("Linear", {"quant": "w8"}, [x, w8, None, s8]), ("Gelu", {}, [x]),
+             ("Linear", {"quant": "w8"}, [x, w8, None, s8]),
+             ("RmsNormLinear", {"eps": 1e-5}, [x, w, wl, rand((40,), dt, 9)]), ("Gelu", {}, [x]),
              ("QuickGelu", {}, [x]), ("SiLU", {}, [x]), ("SwiGLU", {}, [x, r]),
              ("GeGLU", {"approximate": "tanh"}, [x]), ("Softmax", {}, [x])]
     shapes = {"gate_w": (40, 24), "up_w": (40, 24), "down_w": (24, 40), "gate_up_w": (80, 24),
