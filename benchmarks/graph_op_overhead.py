@@ -33,30 +33,30 @@ HIDDEN, INTER = 512, 1376
 
 
 def _ratio(atb_call: Callable[[], Any], plain_call: Callable[[], Any], samples: int,
-           budget_s: float = 0.02, sync: Callable[[], Any] | None = None) -> dict[str, float]:
+           budget_s: float = 0.02, sync: Callable[[Any], Any] | None = None
+           ) -> dict[str, float]:
     """Median (and quartiles) of atb time / plain time over interleaved samples.
-    ``sync`` (a framework that runs ops asynchronously) ends each timed loop, so the
-    work a loop queued is charged to it and not to the next one."""
-    sync = sync or (lambda: None)
+    ``sync(result)`` (a framework that runs ops asynchronously) ends each timed loop
+    by waiting for its last result, so the work a loop queued is charged to it and
+    not to the next one."""
+    sync = sync or (lambda r: None)
     for _ in range(20):
         atb_call()
-        plain_call()
-    sync()
+        sync(plain_call())
     t0 = time.perf_counter()
-    plain_call()
-    sync()
+    sync(plain_call())
     n = max(3, min(5000, int(budget_s / max(time.perf_counter() - t0, 1e-7))))
     ratios, ta, tb = [], [], []
     for _ in range(samples):
         t0 = time.perf_counter()
         for _ in range(n):
-            atb_call()
-        sync()
+            r = atb_call()
+        sync(r)
         a = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(n):
-            plain_call()
-        sync()
+            r = plain_call()
+        sync(r)
         b = time.perf_counter() - t0
         ratios.append(a / b)
         ta.append(a / n * 1e6)
@@ -181,7 +181,7 @@ def bench_mindspore(samples: int) -> dict[str, Any]:
                                                                   dtype=np.float32))
         d = _check(mlp(x).asnumpy(), plain(x).asnumpy(), f"mindspore rows {rows}")
         out[f"rows_{rows}"] = {**_ratio(lambda: mlp(x), lambda: plain(x), samples,
-                                        sync=ms.runtime.synchronize), "max_abs_diff": d}
+                                        sync=lambda r: r.asnumpy()), "max_abs_diff": d}
     return out
 
 

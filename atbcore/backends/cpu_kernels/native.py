@@ -195,7 +195,9 @@ def dlpack_view(x: Any) -> NativeView:
 
 # -------------------------------------------------------------- the frameworks' own attributes
 def array_view(a: np.ndarray) -> NativeView:
-    """A NumPy array through its array interface."""
+    """A NumPy array through its array interface (native byte order only)."""
+    if not a.dtype.isnative:
+        raise DtypeError("native view", "byte order", "the machine's", a.dtype.str)
     size = a.itemsize
     return NativeView(a.__array_interface__["data"][0], a.shape,
                       tuple(s // size for s in a.strides), Dtype.of(a.dtype), a)

@@ -104,6 +104,8 @@ class NumpyIO(TensorIO):
             return "a non-contiguous array"
         if not t.flags.aligned:
             return "an unaligned array"
+        if not t.dtype.isnative:
+            return "a byte-swapped array"
         return None
 
 
