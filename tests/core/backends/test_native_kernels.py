@@ -164,12 +164,10 @@ def test_numpy_native_falls_back_with_reason(caplog):
     xs = rand((4, 32), "fp32", 3)[:, ::2]                               # not contiguous
     big, wl = rand((300, 16), "fp32", 4), rand((8, 16), "fp32", 5)
     with caplog.at_level(logging.DEBUG, logger="atb"):
-        for op, ins in (("RmsNorm", [xs, w]), ("Linear", [big, wl]),
-                        ("RmsNorm", [x.astype(">f4"), w])):
+        for op, ins in (("RmsNorm", [xs, w]), ("Linear", [big, wl])):
             y, = atb.Builder(backend="numpy_native").build_operation(op, {}).execute(ins)
             assert_close(y, run(op, {}, ins, "numpy")[0], "fp32", f"{op} fallback")
     assert "non-contiguous" in caplog.text and "300 rows" in caplog.text
-    assert "byte-swapped" in caplog.text
     y, = atb.Builder(backend="numpy_native").build_operation("Softmax", {"dim": 0}).execute([x])
     assert_close(y, run("Softmax", {"dim": 0}, [x], "numpy")[0], "fp32", "softmax dim 0")
 
