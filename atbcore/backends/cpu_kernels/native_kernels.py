@@ -22,11 +22,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ...dtypes import Dtype
+from ...errors import InputError
 from ...log import logger
 from ..base import Kernel
 from .bindings import unavailable_reason
 from .native import NativeView, array_view, contiguous_strides
-from .native_ops import Ref, compile_steps
+from .native_ops import Ref, TableTooShort, compile_steps
 
 __all__ = ["TensorIO", "NumpyIO", "native_kernels", "why_not_native", "native_off"]
 
@@ -167,8 +168,14 @@ def _wrap(io: TensorIO, op: str, spec: Any, k: Kernel) -> Kernel:
         if nbytes:
             ws = np.empty(nbytes, np.uint8)
             views["<workspace>"] = array_view(ws)
-        steps = spec.steps(p, views, [io.view(o) for o in outs])
-        compile_steps(steps)({})
+        out_views = [io.view(o) for o in outs]
+        try:
+            compile_steps(spec.steps(p, views, out_views))({})
+        except TableTooShort as e:  # atb's RoPE table grows to the positions asked for
+            if e.need > spec.max_table_len:
+                _fallback(io, op, f"a position past {spec.max_table_len}")
+                return fallback(p, ins)
+            compile_steps(spec.steps(p, views, out_views, table_len=e.need))({})
         del ws
         return outs
 
@@ -230,9 +237,19 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
                 views["<workspace>"] = array_view(ws)
             else:
                 views["<workspace>"] = io.view(ws)
-        run = compile_steps(spec.steps(p, views, out_views))
+        runs = [compile_steps(spec.steps(p, views, out_views))]
         io.note(op, f"C kernel atb_{spec.entry} ({io.name} tensors in place), bound")
         fixed = [v.owner for v in views.values()] + [v.owner for v in out_views]
+
+        def run(addrs: Mapping[str, int]) -> None:
+            try:
+                runs[-1](addrs)
+            except TableTooShort as e:  # grow atb's RoPE table once, then keep it
+                if e.need > spec.max_table_len:
+                    raise InputError(op, "position_ids values", f"< {spec.max_table_len}",
+                                     e.need - 1) from None
+                runs.append(compile_steps(spec.steps(p, views, out_views, table_len=e.need)))
+                runs[-1](addrs)
         return _bound_call(io, run, tuple(dyn_in), tuple(dyn_out), (keep, fixed))
 
     bind.fills_slots = True  # type: ignore[attr-defined]  # it allocates its slot outputs

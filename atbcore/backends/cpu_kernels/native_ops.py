@@ -21,7 +21,7 @@ or refuse the others), the weight of a matmul may have a row stride.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ...dtypes import Dtype
@@ -29,7 +29,7 @@ from ...errors import DtypeError, InputError, ShapeError
 from .bindings import entry
 from .native import (ACT, ACT_CODES, DTYPE_CODES, LINEAR, NORM, SOFTMAX, SM_DIMS, WEIGHT_CODES, NativeView, check_status, pool_threads)
 
-__all__ = ["Ref", "Step", "THREADS", "compile_steps", "rms_norm_steps", "layer_norm_steps",
+__all__ = ["Ref", "Step", "THREADS", "TableTooShort", "compile_steps", "rms_norm_steps", "layer_norm_steps",
            "linear_steps", "activation_steps", "softmax_steps", "copy_step", "rows_of"]
 
 
@@ -53,20 +53,39 @@ class Ref:
 THREADS = Ref("<threads>")  # the pool's thread count, read per run
 
 
+class TableTooShort(Exception):
+    """A C kernel needs a table of ``need`` rows (RoPE; nothing was written)."""
+
+    def __init__(self, need: int) -> None:
+        super().__init__(need)
+        self.need = need
+
+
 @dataclass(frozen=True)
 class Step:
     """One C call (``entry`` ``atb_<name>`` with ``layout.pack(*fields)``), or with
-    ``entry`` ``"memmove"`` a copy of ``fields = (dst, src, nbytes)``."""
+    ``entry`` ``"memmove"`` a copy of ``fields = (dst, src, nbytes)``; ``keep`` holds
+    memory the fields point into that no tensor of the call owns (atb's tables)."""
 
     entry: str
     layout: Any
     fields: tuple
+    keep: Any = field(default=None, repr=False, compare=False)
+
+
+def _refused(name: str, status: int) -> None:
+    if name == "rope" and status > 0:
+        raise TableTooShort(status)
+    if name == "rope" and status == -2:
+        raise InputError("RoPE", "position_ids values", ">= 0", "a negative id")
+    check_status(status, name)
 
 
 def compile_steps(steps: Sequence[Step]) -> Callable[[Mapping[str, int]], None]:
     """``run(addrs)``: the steps with every :class:`Ref` resolved from ``addrs``;
     fields without one are packed once here."""
     plan: list[tuple] = []
+    keep = [s.keep for s in steps if s.keep is not None]
     for s in steps:
         dyn = tuple((i, f.key, f.offset) for i, f in enumerate(s.fields) if type(f) is Ref)
         if s.entry == "memmove":
@@ -92,7 +111,8 @@ def compile_steps(steps: Sequence[Step]) -> Callable[[Mapping[str, int]], None]:
             else:
                 status = fn(fields)
             if status:
-                check_status(status, name)
+                _refused(name, status)
+    run.keep = keep  # type: ignore[attr-defined]
     return run
 
 

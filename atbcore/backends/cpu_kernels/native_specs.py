@@ -18,6 +18,7 @@ from ...ops.ffn import ffn_layout
 from .native import DTYPE_CODES, NativeView
 from .native_ops import (activation_steps, copy_step, layer_norm_steps, linear_steps,
                          rms_norm_steps, softmax_steps)
+from .native_rope import RopeSpec
 
 __all__ = ["SPECS", "MAX_ROWS", "c_activation"]
 
@@ -300,5 +301,5 @@ SPECS: dict[str, Any] = {
     "RmsNorm": NormSpec(True, False), "AddRmsNorm": NormSpec(True, True),
     "LayerNorm": NormSpec(False, False), "AddLayerNorm": NormSpec(False, True),
     "Linear": LinearSpec(), "RmsNormLinear": LinearSpec(norm=True), "Softmax": SoftmaxSpec(), "FusedFeedForward": FfnSpec(),
-    **{op: ActivationSpec() for op in _ACTS},
+    **{op: ActivationSpec() for op in _ACTS}, "RoPE": RopeSpec(),
 }

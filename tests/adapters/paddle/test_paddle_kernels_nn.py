@@ -80,7 +80,7 @@ ROPE_CASES = [
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("params,layout", ROPE_CASES)
-def test_rope(dtype, params, layout):
+def test_rope(dtype, params, layout, kernel_path):
     shape_q = {"BSH": (2, 5, 4 * 16), "BSND": (2, 5, 4, 16), "BNSD": (2, 4, 5, 16)}[layout]
     shape_k = {"BSH": (2, 5, 2 * 16), "BSND": (2, 5, 2, 16), "BNSD": (2, 2, 5, 16)}[layout]
     q, k = rand(shape_q, dtype, 1), rand(shape_k, dtype, 2)

@@ -186,3 +186,34 @@ def test_numpy_native_graph_op_binds_the_c_calls():
     assert all(all(p.bound.values()) for p in plan.programs.values())
     xs = rand((1, 2, 2 * h), "fp32", 4)[..., ::2]                      # strided input
     assert_close(g(xs), ref(np.ascontiguousarray(xs)), "fp32", "strided input")
+
+
+ROPE = [({"num_heads": 4, "rotary_type": "half"}, [(2, 5, 64)], None),
+        ({"num_heads": 4, "num_kv_heads": 2, "rotary_type": "interleave", "position_offset": 3},
+         [(2, 5, 64), (2, 5, 32)], None),
+        ({"head_dim": 16, "layout": "BNSD", "rotary_dim": 8}, [(2, 4, 5, 16), (2, 2, 5, 16)],
+         [[0, 1, 2, 3, 9000], [5, 6, 7, 8, 9]]),             # past the first table: it grows
+        ({"num_heads": 4}, [(1, 5, 64)], [1, 2, 3, 4, 5])]
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+@pytest.mark.parametrize("params,shapes,pos", ROPE)
+def test_numpy_native_rope_is_one_c_call(dt, params, shapes, pos):
+    from atbcore.backends.cpu_kernels import bindings
+
+    ins = [rand(s, dt, i) for i, s in enumerate(shapes)]
+    if pos is not None:
+        ins.append(np.asarray(pos, np.int64 if len(shapes) == 2 else np.int32))
+    if len(shapes) == 1 and pos is not None:                 # given tables, indexed by ids
+        ang = rand((10, 8), "fp32", 9)
+        ins += [np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))]
+    ref = run("RoPE", params, ins, "numpy")
+    calls: list[str] = []
+    bindings.SINKS.append(calls)
+    try:
+        got = atb.Builder(backend="numpy_native").build_operation("RoPE", params).execute(ins)
+    finally:
+        bindings.SINKS.remove(calls)
+    assert calls.count("rope") >= 1 and set(calls) == {"rope"}, calls
+    for g, e in zip(got, ref):
+        assert_close(g, e, dt, f"RoPE {params}")

@@ -1,6 +1,6 @@
 """MindSpore CPU tensors on atb's C kernels, in place (no copies, no MindSpore ops).
 
-The norms, Linear (few rows), the activations, Softmax and FusedFeedForward of this
+The norms, Linear (few rows), RoPE, the activations, Softmax and FusedFeedForward of this
 backend run the framework-free C kernels (:mod:`atbcore.backends.cpu_kernels.native_kernels`)
 when the call suits them — CPU tensors, fp32/bf16/fp16, contiguous, a built-in
 activation — and the MindSpore compositions otherwise (the reason logged at DEBUG).
@@ -20,7 +20,7 @@ from atbcore.backends.cpu_kernels.native_kernels import TensorIO, native_kernels
 from atbcore.dtypes import Dtype
 
 from . import MS_KERNELS
-from . import activation, ffn, linear, norm, softmax  # noqa: F401  # the kernels wrapped below
+from . import activation, ffn, linear, norm, rope, softmax  # noqa: F401  # the kernels wrapped below
 from .._env import device_name, mindspore
 from .common import note
 

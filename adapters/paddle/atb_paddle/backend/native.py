@@ -1,6 +1,6 @@
 """Paddle CPU tensors on atb's C kernels, in place (no copies, no Paddle ops).
 
-The norms, Linear (few rows), the activations, Softmax and FusedFeedForward of this
+The norms, Linear (few rows), RoPE, the activations, Softmax and FusedFeedForward of this
 backend run the framework-free C kernels (:mod:`atbcore.backends.cpu_kernels.native_kernels`)
 when the call suits them — CPU tensors, fp32/bf16/fp16, contiguous, a built-in
 activation — and the Paddle kernels otherwise (the reason logged at DEBUG). A
@@ -20,7 +20,7 @@ from atbcore.dtypes import Dtype
 
 from . import PADDLE_KERNELS
 from .common import PATHS
-from . import activation, ffn, linear, norm  # noqa: F401  # the kernels wrapped below
+from . import activation, ffn, linear, norm, rope  # noqa: F401  # the kernels wrapped below
 
 __all__ = ["PaddleIO"]
 
