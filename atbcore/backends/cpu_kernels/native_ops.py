@@ -27,10 +27,12 @@ from typing import Any, Callable, Mapping, Sequence
 from ...dtypes import Dtype
 from ...errors import DtypeError, InputError, ShapeError
 from .bindings import entry
-from .native import (ACT, ACT_CODES, DTYPE_CODES, LINEAR, NORM, SOFTMAX, SM_DIMS, WEIGHT_CODES, NativeView, check_status, pool_threads)
+from .native import (ACT, ACT_CODES, DTYPE_CODES, LINEAR, NORM, SM_DIMS, SOFTMAX, WEIGHT_CODES,
+                     NativeView, check_status, pool_threads)
 
-__all__ = ["Ref", "Step", "THREADS", "TableTooShort", "compile_steps", "rms_norm_steps", "layer_norm_steps",
-           "linear_steps", "activation_steps", "softmax_steps", "copy_step", "rows_of"]
+__all__ = ["Ref", "Step", "THREADS", "TableTooShort", "compile_steps", "rms_norm_steps",
+           "layer_norm_steps", "linear_steps", "activation_steps", "softmax_steps", "copy_step",
+           "rows_of"]
 
 
 class Ref:
@@ -240,8 +242,9 @@ def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: Nativ
         return []
     head = (x.address, w.address, sp, bp, y.address, xdt, wdt, bdt, ydt, rows, k, n, k,
             w.strides[0] if n > 1 else k, n)
-    return [Step("linear_rows", LINEAR, (*head, THREADS, int(accumulate), int(norm_eps is not None),
-                                            nwp, nwdt, float(norm_eps or 0.0), 0.0, 0))]
+    tail = (THREADS, int(accumulate), int(norm_eps is not None), nwp, nwdt,
+            float(norm_eps or 0.0), 0.0, 0)
+    return [Step("linear_rows", LINEAR, (*head, *tail))]
 
 
 def activation_steps(x: NativeView, act: str, y: NativeView, *, up: NativeView | None = None,

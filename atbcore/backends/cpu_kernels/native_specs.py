@@ -300,6 +300,7 @@ _ACTS = ("Gelu", "QuickGelu", "SiLU", "Relu", "SwiGLU", "GeGLU", "Activation")
 SPECS: dict[str, Any] = {
     "RmsNorm": NormSpec(True, False), "AddRmsNorm": NormSpec(True, True),
     "LayerNorm": NormSpec(False, False), "AddLayerNorm": NormSpec(False, True),
-    "Linear": LinearSpec(), "RmsNormLinear": LinearSpec(norm=True), "Softmax": SoftmaxSpec(), "FusedFeedForward": FfnSpec(),
+    "Linear": LinearSpec(), "RmsNormLinear": LinearSpec(norm=True), "Softmax": SoftmaxSpec(),
+    "FusedFeedForward": FfnSpec(),
     **{op: ActivationSpec() for op in _ACTS}, "RoPE": RopeSpec(),
 }

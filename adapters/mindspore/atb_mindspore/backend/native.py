@@ -20,7 +20,8 @@ from atbcore.backends.cpu_kernels.native_kernels import TensorIO, native_kernels
 from atbcore.dtypes import Dtype
 
 from . import MS_KERNELS
-from . import activation, ffn, linear, norm, rope, softmax  # noqa: F401  # the kernels wrapped below
+# the kernels wrapped below must be registered first
+from . import activation, ffn, linear, norm, rope, softmax  # noqa: F401
 from .._env import device_name, mindspore
 from .common import note
 

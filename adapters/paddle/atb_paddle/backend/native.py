@@ -20,7 +20,8 @@ from atbcore.dtypes import Dtype
 
 from . import PADDLE_KERNELS
 from .common import PATHS
-from . import activation, ffn, linear, norm, rope  # noqa: F401  # the kernels wrapped below
+# the kernels wrapped below must be registered first
+from . import activation, ffn, linear, norm, rope  # noqa: F401
 
 __all__ = ["PaddleIO"]
 
