@@ -38,7 +38,7 @@ from ...errors import DeviceError, DtypeError, InputError
 
 __all__ = ["NativeView", "view_of", "dlpack_view", "array_view", "DTYPE_CODES",
            "WEIGHT_CODES", "BOOL_CODE", "ACT_CODES", "PANEL", "NORM", "ACT_HEAD", "ACT",
-           "LINEAR_HEAD", "LINEAR_TAIL", "LINEAR", "SOFTMAX", "SM_DIMS", "Q", "check_status", "pool_threads",
+           "LINEAR_HEAD", "LINEAR_TAIL", "LINEAR", "CACHE", "SOFTMAX", "SM_DIMS", "Q", "check_status", "pool_threads",
            "contiguous_strides"]
 
 # ATB_F32 / ATB_BF16 / ATB_F16 / ATB_BOOL in csrc/common.h; int8 weights are code 4
@@ -58,6 +58,7 @@ LINEAR_HEAD = struct.Struct("<15q")         # LinArgs up to its thread count (li
 LINEAR_TAIL = struct.Struct("<4q2dq")       # LinArgs after it
 LINEAR = struct.Struct("<20q2dq")           # all of LinArgs
 ACT = struct.Struct("<14q")                 # all of ActArgs
+CACHE = struct.Struct("<17q")               # CacheArgs (cache.c)
 SOFTMAX = struct.Struct(f"<13q{2 * SM_DIMS}qqd")  # SoftmaxArgs (softmax.c)
 
 

@@ -162,7 +162,9 @@ def _wrap(io: TensorIO, op: str, spec: Any, k: Kernel) -> Kernel:
             _fallback(io, op, why)
             return fallback(p, ins)
         io.note(op, path)
-        outs = [io.empty(shape, dt) for shape, dt in spec.outputs(p, views)]
+        inplace = getattr(spec, "inplace", ())
+        outs = [ins[n] for n in inplace] or [io.empty(shape, dt)
+                                              for shape, dt in spec.outputs(p, views)]
         ws = None
         nbytes = spec.workspace(p, {n: v.shape for n, v in views.items()})
         if nbytes:
@@ -200,8 +202,8 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
 
     def bind(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any
              ) -> Callable[[list], None] | None:
-        if _OFF[0]:
-            return None
+        if _OFF[0] or getattr(spec, "inplace", ()):
+            return None  # in-place ops run their fn (the plan's generic call)
         views: dict[str, NativeView] = {}
         dyn_in: list[tuple[str, int]] = []
         for name, v in ins.items():

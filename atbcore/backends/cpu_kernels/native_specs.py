@@ -15,8 +15,8 @@ from typing import Any, Mapping
 from ...dtypes import Dtype
 from ...ops.activation import get_activation
 from ...ops.ffn import ffn_layout
-from .native import DTYPE_CODES, NativeView
-from .native_ops import (activation_steps, copy_step, layer_norm_steps, linear_steps,
+from .native import CACHE, DTYPE_CODES, NativeView
+from .native_ops import (Step, activation_steps, copy_step, layer_norm_steps, linear_steps,
                          rms_norm_steps, softmax_steps)
 from .native_rope import RopeSpec
 
@@ -295,12 +295,53 @@ class FfnSpec(_Spec):
         return steps
 
 
+class ReshapeAndCacheSpec(_Spec):
+    """ReshapeAndCache: each token's key/value rows copied into the paged caches at its
+    slot (-1: skipped), in place; the outputs are the caches themselves. The slots are
+    read per call (the op's ``check_values`` and the C kernel both bound them)."""
+
+    entry = "reshape_and_cache"
+    inplace = ("key_cache", "value_cache")
+
+    def why_not(self, p: Any, views: Mapping[str, NativeView]) -> str | None:
+        k, v, kc, vc = (views[n] for n in ("key", "value", "key_cache", "value_cache"))
+        if not (k.dtype == v.dtype == kc.dtype == vc.dtype) or k.dtype.itemsize not in (1, 2, 4):
+            return "key, value and caches of one 1/2/4-byte dtype"
+        if any(not t.contiguous for t in views.values()):
+            return "a tensor is not contiguous"
+        if views["slot_mapping"].dtype not in (Dtype.INT32, Dtype.INT64):
+            return f"slot_mapping dtype {views['slot_mapping'].dtype.value}"
+        if kc.shape != vc.shape or k.shape != v.shape or _numel(kc.shape[:2]) == 0:
+            return "caches or key/value of different shapes"
+        return None
+
+    def outputs(self, p: Any, views: Mapping[str, NativeView]) -> list[tuple]:
+        return []
+
+    def steps(self, p: Any, views: Mapping[str, NativeView], outs: list) -> list:
+        k, v, kc, vc, sl = (views[n] for n in ("key", "value", "key_cache", "value_cache",
+                                               "slot_mapping"))
+        t, row = k.shape[0], _numel(k.shape[1:])
+        nb, bs = kc.shape[0], kc.shape[1]
+        if row != _numel(kc.shape[2:]) or sl.shape != (t,):
+            from ...errors import ShapeError
+
+            raise ShapeError("ReshapeAndCache", "key rows against the cache rows",
+                             f"[{t}, {list(kc.shape[2:])}]", list(k.shape))
+        if t == 0:
+            return []
+        return [Step("reshape_and_cache", CACHE, (
+            k.address, v.address, kc.address, vc.address, sl.address,
+            int(sl.dtype == Dtype.INT32), k.dtype.itemsize, t, row, row, row, bs, nb,
+            bs * row, row, bs * row, row))]
+
+
 _ACTS = ("Gelu", "QuickGelu", "SiLU", "Relu", "SwiGLU", "GeGLU", "Activation")
 
 SPECS: dict[str, Any] = {
     "RmsNorm": NormSpec(True, False), "AddRmsNorm": NormSpec(True, True),
     "LayerNorm": NormSpec(False, False), "AddLayerNorm": NormSpec(False, True),
     "Linear": LinearSpec(), "RmsNormLinear": LinearSpec(norm=True), "Softmax": SoftmaxSpec(),
-    "FusedFeedForward": FfnSpec(),
+    "FusedFeedForward": FfnSpec(), "ReshapeAndCache": ReshapeAndCacheSpec(),
     **{op: ActivationSpec() for op in _ACTS}, "RoPE": RopeSpec(),
 }

@@ -132,7 +132,7 @@ def test_paged_attention(dt):
 
 
 @pytest.mark.parametrize("dt", ["fp32", "fp16"])
-def test_reshape_and_cache_in_place(dt):
+def test_reshape_and_cache_in_place(dt, kernel_path):
     import atbcore as atb
     from atbcore.tensor import to_numpy
     from ms_cases import to_ms

@@ -156,7 +156,7 @@ def test_flash_attention_paths():
 
 
 @pytest.mark.parametrize("dtype", FLOATS + ["int8"])
-def test_reshape_and_cache_in_place(dtype):
+def test_reshape_and_cache_in_place(dtype, kernel_path):
     from paddle_cases import to_paddle
 
     import atbcore as atb

@@ -217,3 +217,30 @@ def test_numpy_native_rope_is_one_c_call(dt, params, shapes, pos):
     assert calls.count("rope") >= 1 and set(calls) == {"rope"}, calls
     for g, e in zip(got, ref):
         assert_close(g, e, dt, f"RoPE {params}")
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16", "int8"])
+def test_numpy_native_reshape_and_cache_writes_in_place(dt):
+    from atbcore.backends.cpu_kernels import bindings
+
+    kc = (rand((3, 4, 2, 8), "fp32", 1, 20.0)).astype(Dtype.of(dt).numpy)
+    vc = (rand((3, 4, 2, 8), "fp32", 2, 20.0)).astype(Dtype.of(dt).numpy)
+    k = (rand((4, 2, 8), "fp32", 3, 20.0)).astype(kc.dtype)
+    v = (rand((4, 2, 8), "fp32", 4, 20.0)).astype(kc.dtype)
+    ref_k, ref_v = kc.copy(), vc.copy()
+    for slots in (np.array([3, -1, 11, 8], np.int64), np.array([0, 1, 2, 5], np.int32)):
+        run("ReshapeAndCache", {}, [k, v, ref_k, ref_v, slots], "numpy")
+        calls: list[str] = []
+        bindings.SINKS.append(calls)
+        try:
+            op = atb.Builder(backend="numpy_native").build_operation("ReshapeAndCache")
+            outs = op.execute([k, v, kc, vc, slots])
+        finally:
+            bindings.SINKS.remove(calls)
+        assert calls == ["reshape_and_cache"] and outs[0] is kc and outs[1] is vc
+        np.testing.assert_array_equal(kc.view(np.uint8), ref_k.view(np.uint8))
+        np.testing.assert_array_equal(vc.view(np.uint8), ref_v.view(np.uint8))
+    with pytest.raises(InputError, match="slot_mapping"):               # past the cache
+        atb.Builder(backend="numpy_native").build_operation("ReshapeAndCache").execute(
+            [k, v, kc, vc, np.array([0, 1, 2, 12], np.int64)])
+    np.testing.assert_array_equal(kc.view(np.uint8), ref_k.view(np.uint8))  # untouched

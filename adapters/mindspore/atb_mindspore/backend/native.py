@@ -1,12 +1,13 @@
 """MindSpore CPU tensors on atb's C kernels, in place (no copies, no MindSpore ops).
 
-The norms, Linear (few rows), RoPE, the activations, Softmax and FusedFeedForward of this
-backend run the framework-free C kernels (:mod:`atbcore.backends.cpu_kernels.native_kernels`)
-when the call suits them — CPU tensors, fp32/bf16/fp16, contiguous, a built-in
-activation — and the MindSpore compositions otherwise (the reason logged at DEBUG).
-A GraphOp's plan binds them once: weight and planned-buffer addresses are packed
-then, and a run reads only its inputs' ``data_ptr()`` and allocates its outputs,
-where a MindSpore PyNative op costs tens of microseconds of dispatch each.
+The norms, Linear (few rows), RoPE, ReshapeAndCache, the activations, Softmax and
+FusedFeedForward of this backend run the framework-free C kernels
+(:mod:`atbcore.backends.cpu_kernels.native_kernels`) when the call suits them
+(CPU tensors, fp32/bf16/fp16, contiguous, a built-in activation), and
+the MindSpore compositions otherwise (the reason logged at DEBUG). A GraphOp's plan binds
+them once: weight and planned-buffer addresses are packed then, and a run reads
+only its inputs' ``data_ptr()`` and allocates its outputs, where a MindSpore
+PyNative op costs tens of microseconds of dispatch each.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from atbcore.dtypes import Dtype
 
 from . import MS_KERNELS
 # the kernels wrapped below must be registered first
-from . import activation, ffn, linear, norm, rope, softmax  # noqa: F401
+from . import activation, ffn, linear, norm, paged, rope, softmax  # noqa: F401
 from .._env import device_name, mindspore
 from .common import note
 

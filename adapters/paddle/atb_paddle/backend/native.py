@@ -1,11 +1,12 @@
 """Paddle CPU tensors on atb's C kernels, in place (no copies, no Paddle ops).
 
-The norms, Linear (few rows), RoPE, the activations, Softmax and FusedFeedForward of this
-backend run the framework-free C kernels (:mod:`atbcore.backends.cpu_kernels.native_kernels`)
-when the call suits them — CPU tensors, fp32/bf16/fp16, contiguous, a built-in
-activation — and the Paddle kernels otherwise (the reason logged at DEBUG). A
-GraphOp's plan binds them once: weight and planned-buffer addresses are packed then,
-and a run reads only its inputs' ``data_ptr()`` and allocates its outputs.
+The norms, Linear (few rows), RoPE, ReshapeAndCache, the activations, Softmax and
+FusedFeedForward of this backend run the framework-free C kernels
+(:mod:`atbcore.backends.cpu_kernels.native_kernels`) when the call suits them
+(CPU tensors, fp32/bf16/fp16, contiguous, a built-in activation), and
+the Paddle kernels otherwise (the reason logged at DEBUG). A GraphOp's plan binds
+them once: weight and planned-buffer addresses are packed then, and a run reads
+only its inputs' ``data_ptr()`` and allocates its outputs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from atbcore.dtypes import Dtype
 from . import PADDLE_KERNELS
 from .common import PATHS
 # the kernels wrapped below must be registered first
-from . import activation, ffn, linear, norm, rope  # noqa: F401
+from . import activation, ffn, linear, norm, paged, rope  # noqa: F401
 
 __all__ = ["PaddleIO"]
 
