@@ -6,7 +6,7 @@ same weights run with the framework's own layers, at 1 row (decode) and 128 rows
 (prefill), in one process: the two take turns, each sample times a loop of calls,
 and the median of the per-sample ratios is reported (with the quartiles). torch
 always; Paddle and MindSpore (PyNative) when installed, MindSpore imported first
-(see the README); NumPy arrays on the ``numpy_native`` backend (atb's C kernels, no
+(see the README); NumPy arrays on the ``numpy_c`` backend (atb's C kernels, no
 framework) against the layers written in NumPy. Also: launches per call and the plan's arena bytes (from the pool).
 
     python benchmarks/graph_op_overhead.py [--samples 30] [--frameworks torch,paddle,mindspore]
@@ -186,14 +186,14 @@ def bench_mindspore(samples: int) -> dict[str, Any]:
 
 
 def bench_numpy(samples: int) -> dict[str, Any]:
-    """NumPy arrays: the GraphOp on the ``numpy_native`` backend (atb's C kernels on the
+    """NumPy arrays: the GraphOp on the ``numpy_c`` backend (atb's C kernels on the
     arrays, no framework) against the same layers written in NumPy, same weights."""
     import atbcore as atb
     from atbcore.ops.ffn import ffn_input_names
 
     mlp = atb.GraphOp([atb.LayerNorm(eps=1e-5), atb.Linear(out_features=INTER), atb.SiLU(),
                        atb.Linear(out_features=HIDDEN), atb.ResidualAdd()],
-                      backend="numpy_native")
+                      backend="numpy_c")
     mlp(np.zeros((1, 1, HIDDEN), np.float32))
     wm, w = dict(mlp.graph.weights), {}
     for n in mlp.graph.nodes:  # the fused graph: LayerNorm, FusedFeedForward

@@ -1,5 +1,5 @@
 """The NumPy backends: ``numpy``, every op's NumPy reference (the test oracle, always
-available, cpu only), and ``numpy_native``, atb's C kernels on NumPy arrays."""
+available, cpu only), and ``numpy_c``, atb's C kernels on NumPy arrays."""
 
 from __future__ import annotations
 
@@ -27,12 +27,13 @@ class NumpyBackend(Backend):
 @dataclass
 class NumpyNativeBackend(Backend):
     """The C kernels (:mod:`.cpu_kernels.native_kernels`) on NumPy arrays, in place:
-    norms, Linear (few rows), activations, Softmax and FusedFeedForward, each falling
-    back to its NumPy reference for a call the C kernel does not take (logged at
-    DEBUG). Asked after the framework backends and before the reference, so NumPy
-    input runs compiled code without torch; ``numpy`` stays the pure oracle."""
+    norms, Linear and RmsNormLinear (few rows), RoPE, ReshapeAndCache, activations,
+    Softmax and FusedFeedForward, each falling back to its NumPy reference for a call
+    the C kernel does not take (logged at DEBUG); every other op is its reference.
+    Asked after the framework backends and before the reference, so NumPy input runs
+    compiled code without torch; ``numpy`` stays the pure oracle."""
 
-    name: str = "numpy_native"
+    name: str = "numpy_c"
     priority: int = 500
     native: str = "numpy"
 
@@ -48,4 +49,5 @@ class NumpyNativeBackend(Backend):
 
         reference = {name: Kernel(op=name, fn=opdef.reference, impl=f"numpy reference {name}")
                      for name, opdef in all_ops().items()}
-        self.kernels = native_kernels(NumpyIO(), reference)
+        # every op (a complete backend: a graph runs on it alone), the C ones wrapped
+        self.kernels = {**reference, **native_kernels(NumpyIO(), reference)}

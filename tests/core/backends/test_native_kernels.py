@@ -1,7 +1,7 @@
 """The framework-free C kernel bindings (cpu_kernels.native*): views read without a
 copy (DLPack and the array interface agree with the tensor's own address), the C
 steps against the NumPy reference, bad views refused with AtbError subclasses before
-any C call, and the ``numpy_native`` backend (kernels, fallbacks, bound plans)."""
+any C call, and the ``numpy_c`` backend (kernels, fallbacks, bound plans)."""
 
 import numpy as np
 import pytest
@@ -128,8 +128,8 @@ FFN = [({"activation_type": "swiglu"}, ["gate_w", "up_w", "down_w"]),
 
 
 @pytest.mark.parametrize("dt", FLOATS)
-def test_numpy_native_backend_against_the_reference(dt):
-    be = get_backend("numpy_native")
+def test_numpy_c_backend_against_the_reference(dt):
+    be = get_backend("numpy_c")
     x, r, w, b = (rand((2, 3, 24), dt, 1), rand((2, 3, 24), dt, 2), rand((24,), dt, 3),
                   rand((24,), dt, 4))
     wl, s8 = rand((40, 24), dt, 5, 0.2), rand((40,), "fp32", 6, low=0.01, high=0.02)
@@ -148,16 +148,16 @@ def test_numpy_native_backend_against_the_reference(dt):
         calls.append(("FusedFeedForward", params, [x, *ws]))
     for op, params, ins in calls:
         ref = run(op, params, ins, "numpy")
-        o = atb.Builder(backend="numpy_native").build_operation(op, params)
+        o = atb.Builder(backend="numpy_c").build_operation(op, params)
         got = o.execute(list(ins))
-        assert o.last_backend == "numpy_native"
+        assert o.last_backend == "numpy_c"
         assert be.kernel(op).impl.startswith("C kernel")
         for g, e in zip(got, ref):
             assert g.dtype == e.dtype and g.shape == e.shape, op
-            assert_close(g, e, dt, f"{op} numpy_native vs numpy")
+            assert_close(g, e, dt, f"{op} numpy_c vs numpy")
 
 
-def test_numpy_native_falls_back_with_reason(caplog):
+def test_numpy_c_falls_back_with_reason(caplog):
     import logging
 
     x, w = rand((4, 16), "fp32", 1), rand((16,), "fp32", 2)
@@ -165,17 +165,17 @@ def test_numpy_native_falls_back_with_reason(caplog):
     big, wl = rand((300, 16), "fp32", 4), rand((8, 16), "fp32", 5)
     with caplog.at_level(logging.DEBUG, logger="atb"):
         for op, ins in (("RmsNorm", [xs, w]), ("Linear", [big, wl])):
-            y, = atb.Builder(backend="numpy_native").build_operation(op, {}).execute(ins)
+            y, = atb.Builder(backend="numpy_c").build_operation(op, {}).execute(ins)
             assert_close(y, run(op, {}, ins, "numpy")[0], "fp32", f"{op} fallback")
     assert "non-contiguous" in caplog.text and "300 rows" in caplog.text
-    y, = atb.Builder(backend="numpy_native").build_operation("Softmax", {"dim": 0}).execute([x])
+    y, = atb.Builder(backend="numpy_c").build_operation("Softmax", {"dim": 0}).execute([x])
     assert_close(y, run("Softmax", {"dim": 0}, [x], "numpy")[0], "fp32", "softmax dim 0")
 
 
-def test_numpy_native_graph_op_binds_the_c_calls():
+def test_numpy_c_graph_op_binds_the_c_calls():
     h, i = 32, 48
     g = atb.GraphOp([atb.LayerNorm(eps=1e-5), atb.Linear(out_features=i), atb.SiLU(),
-                     atb.Linear(out_features=h), atb.ResidualAdd()], backend="numpy_native")
+                     atb.Linear(out_features=h), atb.ResidualAdd()], backend="numpy_c")
     g(rand((1, 2, h), "fp32", 0))
     ref = atb.GraphOp(g.graph, backend="numpy")          # the same graph and weights
     for seed in (1, 2, 3):
@@ -198,7 +198,7 @@ ROPE = [({"num_heads": 4, "rotary_type": "half"}, [(2, 5, 64)], None),
 
 @pytest.mark.parametrize("dt", FLOATS)
 @pytest.mark.parametrize("params,shapes,pos", ROPE)
-def test_numpy_native_rope_is_one_c_call(dt, params, shapes, pos):
+def test_numpy_c_rope_is_one_c_call(dt, params, shapes, pos):
     from atbcore.backends.cpu_kernels import bindings
 
     ins = [rand(s, dt, i) for i, s in enumerate(shapes)]
@@ -211,7 +211,7 @@ def test_numpy_native_rope_is_one_c_call(dt, params, shapes, pos):
     calls: list[str] = []
     bindings.SINKS.append(calls)
     try:
-        got = atb.Builder(backend="numpy_native").build_operation("RoPE", params).execute(ins)
+        got = atb.Builder(backend="numpy_c").build_operation("RoPE", params).execute(ins)
     finally:
         bindings.SINKS.remove(calls)
     assert calls.count("rope") >= 1 and set(calls) == {"rope"}, calls
@@ -220,7 +220,7 @@ def test_numpy_native_rope_is_one_c_call(dt, params, shapes, pos):
 
 
 @pytest.mark.parametrize("dt", ["fp32", "bf16", "int8"])
-def test_numpy_native_reshape_and_cache_writes_in_place(dt):
+def test_numpy_c_reshape_and_cache_writes_in_place(dt):
     from atbcore.backends.cpu_kernels import bindings
 
     kc = (rand((3, 4, 2, 8), "fp32", 1, 20.0)).astype(Dtype.of(dt).numpy)
@@ -233,7 +233,7 @@ def test_numpy_native_reshape_and_cache_writes_in_place(dt):
         calls: list[str] = []
         bindings.SINKS.append(calls)
         try:
-            op = atb.Builder(backend="numpy_native").build_operation("ReshapeAndCache")
+            op = atb.Builder(backend="numpy_c").build_operation("ReshapeAndCache")
             outs = op.execute([k, v, kc, vc, slots])
         finally:
             bindings.SINKS.remove(calls)
@@ -241,6 +241,6 @@ def test_numpy_native_reshape_and_cache_writes_in_place(dt):
         np.testing.assert_array_equal(kc.view(np.uint8), ref_k.view(np.uint8))
         np.testing.assert_array_equal(vc.view(np.uint8), ref_v.view(np.uint8))
     with pytest.raises(InputError, match="slot_mapping"):               # past the cache
-        atb.Builder(backend="numpy_native").build_operation("ReshapeAndCache").execute(
+        atb.Builder(backend="numpy_c").build_operation("ReshapeAndCache").execute(
             [k, v, kc, vc, np.array([0, 1, 2, 12], np.int64)])
     np.testing.assert_array_equal(kc.view(np.uint8), ref_k.view(np.uint8))  # untouched
