@@ -38,8 +38,8 @@ from ...errors import DeviceError, DtypeError, InputError
 
 __all__ = ["NativeView", "view_of", "dlpack_view", "array_view", "DTYPE_CODES",
            "WEIGHT_CODES", "BOOL_CODE", "ACT_CODES", "PANEL", "NORM", "ACT_HEAD", "ACT",
-           "LINEAR_HEAD", "LINEAR_TAIL", "LINEAR", "CACHE", "SOFTMAX", "SM_DIMS", "Q", "check_status", "pool_threads",
-           "contiguous_strides"]
+           "LINEAR_HEAD", "LINEAR_TAIL", "LINEAR", "CACHE", "SOFTMAX", "SM_DIMS", "Q",
+           "check_status", "pool_threads", "contiguous_strides"]
 
 # ATB_F32 / ATB_BF16 / ATB_F16 / ATB_BOOL in csrc/common.h; int8 weights are code 4
 DTYPE_CODES = {Dtype.FP32: 0, Dtype.BF16: 1, Dtype.FP16: 2}
