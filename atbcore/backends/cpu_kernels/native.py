@@ -80,14 +80,18 @@ def _cpu_count() -> int:
 
 
 _CPUS = _cpu_count()
+_TORCH_THREADS: list = []  # .threads.pool_threads once torch is loaded
 
 
 def pool_threads() -> int:
     """Threads the C pool may use: torch's intra-op count where torch is loaded (its
     parking logic steers it, see :mod:`.threads`), else the CPUs this process may use."""
+    if _TORCH_THREADS:
+        return _TORCH_THREADS[0]()
     if "torch" in sys.modules:
         from .threads import pool_threads as torch_pool_threads
 
+        _TORCH_THREADS.append(torch_pool_threads)
         return torch_pool_threads()
     return _CPUS
 
