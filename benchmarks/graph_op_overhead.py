@@ -6,7 +6,8 @@ same weights run with the framework's own layers, at 1 row (decode) and 128 rows
 (prefill), in one process: the two take turns, each sample times a loop of calls,
 and the median of the per-sample ratios is reported (with the quartiles). torch
 always; Paddle and MindSpore (PyNative) when installed, MindSpore imported first
-(see the README). Also: launches per call and the plan's arena bytes (from the pool).
+(see the README); NumPy arrays on the ``numpy_c`` backend (atb's C kernels, no
+framework) against the layers written in NumPy. Also: launches per call and the plan's arena bytes (from the pool).
 
     python benchmarks/graph_op_overhead.py [--samples 30] [--frameworks torch,paddle,mindspore]
         [--out bench-results/graph_op_overhead.json]
@@ -32,23 +33,30 @@ HIDDEN, INTER = 512, 1376
 
 
 def _ratio(atb_call: Callable[[], Any], plain_call: Callable[[], Any], samples: int,
-           budget_s: float = 0.02) -> dict[str, float]:
-    """Median (and quartiles) of atb time / plain time over interleaved samples."""
+           budget_s: float = 0.02, sync: Callable[[Any], Any] | None = None
+           ) -> dict[str, float]:
+    """Median (and quartiles) of atb time / plain time over interleaved samples.
+    ``sync(result)`` (a framework that runs ops asynchronously) ends each timed loop
+    by waiting for its last result, so the work a loop queued is charged to it and
+    not to the next one."""
+    sync = sync or (lambda r: None)
     for _ in range(20):
         atb_call()
-        plain_call()
+        sync(plain_call())
     t0 = time.perf_counter()
-    plain_call()
+    sync(plain_call())
     n = max(3, min(5000, int(budget_s / max(time.perf_counter() - t0, 1e-7))))
     ratios, ta, tb = [], [], []
     for _ in range(samples):
         t0 = time.perf_counter()
         for _ in range(n):
-            atb_call()
+            r = atb_call()
+        sync(r)
         a = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(n):
-            plain_call()
+            r = plain_call()
+        sync(r)
         b = time.perf_counter() - t0
         ratios.append(a / b)
         ta.append(a / n * 1e6)
@@ -172,21 +180,61 @@ def bench_mindspore(samples: int) -> dict[str, Any]:
         x = ms.Tensor(np.random.default_rng(rows).standard_normal((1, rows, HIDDEN),
                                                                   dtype=np.float32))
         d = _check(mlp(x).asnumpy(), plain(x).asnumpy(), f"mindspore rows {rows}")
-        out[f"rows_{rows}"] = {**_ratio(lambda: mlp(x), lambda: plain(x), samples),
-                               "max_abs_diff": d}
+        out[f"rows_{rows}"] = {**_ratio(lambda: mlp(x), lambda: plain(x), samples,
+                                        sync=lambda r: r.asnumpy()), "max_abs_diff": d}
+    return out
+
+
+def bench_numpy(samples: int) -> dict[str, Any]:
+    """NumPy arrays: the GraphOp on the ``numpy_c`` backend (atb's C kernels on the
+    arrays, no framework) against the same layers written in NumPy, same weights."""
+    import atbcore as atb
+    from atbcore.ops.ffn import ffn_input_names
+
+    mlp = atb.GraphOp([atb.LayerNorm(eps=1e-5), atb.Linear(out_features=INTER), atb.SiLU(),
+                       atb.Linear(out_features=HIDDEN), atb.ResidualAdd()],
+                      backend="numpy_c")
+    mlp(np.zeros((1, 1, HIDDEN), np.float32))
+    wm, w = dict(mlp.graph.weights), {}
+    for n in mlp.graph.nodes:  # the fused graph: LayerNorm, FusedFeedForward
+        names = ("x", "weight", "bias") if n.op == "LayerNorm" else ffn_input_names(n.params)
+        for name, t in zip(names, n.inputs):
+            if t in wm:
+                w[f"{n.op}.{name}"] = wm[t]
+    ln_w, ln_b = w["LayerNorm.weight"], w["LayerNorm.bias"]
+    w1t = np.ascontiguousarray(w["FusedFeedForward.up_w"].T)      # [H, I]
+    w2t = np.ascontiguousarray(w["FusedFeedForward.down_w"].T)    # [I, H]
+    b1, b2 = w["FusedFeedForward.up_b"], w["FusedFeedForward.down_b"]
+
+    def plain(x: np.ndarray) -> np.ndarray:
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        h = (x - mu) / np.sqrt(var + 1e-5) * ln_w + ln_b
+        u = h @ w1t + b1
+        return (u / (1 + np.exp(-u))) @ w2t + b2 + x
+
+    out: dict[str, Any] = {}
+    for rows in (1, 128):
+        x = np.random.default_rng(rows).standard_normal((1, rows, HIDDEN), dtype=np.float32)
+        d = _check(mlp(x), plain(x), f"numpy rows {rows}")
+        r = _ratio(lambda: mlp(x), lambda: plain(x), samples)
+        out[f"rows_{rows}"] = {**r, "max_abs_diff": d, "launches": mlp.last_plan.launches,
+                               "arena_bytes": mlp.last_plan.memory.arena_bytes}
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=30)
-    ap.add_argument("--frameworks", default="torch,mindspore,paddle")
+    ap.add_argument("--frameworks", default="torch,mindspore,paddle,numpy")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
-    benches = {"torch": bench_torch, "mindspore": bench_mindspore, "paddle": bench_paddle}
+    benches = {"torch": bench_torch, "mindspore": bench_mindspore, "paddle": bench_paddle,
+               "numpy": bench_numpy}
     results: dict[str, Any] = {"hidden": HIDDEN, "inter": INTER}
     for fw in [f.strip() for f in a.frameworks.split(",") if f.strip()]:
-        mod = {"torch": "torch", "mindspore": "mindspore", "paddle": "paddle"}[fw]
+        mod = {"torch": "torch", "mindspore": "mindspore", "paddle": "paddle",
+               "numpy": "numpy"}[fw]
         if importlib.util.find_spec(mod) is None:
             results[fw] = "not installed"
             continue

@@ -20,7 +20,7 @@ from ..log import logger
 from ..ops.base import OpDef, Params
 from ..tensor import TensorDesc
 from .base import Backend, Kernel
-from .numpy_backend import NumpyBackend
+from .numpy_backend import NumpyBackend, NumpyNativeBackend
 from .torch import TorchBackend
 
 __all__ = ["Backend", "Kernel", "register_backend", "get_backend", "backends", "select_backend"]
@@ -96,3 +96,4 @@ def _first_time(opdef: OpDef, p: Params, ins: Mapping[str, TensorDesc | None],
 
 register_backend(TorchBackend())
 register_backend(NumpyBackend())
+register_backend(NumpyNativeBackend())

@@ -112,7 +112,11 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
             stream=streams.get(n.name, 0), pre=p, post=post, bind=binder_of(k),
             workspace=(memory.offsets.get(workspace_id(n.name)), workspaces.get(n.name, 0))))
 
-    entry = "torch" if any(c.native == "torch" for c in calls) else "numpy"
+    # Inputs enter in torch when a torch kernel runs, in the one framework every
+    # kernel shares (a MindSpore or Paddle plan: its tensors reach the kernels, and
+    # their bound C calls, as they are), else in NumPy.
+    natives = {c.native for c in calls}
+    entry = "torch" if "torch" in natives else (natives.pop() if len(natives) == 1 else "numpy")
     for i in graph.inputs:
         native_of.setdefault(i, entry)
     # Inputs arrive in the entry native; re-flag readers that need another one.

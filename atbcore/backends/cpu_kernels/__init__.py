@@ -36,8 +36,11 @@ torch eager composite      -                    12 us (6 aten ops)
   thread (``threads.parked_torch_threads``; measured: the fp32 LM head 3.1 ms
   after an SDPA call, 1.9 ms alone).
 
-:mod:`.torch_ops` calls them on torch CPU tensors; :mod:`.counting` counts
-launches (aten ops plus C calls). ``ATB_CPU_KERNELS=0`` turns them off (the torch
+:mod:`.torch_ops` calls them on torch CPU tensors; :mod:`.native` reads any
+framework's CPU tensor (NumPy, DLPack producers, MindSpore) as address, shape, strides
+and dtype without a copy, :mod:`.native_ops` runs the kernels on such views and
+:mod:`.native_kernels` turns them into the ``numpy_c``, MindSpore and Paddle
+backends' kernels; :mod:`.counting` counts launches (aten ops plus C calls). ``ATB_CPU_KERNELS=0`` turns them off (the torch
 composites run, logged); ``ATB_CPU_ISA`` / ``ATB_CPU_KERNELS_CACHE`` / ``CC`` steer
 the build.
 """

@@ -4,21 +4,21 @@ buffers are fixed. Re-exported by :mod:`.torch_ops`, where its callers import it
 
 from __future__ import annotations
 
-import struct
 from typing import Any, Callable
 
 import torch
 
 from atbcore.errors import InputError, ShapeError
 
+from . import native
 from . import torch_checks as chk
 from .threads import pool_threads
 from .torch_ops import ACT_CODES, DTYPE_CODES, _check, _deliver, _fn, _out, _rows, _vec
 
 __all__ = ["activation", "activation_bound"]
 
-_ACT_HEAD = struct.Struct("<13q")  # ActArgs up to the thread count
-_Q = struct.Struct("<q")
+_ACT_HEAD = native.ACT_HEAD  # ActArgs up to the thread count
+_Q = native.Q
 
 
 def activation(x: torch.Tensor, act: str, *, up: torch.Tensor | None = None,

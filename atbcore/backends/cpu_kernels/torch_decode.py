@@ -15,6 +15,7 @@ import torch
 
 from atbcore.errors import DtypeError, ShapeError
 
+from . import native
 from . import torch_checks as chk
 from .threads import pool_threads
 from .torch_linear import (LINEAR_WEIGHT_DTYPES, PANEL, linear_rows, linear_rows_bound,
@@ -28,7 +29,7 @@ __all__ = ["linear_rows", "linear_rows_bound", "pack_panels", "PANEL", "LINEAR_W
            "reshape_and_cache_bound", "argmax_rows"]
 
 _ATTN = struct.Struct("<32qd2q")
-_CACHE = struct.Struct("<17q")
+_CACHE = native.CACHE
 _ARGMAX = struct.Struct("<7q")
 
 

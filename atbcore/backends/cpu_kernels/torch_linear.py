@@ -13,6 +13,7 @@ import torch
 
 from atbcore.errors import InputError, ShapeError
 
+from . import native
 from . import torch_checks as chk
 from .threads import pool_threads
 from .torch_ops import DTYPE_CODES, _check, _deliver, _fn, _rows
@@ -22,9 +23,9 @@ __all__ = ["linear_rows", "linear_rows_bound", "linear_rows_bound_out", "linear_
            "LINEAR_WEIGHT_DTYPES"]
 
 # weight dtypes of the few-row matmul (int8 takes a per-output-channel fp32 scale)
-LINEAR_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 4}
+LINEAR_WEIGHT_DTYPES = {d.torch: c for d, c in native.WEIGHT_CODES.items()}
 
-PANEL = 32  # ATB_PANEL in linear.c: outputs per panel of a packed weight
+PANEL = native.PANEL  # outputs per panel of a packed weight
 
 
 def pack_panels(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -139,9 +140,9 @@ def _panels_fit(panels: torch.Tensor, w: torch.Tensor) -> bool:
             and panels.shape == (-(-n // PANEL), k, PANEL))
 
 
-_Q = struct.Struct("<q")
-_LINEAR_HEAD = struct.Struct("<15q")  # LinArgs up to threads
-_LINEAR_TAIL = struct.Struct("<4q2dq")  # after threads
+_Q = native.Q
+_LINEAR_HEAD = native.LINEAR_HEAD  # LinArgs up to threads
+_LINEAR_TAIL = native.LINEAR_TAIL  # after threads
 
 
 def _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, panels) -> tuple:

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from atbcore.errors import InputError, ShapeError
+from atbcore.errors import ShapeError
 
 from . import torch_checks as chk
+from . import native
 from .bindings import entry, unavailable_reason
 from .threads import pool_threads
 
@@ -29,16 +30,16 @@ __all__ = ["why_not", "rms_norm", "layer_norm", "norm_bound", "rope_packed", "ro
            "softmax", "DTYPE_CODES",
            "ACT_CODES", "MAX_ROTARY_DIM", "c_launches", "log_fallback", "into", "out_at"]
 
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_BOOL = 3
-ACT_CODES = {"silu": 0, "swish": 0, "gelu": 1, "gelu_tanh": 2, "quick_gelu": 3, "relu": 4,
-             "none": 5}
+# the codes, activations and argument layouts every caller shares live in .native
+DTYPE_CODES = {d.torch: c for d, c in native.DTYPE_CODES.items()}
+_BOOL = native.BOOL_CODE
+ACT_CODES = native.ACT_CODES
 MAX_ROTARY_DIM = 1024  # ATB_ROPE_MAX_RD in rope.c
-_SM_DIMS = 8           # ATB_SM_DIMS in softmax.c
+_SM_DIMS = native.SM_DIMS
 
-_NORM = struct.Struct("<16q2d")
+_NORM = native.NORM
 _ROPE = struct.Struct("<44q")
-_SOFTMAX = struct.Struct(f"<13q{2 * _SM_DIMS}qqd")
+_SOFTMAX = native.SOFTMAX
 
 _calls: dict[str, Any] = {}
 
@@ -99,13 +100,7 @@ def _out(out: torch.Tensor | None, like: torch.Tensor, n: int) -> tuple[torch.Te
     return torch.empty(like.shape, dtype=like.dtype), n
 
 
-def _check(status: int, what: str) -> None:
-    # the wrappers check every argument first, so a refusal here is a missed check
-    if status == -4:
-        raise MemoryError(f"{what}: the C kernel could not allocate its scratch memory")
-    if status != 0:
-        raise InputError(what, "arguments refused by the C kernel", "0 (accepted)",
-                         f"status {status}")
+_check = native.check_status  # the wrappers check every argument first
 
 
 def _deliver(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:

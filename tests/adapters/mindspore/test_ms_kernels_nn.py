@@ -16,27 +16,28 @@ import atb_mindspore.backend.attention as ms_attention  # noqa: E402
 
 
 @pytest.mark.parametrize("dt", FLOATS)
-def test_norms(dt):
+def test_norms(dt, kernel_path):
     x, r = rand([2, 5, 16], dt, 1), rand([2, 5, 16], dt, 2)
     w, b = rand([16], dt, 3), rand([16], dt, 4)
     check_ms("LayerNorm", {"eps": 1e-5}, [x, w, b])
     check_ms("LayerNorm", {"eps": 1e-5}, [x])
     check_ms("LayerNorm", {"normalized_shape": [5, 16]}, [x, rand([5, 16], dt, 5)])
-    check_ms("RmsNorm", {"eps": 1e-6}, [x, w], path="composed")
+    check_ms("RmsNorm", {"eps": 1e-6}, [x, w],
+             path="composed" if kernel_path == "framework" else "C kernel atb_rms_norm")
     check_ms("RmsNorm", {"eps": 1e-6, "weight_offset": 1.0}, [x, w])
     y, s = check_ms("AddRmsNorm", {"eps": 1e-6}, [x, r, w])
     assert s.dtype == x.dtype
     check_ms("AddLayerNorm", {"eps": 1e-6}, [x, r, w, b])
 
 
-def test_norm_hidden_769_fp32_weight_on_half_input():
+def test_norm_hidden_769_fp32_weight_on_half_input(kernel_path):
     x = rand([3, 769], "fp16", 1, 3.0)
     check_ms("RmsNorm", {}, [x, rand([769], "fp32", 2)])
     check_ms("LayerNorm", {}, [x, rand([769], "fp32", 3), rand([769], "fp32", 4)])
 
 
 @pytest.mark.parametrize("dt", FLOATS)
-def test_linear(dt):
+def test_linear(dt, kernel_path):
     x = rand([2, 3, 24], dt, 1)
     w, b = rand([40, 24], dt, 2, 0.2), rand([40], dt, 3)
     check_ms("Linear", {}, [x, w, b])
@@ -58,7 +59,7 @@ def test_linear_merged_qkv_then_split(dt):
 
 
 @pytest.mark.parametrize("dt", FLOATS)
-def test_linear_w8(dt):
+def test_linear_w8(dt, kernel_path):
     x = rand([5, 72], dt, 1)
     wq, s = quantize_w8(rand([48, 72], "fp32", 7))
     check_ms("Linear", {"quant": "w8"}, [x, wq, s])
@@ -68,10 +69,10 @@ def test_linear_w8(dt):
 
 @pytest.mark.parametrize("dt", FLOATS)
 @pytest.mark.parametrize("rt", ["half", "interleave"])
-def test_rope(dt, rt):
+def test_rope(dt, rt, kernel_path):
     q, k = rand([2, 5, 4 * 8], dt, 1), rand([2, 5, 2 * 8], dt, 2)
     check_ms("RoPE", {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "rotary_type": rt},
-             [q, k], path="composed")
+             [q, k], path="composed" if kernel_path == "framework" else "C kernel atb_rope")
     check_ms("RoPE", {"head_dim": 8, "rotary_type": rt, "position_offset": 3000}, [q])
     pos = np.array([[0, 7, 2900, 3, 4], [1, 1, 1, 1, 1]], np.int64)
     check_ms("RoPE", {"num_heads": 4, "rotary_dim": 4, "rotary_type": rt}, [q, k, pos])
@@ -131,7 +132,7 @@ def test_paged_attention(dt):
 
 
 @pytest.mark.parametrize("dt", ["fp32", "fp16"])
-def test_reshape_and_cache_in_place(dt):
+def test_reshape_and_cache_in_place(dt, kernel_path):
     import atbcore as atb
     from atbcore.tensor import to_numpy
     from ms_cases import to_ms

@@ -168,7 +168,11 @@ def test_explain_shows_paddle_kernels_and_launches():
     blk(to_paddle(rand((2, 16), "fp32", 1)))
     text = blk.explain()
     assert "-> paddle [" in text and "fused_rms_norm" in text
-    assert blk.last_launches is not None and blk.last_launches >= 2
+    from atbcore.backends.cpu_kernels import available
+
+    # one C matmul that RmsNorms its rows (atb's C kernels on the Paddle tensors), else
+    # Paddle's fused_rms_norm and its matmul
+    assert blk.last_launches == 1 if available() else blk.last_launches >= 2
 
 
 def test_paddle_forward_hooks_and_save_load(tmp_path):

@@ -1,0 +1,72 @@
+"""MindSpore CPU tensors on atb's C kernels, in place (no copies, no MindSpore ops).
+
+The norms, Linear (few rows), RoPE, ReshapeAndCache, the activations, Softmax and
+FusedFeedForward of this backend run the framework-free C kernels
+(:mod:`atbcore.backends.cpu_kernels.native_kernels`) when the call suits them
+(CPU tensors, fp32/bf16/fp16, contiguous, a built-in activation), and
+the MindSpore compositions otherwise (the reason logged at DEBUG). A GraphOp's plan binds
+them once: weight and planned-buffer addresses are packed then, and a run reads
+only its inputs' ``data_ptr()`` and allocates its outputs, where a MindSpore
+PyNative op costs tens of microseconds of dispatch each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from atbcore.backends.cpu_kernels.native import NativeView, view_of
+from atbcore.backends.cpu_kernels.native_kernels import TensorIO, native_kernels
+from atbcore.dtypes import Dtype
+
+from . import MS_KERNELS
+# the kernels wrapped below must be registered first
+from . import activation, ffn, linear, norm, paged, rope, softmax  # noqa: F401
+from .._env import device_name, mindspore
+from .common import note
+
+__all__ = ["MindSporeIO"]
+
+
+class MindSporeIO(TensorIO):
+    """MindSpore tensors: ``data_ptr()`` and ``stride()`` (``to_dlpack`` synchronises
+    and costs ~1 ms in 2.10); outputs are NumPy-backed tensors (``Tensor.from_numpy``
+    shares the array's memory)."""
+
+    name = "mindspore"
+
+    def __init__(self) -> None:
+        self.ms = mindspore()
+
+    def view(self, t: Any) -> NativeView:
+        return view_of(t)
+
+    def address(self, t: Any) -> int:
+        return t.data_ptr()
+
+    def is_contiguous(self, t: Any) -> bool:
+        return t.is_contiguous()
+
+    def contiguous(self, t: Any) -> Any:
+        return t.contiguous()
+
+    def empty(self, shape: tuple[int, ...], dtype: Dtype) -> Any:
+        if dtype is Dtype.BF16:  # MindSpore takes no ml_dtypes array
+            return self.ms.mint.empty(shape, dtype=self.ms.bfloat16)
+        return self.ms.Tensor.from_numpy(np.empty(shape, dtype.numpy))
+
+    def why_not(self, t: Any) -> str | None:
+        if not isinstance(t, self.ms.Tensor):
+            return f"not a MindSpore tensor ({type(t).__name__})"
+        if device_name(t) != "cpu":
+            return f"on {device_name(t)}"
+        if not t.is_contiguous():
+            return "a non-contiguous tensor"
+        return None
+
+    def note(self, op: str, path: str) -> None:
+        note(op, path)
+
+
+MS_KERNELS.update(native_kernels(MindSporeIO(), MS_KERNELS))

@@ -1,0 +1,63 @@
+"""Paddle CPU tensors on atb's C kernels, in place (no copies, no Paddle ops).
+
+The norms, Linear (few rows), RoPE, ReshapeAndCache, the activations, Softmax and
+FusedFeedForward of this backend run the framework-free C kernels
+(:mod:`atbcore.backends.cpu_kernels.native_kernels`) when the call suits them
+(CPU tensors, fp32/bf16/fp16, contiguous, a built-in activation), and
+the Paddle kernels otherwise (the reason logged at DEBUG). A GraphOp's plan binds
+them once: weight and planned-buffer addresses are packed then, and a run reads
+only its inputs' ``data_ptr()`` and allocates its outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import paddle
+
+from atbcore.backends.cpu_kernels.native import NativeView, view_of
+from atbcore.backends.cpu_kernels.native_kernels import TensorIO, native_kernels
+from atbcore.dtypes import Dtype
+
+from . import PADDLE_KERNELS
+from .common import PATHS
+# the kernels wrapped below must be registered first
+from . import activation, ffn, linear, norm, paged, rope  # noqa: F401
+
+__all__ = ["PaddleIO"]
+
+
+class PaddleIO(TensorIO):
+    """Paddle tensors: ``data_ptr()`` and ``strides`` (equal to their DLPack view)."""
+
+    name = "paddle"
+
+    def view(self, t: Any) -> NativeView:
+        return view_of(t)
+
+    def address(self, t: Any) -> int:
+        return t.data_ptr()
+
+    def is_contiguous(self, t: Any) -> bool:
+        return t.is_contiguous()
+
+    def contiguous(self, t: Any) -> Any:
+        return t.contiguous()
+
+    def empty(self, shape: tuple[int, ...], dtype: Dtype) -> Any:
+        return paddle.empty(list(shape), dtype=dtype.value)
+
+    def why_not(self, t: Any) -> str | None:
+        if not isinstance(t, paddle.Tensor):
+            return f"not a Paddle tensor ({type(t).__name__})"
+        if not t.place.is_cpu_place():
+            return f"on {t.place}"
+        if not t.is_contiguous():
+            return "a non-contiguous tensor"
+        return None
+
+    def note(self, op: str, path: str) -> None:
+        PATHS[(op, "native")] += 1
+
+
+PADDLE_KERNELS.update(native_kernels(PaddleIO(), PADDLE_KERNELS))
