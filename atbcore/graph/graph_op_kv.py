@@ -279,14 +279,15 @@ class CacheFeeder:
                                  Dtype.of(cache.dtype).name)
             pairs = [(_as(x, cache.keys(layer)), _as(x, cache.values(layer))) for layer in layers]
             views.update(((fw, layer), kv) for layer, kv in zip(layers, pairs))
-        p = None
-        for layer in layers:
-            lens = cache.seq_lens(None, layer)[:b]
-            if (lens != lens[0]).any() or (p is not None and int(lens[0]) != p):
-                raise InputError(name, f"KVCache layer {layer} lengths",
-                                 "equal lengths for every sequence", lens.tolist())
-            p = int(lens[0])
-        assert p is not None
+        span = _span(layers)
+        lens = cache.seq_lens(range(b), span) if span is not None else \
+            np.stack([cache.seq_lens(range(b), layer) for layer in layers])
+        p = int(lens.flat[0])
+        if (lens != p).any():
+            layer = layers[int(np.argwhere(lens != p)[0][0])]
+            raise InputError(name, f"KVCache layer {layer} lengths",
+                             f"equal lengths for every sequence (the block's first layer "
+                             f"holds {p})", lens.tolist())
         if p + s > cache.max_seq_len:
             raise ShapeError(name, "tokens in the atb.KVCache after this call",
                              f"<= max_seq_len {cache.max_seq_len}", p + s)
@@ -302,9 +303,17 @@ class CacheFeeder:
     def finish(self, out: Any, cache: Any, shape: tuple[int, int, list[int]]) -> Any:
         """Count the written tokens; the block output back as ``[B, S, hidden]``."""
         b, s, layers = shape
-        for layer in layers:
+        span = _span(layers)
+        for layer in ([span] if span is not None else layers):
             cache.advance(layer, s, range(b))
         return out.reshape([b, s, -1])
+
+
+def _span(layers: list[int]) -> range | None:
+    """Consecutive cache layers as one range (read and counted in one call)."""
+    if layers and layers[-1] - layers[0] == len(layers) - 1:
+        return range(layers[0], layers[-1] + 1)
+    return None
 
 
 def in_place_form(op: Any, x: Any, cache: Any) -> Any:

@@ -177,21 +177,22 @@ class KVCache:
 
     update = append
 
-    def advance(self, layer: int, count: int, seq_ids: Sequence[int] | None = None) -> None:
-        """Count ``count`` more tokens in ``layer`` for ``seq_ids`` (default: rows
-        0..B-1 as given by the caller): for kernels that wrote them into
+    def advance(self, layer: int | range, count: int, seq_ids: Sequence[int] | None = None
+                ) -> None:
+        """Count ``count`` more tokens in ``layer`` (or a ``range`` of layers) for
+        ``seq_ids`` (default: every row): for kernels that wrote them into
         :meth:`keys` / :meth:`values` in place. Checks everything before changing
         anything."""
         self._alive()
-        layer = self._layer(layer)
+        lay = self._layers_of(layer)
         ids = self._seq_ids(seq_ids, None)
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
             raise InputError(_OP, "count", "an int >= 0", repr(count))
-        end = self._lens[layer, ids] + int(count)
+        end = self._lens[lay, ids] + int(count)
         if (end > self.max_seq_len).any():
             raise ShapeError(_OP, f"layer {layer} overflows max_seq_len",
                              f"<= {self.max_seq_len} tokens", int(end.max()))
-        self._lens[layer, ids] = end
+        self._lens[lay, ids] = end
 
     # ------------------------------------------------------------------ reading
     def get(self, layer: int, seq_ids: Sequence[int] | None = None) -> tuple[Any, Any, Any]:
@@ -219,11 +220,20 @@ class KVCache:
         """The whole value buffer of ``layer``: ``[max_batch, max_seq_len, Hkv, D]``."""
         return self._alive()[self._layer(layer), 1]
 
-    def seq_lens(self, seq_ids: Sequence[int] | None = None, layer: int | None = None) -> np.ndarray:
-        """Host int64 lengths (of the last layer unless ``layer`` is given)."""
+    def seq_lens(self, seq_ids: Sequence[int] | None = None, layer: int | range | None = None
+                 ) -> np.ndarray:
+        """Host int64 lengths (of the last layer unless ``layer`` is given; a ``range``
+        of layers gives ``[layers, rows]``)."""
         self._alive()
-        lay = self.num_layers - 1 if layer is None else self._layer(layer)
+        lay = self.num_layers - 1 if layer is None else self._layers_of(layer)
         return self._lens[lay, self._seq_ids(seq_ids, None)].copy()
+
+    def _layers_of(self, layer: int | range) -> int | slice:
+        """A layer index, or a slice for a non-empty unit-step ``range`` of layers."""
+        if type(layer) is range and layer.step == 1 and len(layer):
+            self._layer(layer.start)
+            return slice(layer.start, self._layer(layer.stop - 1) + 1)
+        return self._layer(layer)
 
     # ------------------------------------------------------------------ lifetime
     def truncate(self, seq_id: int, length: int) -> None:

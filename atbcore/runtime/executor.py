@@ -115,6 +115,23 @@ class BoundCall:
     layouts: dict[str, str] = field(default_factory=dict)  # weight input -> layout bound
 
 
+class ProgramKey:
+    """A program's input descriptors with their hash computed once (a hot caller keeps
+    the key and looks its program up on every run)."""
+
+    __slots__ = ("descs", "_hash")
+
+    def __init__(self, descs: tuple) -> None:
+        self.descs, self._hash = descs, hash(descs)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is ProgramKey and self._hash == other._hash
+                                 and self.descs == other.descs)
+
+
 @dataclass
 class ExecPlan:
     """A graph compiled for one input signature (or shape bucket); see the module doc."""
@@ -146,7 +163,10 @@ class ExecPlan:
 
     @property
     def uses_torch(self) -> bool:
-        return any(c.native == "torch" for c in self.calls)
+        got = self.__dict__.get("_uses_torch")
+        if got is None:  # fixed once the plan is built: asked on every run
+            got = self.__dict__["_uses_torch"] = any(c.native == "torch" for c in self.calls)
+        return got
 
     def nodes_table(self) -> list[dict[str, Any]]:
         """Per call: node, op, backend, kernel impl, launches, fallback reasons."""
@@ -190,9 +210,9 @@ class ExecPlan:
         return self.run_program(self.program_key(descs), descs,
                                 [inputs[i] for i in self.graph.inputs])
 
-    def program_key(self, descs: Mapping[str, TensorDesc]) -> tuple:
+    def program_key(self, descs: Mapping[str, TensorDesc]) -> "ProgramKey":
         """The key of the bound program for these exact descriptors."""
-        return tuple(descs[i] for i in self.graph.inputs)
+        return ProgramKey(tuple(descs[i] for i in self.graph.inputs))
 
     def run_program(self, key: tuple, descs: Mapping[str, TensorDesc] | None,
                     xs: Sequence[Any]) -> list | None:

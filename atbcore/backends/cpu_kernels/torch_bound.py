@@ -19,32 +19,50 @@ __all__ = ["norm_bound", "rope_packed"]
 
 
 def norm_bound(name: str, w: torch.Tensor | None, b: torch.Tensor | None, n: int, eps: float,
-               w_offset: float, out: torch.Tensor) -> Callable[[torch.Tensor], None]:
+               w_offset: float, out: torch.Tensor, sum_out: torch.Tensor | None = None
+               ) -> Callable[..., None]:
     """``"rms_norm"`` / ``"layer_norm"`` into the fixed buffer ``out`` with the weight,
     bias and output arguments packed once: ``call(x)`` for an ``x`` shaped like
     ``out`` (a plan's input slot: its dtype and shape are the plan's, its address
-    and strides are read per call)."""
+    and strides are read per call). With ``sum_out`` (the Add form) ``call(x,
+    residual)`` also writes ``x + residual`` there, and normalizes that."""
     n = chk.integer(name, "n", n, 0)
     chk.vector(name, "weight", w, n)
     chk.vector(name, "bias", b, n)
-    chk.tensor(name, "out", out)
-    chk.suffix_numel(name, "out", out, n)
-    y, ys = _out(out, out, n)
-    if y is not out or out.numel() == 0:
-        raise ShapeError(name, "'out' (a bound norm's buffer)", "non-empty rows of unit stride",
-                         f"shape {list(out.shape)} strides {list(out.stride())}")
+    y, ys = _fixed_rows(name, "out", out, n)
+    s, ss = (0, 0) if sum_out is None else _fixed_rows(name, "sum_out", sum_out, n)
+    if sum_out is not None and (sum_out.shape != out.shape or sum_out.dtype != out.dtype):
+        raise ShapeError(name, "'sum_out' (like 'out')", f"{out.dtype} {list(out.shape)}",
+                         f"{sum_out.dtype} {list(sum_out.shape)}")
     wp, wdt, wk = _vec(w)
     bp, bdt, bk = _vec(b)
     eps, w_offset = chk.real(name, "eps", eps), chk.real(name, "w_offset", w_offset)
     fn, pack, code, yp = _fn(name), _NORM.pack, DTYPE_CODES[out.dtype], y.data_ptr()
-    keep = (wk, bk, out)  # the packed addresses stay valid while the call lives
+    sp = 0 if sum_out is None else s.data_ptr()
+    keep = (wk, bk, out, sum_out)  # the packed addresses stay valid while the call lives
 
-    def call(x: torch.Tensor) -> None:
+    def call(x: torch.Tensor, residual: torch.Tensor | None = None) -> None:
         x2, rows, xs = _rows(x, n)
-        _check(fn(pack(x2.data_ptr(), 0, 0, yp, wp, bp, code, wdt, bdt, rows, n, xs, 0, 0, ys,
-                       pool_threads(), eps, w_offset)), name)
+        rp = rs = 0
+        if sp:
+            r2, _, rs = _rows(residual, n)
+            rp = r2.data_ptr()
+        _check(fn(pack(x2.data_ptr(), rp, sp, yp, wp, bp, code, wdt, bdt, rows, n, xs, rs, ss,
+                       ys, pool_threads(), eps, w_offset)), name)
     call.keep = keep  # type: ignore[attr-defined]
     return call
+
+
+def _fixed_rows(name: str, what: str, t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """A fixed output buffer as rows of ``n`` unit-stride elements: (it, row stride)."""
+    chk.tensor(name, what, t)
+    chk.suffix_numel(name, what, t, n)
+    y, ys = _out(t, t, n)
+    if y is not t or t.numel() == 0:
+        raise ShapeError(name, f"'{what}' (a bound norm's buffer)",
+                         "non-empty rows of unit stride",
+                         f"shape {list(t.shape)} strides {list(t.stride())}")
+    return y, ys
 
 
 def rope_packed(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,

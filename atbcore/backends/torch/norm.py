@@ -54,25 +54,31 @@ def _rms_norm(p, x, w):
 
 
 def _bind_norm(name: str) -> Callable[..., Any]:
-    """A binder for LayerNorm / RmsNorm writing a planned buffer: the C call with the
-    weights and output packed once (x read per run); None (the generic call) for
-    anything else."""
+    """A binder for LayerNorm / RmsNorm (and their Add forms) writing planned buffers:
+    the C call with the weights and outputs packed once (x and the residual read per
+    run); None (the generic call) for anything else."""
 
     def bind(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
-        x, w, b, o = ins["x"], ins["weight"], ins.get("bias"), outs[0]
-        if type(w) is Slot or type(b) is Slot or type(o) is Slot:
+        x, r, w, b = ins["x"], ins.get("residual"), ins["weight"], ins.get("bias")
+        if type(w) is Slot or type(b) is Slot or any(type(o) is Slot for o in outs):
             return None
-        xd = x.desc if type(x) is Slot else describe(x)
-        if ck.why_not(w, b, o) or xd.dtype.torch != o.dtype or tuple(xd.shape) != o.shape \
-                or not str(xd.device).startswith("cpu") or o.numel() == 0:
+        o, s = outs[0], (outs[1] if len(outs) > 1 else None)
+        for t in (x, r):
+            if t is None:
+                continue
+            d = t.desc if type(t) is Slot else describe(t)
+            if d.dtype.torch != o.dtype or tuple(d.shape) != o.shape or \
+                    not str(d.device).startswith("cpu"):
+                return None
+        if ck.why_not(w, b, o, s) or o.numel() == 0:
             return None
         n = _numel(_shape(p, o, w))
-        offset = getattr(p, "weight_offset", 0.0)
-        run = ck.norm_bound(name, w, b, n, p.eps, offset, o)
-        if type(x) is Slot:
-            i = x.index
-            return lambda env: run(env[i])
-        return lambda env: run(x)
+        run = ck.norm_bound(name, w, b, n, p.eps, getattr(p, "weight_offset", 0.0), o, s)
+        gx = (lambda env, i=x.index: env[i]) if type(x) is Slot else (lambda env: x)
+        if r is None:
+            return lambda env: run(gx(env))
+        gr = (lambda env, i=r.index: env[i]) if type(r) is Slot else (lambda env: r)
+        return lambda env: run(gx(env), gr(env))
     return bind
 
 
@@ -102,7 +108,7 @@ def rms_norm(p, ins, out=None):
 
 
 @kernel("AddLayerNorm", impl="C add + layer_norm, one kernel (CPU); else add + F.layer_norm",
-        launches=ck.c_launches(2), writes_out=True)
+        launches=ck.c_launches(2), writes_out=True, bind=_bind_norm("layer_norm"))
 def add_layer_norm(p, ins, out=None):
     x, r, w, b = ins["x"], ins["residual"], ins["weight"], ins["bias"]
     why = ck.why_not(x, r, w, b)
@@ -116,7 +122,7 @@ def add_layer_norm(p, ins, out=None):
 
 
 @kernel("AddRmsNorm", impl="C add + rms_norm, one kernel (CPU); else add + F.rms_norm",
-        launches=ck.c_launches(7), writes_out=True)
+        launches=ck.c_launches(7), writes_out=True, bind=_bind_norm("rms_norm"))
 def add_rms_norm(p, ins, out=None):
     x, r, w = ins["x"], ins["residual"], ins["weight"]
     why = ck.why_not(x, r, w)

@@ -83,3 +83,22 @@ def test_paged_decode_attention_bound_reads_lengths_written_after_binding():
     tables[1, 0] = 6  # a block id past the cache: refused before the kernel reads it
     with pytest.raises(InputError, match="block_tables"):
         call()
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
+def test_add_norm_bound_writes_the_sum_and_its_norm(name):
+    from atbcore.backends.cpu_kernels import torch_ops as ck
+
+    g = torch.Generator().manual_seed(6)
+    x, r = torch.randn(4, 32, generator=g), torch.randn(4, 32, generator=g)
+    w, b = torch.randn(32, generator=g), torch.randn(32, generator=g)
+    bias = b if name == "layer_norm" else None
+    y, s = torch.empty(4, 32), torch.empty(4, 32)
+    ck.norm_bound(name, w, bias, 32, 1e-5, 0.0, y, s)(x, r)
+    fn = ck.layer_norm if name == "layer_norm" else ck.rms_norm
+    args = (x, w, b, 32, 1e-5) if name == "layer_norm" else (x, w, 32, 1e-5)
+    want_y, want_s = fn(*args, residual=r)
+    assert torch.equal(s, want_s) and torch.equal(y, want_y)
+    assert_close(s, x + r, "fp32", "bound add-norm sum")
+    with pytest.raises(ShapeError, match="sum_out"):
+        ck.norm_bound(name, w, bias, 32, 1e-5, 0.0, y, torch.empty(4, 32, dtype=torch.bfloat16))

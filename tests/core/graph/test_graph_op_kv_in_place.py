@@ -178,4 +178,9 @@ def test_kv_cache_advance_checks_before_counting():
     with pytest.raises(InputError, match="seq_ids"):
         cache.advance(0, 1, range(3))  # max_batch is 2
     assert cache.seq_lens(layer=0)[:2].tolist() == [3, 3]
+    cache.advance(range(0, 2), 1, range(1))  # both layers, row 0: one call
+    assert cache.seq_lens(range(2), range(0, 2)).tolist() == [[4, 3], [1, 0]]
+    with pytest.raises(InputError, match="layer"):
+        cache.advance(range(1, 3), 1)  # the cache has layers 0 and 1
+    assert cache.seq_lens(range(2), range(0, 2)).tolist() == [[4, 3], [1, 0]]
     cache.free()
