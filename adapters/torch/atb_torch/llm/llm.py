@@ -175,32 +175,33 @@ class LLM:
         return reqs
 
     # ------------------------------------------------------------------ API
-    def submit(self, prompt: str | Sequence[int], sampling: SamplingConfig | None = None,
+    def submit(self, prompts: Any, sampling: SamplingConfig | None = None,
                max_new_tokens: int = 64, stop: str | Sequence[str] | None = None,
                ignore_eos: bool = False, n: int = 1,
-               stats: GenerationStats | None = None) -> RequestHandle:
-        """Start ``n`` completions of one ``prompt`` (choice ``j`` samples from stream
-        ``j`` of ``sampling.seed``) and return at once; iterate the handle for
-        ``(request, TokenEvent)`` pairs (``event.index`` is the choice), cancel with
-        ``llm.cancel(handle)``. Safe from any thread; what the server uses."""
+               stats: GenerationStats | None = None, sink: Any = None) -> RequestHandle:
+        """Start ``n`` completions of each prompt (one prompt, or a list) and return at
+        once; iterate the handle for ``(request, TokenEvent)`` pairs, where
+        ``event.index`` is ``prompt_index * n + choice`` and draws from that stream of
+        ``sampling.seed`` (so ``n=1`` samples what :meth:`generate` samples); cancel
+        with ``llm.cancel(handle)``. Safe from any thread; what the server uses (with
+        an :class:`~.loop.AsyncSink` as ``sink`` to await events in asyncio)."""
         sampling = sampling or SamplingConfig()
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ParamsError("LLM.submit", "n", "an int >= 1", repr(n))
-        _check_max_tokens(max_new_tokens)
-        ids = self._encode(prompt)
-        self._check_len(ids, "prompt")
         stats = stats if stats is not None else GenerationStats()
-        stats.requests += n
-        stats.prompt_tokens += n * len(ids)
-        eos = frozenset() if ignore_eos else self.eos_ids
-        reqs = [Request(j, list(ids), max_new_tokens, eos,
-                        Detokenizer(self.tokenizer, _stops(stop)), key=(sampling.seed, j),
-                        sampling=sampling, stats=stats) for j in range(n)]
-        return self.loop.submit(reqs)
+        base = self._requests(prompts, max_new_tokens, stop, ignore_eos, sampling, stats)
+        reqs = [Request(b.index * n + j, list(b.prompt), max_new_tokens, b.eos,
+                        Detokenizer(self.tokenizer, b.detok.stop), sampling=sampling,
+                        stats=stats, key=(sampling.seed, b.index * n + j))
+                for b in base for j in range(n)]
+        stats.requests += len(reqs)
+        stats.prompt_tokens += sum(len(r.prompt) for r in reqs)
+        return self.loop.submit(reqs, sink)
 
-    def cancel(self, handle: RequestHandle) -> None:
-        """Stop ``handle``'s unfinished requests; their KV blocks are free on return."""
-        finish_pending(self.loop, [handle])
+    def cancel(self, handle: RequestHandle, wait: bool = True) -> None:
+        """Stop ``handle``'s unfinished requests; with ``wait`` their KV blocks are free
+        on return (else at the engine's next step)."""
+        finish_pending(self.loop, [handle], wait)
 
     def _prepare(self, prompts: Any, max_new_tokens: int, temperature: float, top_k: int,
                  top_p: float, seed: Any, stop: Any, ignore_eos: bool,

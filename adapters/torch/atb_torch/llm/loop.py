@@ -19,6 +19,7 @@ the loop keeps serving later requests.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -30,7 +31,7 @@ from .engine import Engine
 from .outputs import TokenEvent
 from .request import Request
 
-__all__ = ["EngineLoop", "RequestHandle", "EngineClosedError", "finish_pending"]
+__all__ = ["EngineLoop", "RequestHandle", "AsyncSink", "EngineClosedError", "finish_pending"]
 
 log = logging.getLogger("atb.serving")
 
@@ -40,35 +41,67 @@ _DONE = object()  # the sink's end marker (after a request's last event)
 class EngineClosedError(AtbError):
     """A request was submitted to, or was running in, an engine loop that closed."""
 
-    def __init__(self, what: str = "the engine loop") -> None:
-        super().__init__(f"{what}: expected a running engine loop, given a closed one")
+    def __init__(self, op: str = "LLM") -> None:
+        super().__init__(op, "engine loop", "a running engine loop (the LLM was closed?)",
+                         "a closed one")
+
+
+class AsyncSink:
+    """A sink for an asyncio client: the engine thread's ``put`` hands each item to
+    ``asyncio_loop`` (thread-safe), where :meth:`RequestHandle.aget` awaits it."""
+
+    def __init__(self, asyncio_loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = asyncio_loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item: object) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop closed: nobody is listening any more
+            pass
+
+    async def get(self) -> object:
+        return await self.queue.get()
 
 
 class RequestHandle:
-    """What :meth:`EngineLoop.submit` returns: iterate it for ``(request, event)`` pairs
-    of its requests until all have finished (an engine failure is raised here)."""
+    """What :meth:`EngineLoop.submit` returns: iterate it (or await :meth:`aget` with
+    an :class:`AsyncSink`) for ``(request, event)`` pairs of its requests until all
+    have finished (an engine failure is raised here)."""
 
-    def __init__(self, requests: Sequence[Request]) -> None:
+    def __init__(self, requests: Sequence[Request], sink: object | None = None) -> None:
         self.requests = list(requests)
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.sink = sink if sink is not None else queue.SimpleQueue()
         self._open = len(self.requests)
 
     @property
     def finished(self) -> bool:
         return self._open == 0
 
+    def _take(self, item: object) -> tuple[Request, TokenEvent] | None:
+        if item is _DONE:
+            self._open -= 1
+            return None
+        if isinstance(item, BaseException):
+            self._open = 0
+            raise item
+        return item  # type: ignore[return-value]
+
     def get(self, timeout: float | None = None) -> tuple[Request, TokenEvent] | None:
         """The next ``(request, event)``; None once every request has finished;
         raises ``queue.Empty`` after ``timeout`` seconds without one."""
         while self._open:
-            item = self.queue.get(timeout=timeout)
-            if item is _DONE:
-                self._open -= 1
-                continue
-            if isinstance(item, BaseException):
-                self._open = 0
-                raise item
-            return item
+            got = self._take(self.sink.get(timeout=timeout))
+            if got is not None:
+                return got
+        return None
+
+    async def aget(self) -> tuple[Request, TokenEvent] | None:
+        """:meth:`get` for a handle made with an :class:`AsyncSink`."""
+        while self._open:
+            got = self._take(await self.sink.get())
+            if got is not None:
+                return got
         return None
 
     def __iter__(self) -> Iterator[tuple[Request, TokenEvent]]:
@@ -93,12 +126,13 @@ class EngineLoop:
         self.num_waiting = self.num_running = 0  # as of the last step, for metrics
 
     # ------------------------------------------------------------------ clients
-    def submit(self, requests: Sequence[Request]) -> RequestHandle:
+    def submit(self, requests: Sequence[Request], sink: object | None = None) -> RequestHandle:
         """Queue ``requests`` together (they reach the engine in the same step, in
-        order); their events arrive on the returned handle."""
-        handle = RequestHandle(requests)
+        order); their events arrive on the returned handle (through ``sink``: a
+        ``queue.SimpleQueue`` by default, an :class:`AsyncSink` for asyncio)."""
+        handle = RequestHandle(requests, sink)
         for r in handle.requests:
-            r.sink = handle.queue
+            r.sink = handle.sink
         with self._cv:
             if self._closed:
                 raise EngineClosedError()
@@ -152,6 +186,7 @@ class EngineLoop:
                     if engine.abort(r):
                         r.sink.put(_DONE)
                 done.set()
+            self.num_waiting, self.num_running = len(engine.waiting), len(engine.running)
             if closed:
                 self._end_all(EngineClosedError())
                 return
@@ -183,9 +218,10 @@ class EngineLoop:
         return f"EngineLoop({state}, waiting={self.num_waiting}, running={self.num_running})"
 
 
-def finish_pending(loop: EngineLoop, handles: Sequence[RequestHandle]) -> None:
-    """Cancel whatever of ``handles`` is still running (a consumer that stopped early)."""
+def finish_pending(loop: EngineLoop, handles: Sequence[RequestHandle], wait: bool = True) -> None:
+    """Cancel whatever of ``handles`` is still running (a consumer that stopped early);
+    with ``wait``, return once their blocks are free."""
     pending = [r for h in handles if not h.finished for r in h.requests
                if r.finish_reason is None]
     if pending:
-        loop.cancel(pending)
+        loop.cancel(pending, wait=wait)
