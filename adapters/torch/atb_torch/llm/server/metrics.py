@@ -69,8 +69,12 @@ class ServerMetrics:
 
         self.prefix_hit_rate.set_function(hit_rate)
 
+        earlier = llm.engine.on_step  # another server on the same LLM keeps its own
+
         def on_step(kind: str, batch_size: int, num_tokens: int) -> None:
             self.batch_size.observe(batch_size)
+            if earlier is not None:
+                earlier(kind, batch_size, num_tokens)
 
         llm.engine.on_step = on_step
 
