@@ -51,7 +51,7 @@ def log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------- servers
-def hf_loop_app(model, tok, name: str):  # noqa: ANN001, ANN201
+def hf_loop_app(model, tok):  # noqa: ANN001, ANN201
     """A minimal OpenAI-style streaming server: one worker, one request at a time."""
     import queue
     import threading
@@ -64,7 +64,7 @@ def hf_loop_app(model, tok, name: str):  # noqa: ANN001, ANN201
     jobs: queue.Queue = queue.Queue()
 
     class Sink(BaseStreamer):
-        def __init__(self, loop, q, prompt_len):  # noqa: ANN001
+        def __init__(self, loop, q):  # noqa: ANN001
             self.loop, self.q, self.skip = loop, q, 1  # generate puts the prompt first
 
         def put(self, value):  # noqa: ANN001
@@ -96,7 +96,7 @@ def hf_loop_app(model, tok, name: str):  # noqa: ANN001, ANN201
         body = await request.json()
         ids = tok(body["prompt"]).input_ids
         q: asyncio.Queue = asyncio.Queue()
-        jobs.put((ids, int(body["max_tokens"]), Sink(asyncio.get_running_loop(), q, len(ids))))
+        jobs.put((ids, int(body["max_tokens"]), Sink(asyncio.get_running_loop(), q)))
 
         async def events():  # noqa: ANN202
             while (toks := await q.get()) is not None:
@@ -119,7 +119,7 @@ def serve(kind: str, port: int, max_batch: int) -> None:
                                             max_batch_size=max_batch), max_queue=4096)
     else:
         tok = default_tokenizer()
-        app = hf_loop_app(build_default_model(0, tokenizer=tok).eval(), tok, "atb-default")
+        app = hf_loop_app(build_default_model(0, tokenizer=tok).eval(), tok)
     run_server(app, "127.0.0.1", port, log_level="error")
 
 

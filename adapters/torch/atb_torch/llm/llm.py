@@ -136,7 +136,9 @@ class LLM:
         return frozenset(ids)
 
     # ------------------------------------------------------------------ requests
-    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt's token ids (a string through the tokenizer; ids checked against
+        the vocabulary): what :meth:`generate` feeds the model."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InputError("LLM.generate", "prompt", "token ids (no tokenizer loaded)", "str")
@@ -168,7 +170,7 @@ class LLM:
         eos = frozenset() if ignore_eos else self.eos_ids
         reqs = []
         for i, p in enumerate(items):
-            ids = self._encode(p)
+            ids = self.encode(p)
             self._check_len(ids, f"prompt {i}")
             reqs.append(Request(i, ids, max_new_tokens, eos, Detokenizer(self.tokenizer, stops),
                                 sampling=sampling, stats=stats))

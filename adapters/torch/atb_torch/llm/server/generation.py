@@ -66,7 +66,7 @@ def _prompts(state: Any, req: CompletionRequest | ChatRequest) -> list[list[int]
     if any(isinstance(x, str) for x in items) and llm.tokenizer is None:
         raise ApiError(400, "prompt: this model has no tokenizer; send token ids", param="prompt")
     try:
-        return [llm._encode(x) for x in items]
+        return [llm.encode(x) for x in items]
     except AtbError as e:
         raise ApiError(400, f"prompt: {e}", param="prompt") from e
 

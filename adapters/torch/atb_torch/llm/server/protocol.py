@@ -47,8 +47,8 @@ class StreamOptions(_Body):
 
 
 class _Sampling(_Body):
-    """Fields shared by completions and chat completions (top_k, repetition_penalty,
-    ignore_eos and min_p-free extras as vLLM accepts them)."""
+    """Fields shared by completions and chat completions, with the extras vLLM
+    accepts too (``top_k``, ``repetition_penalty``, ``ignore_eos``)."""
 
     model: StrictStr
     max_tokens: StrictInt | None = Field(default=None, ge=1)
