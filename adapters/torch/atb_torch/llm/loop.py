@@ -171,6 +171,21 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:  # closed, or the thread is dying: nobody may be left waiting
+            with self._cv:
+                self._closed = True
+                adds, self._adds = self._adds, []
+                cancels, self._cancels = self._cancels, []
+            for reqs in adds:
+                for r in reqs:
+                    r.sink.put(EngineClosedError())
+            for _, done in cancels:
+                done.set()
+            self._end_all(EngineClosedError())
+
+    def _serve(self) -> None:
         engine = self.engine
         while True:
             with self._cv:
@@ -188,7 +203,6 @@ class EngineLoop:
                 done.set()
             self.num_waiting, self.num_running = len(engine.waiting), len(engine.running)
             if closed:
-                self._end_all(EngineClosedError())
                 return
             if not engine.has_work:
                 continue

@@ -132,3 +132,27 @@ def test_bad_sampling_values_are_params_errors(llm):
         llm.generate("a", logprobs=-1)
     with pytest.raises(ParamsError, match="n"):
         llm.submit("a", n=0)
+
+
+def test_a_failing_step_ends_its_requests_and_the_loop_goes_on(ckpt):
+    from atb_torch.llm import LLM, EngineClosedError
+
+    llm = LLM(ckpt)
+    inner = llm.runner.forward_paged
+    calls = []
+
+    def flaky(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("device lost")
+        return inner(*a, **kw)
+
+    llm.runner.forward_paged = flaky
+    with pytest.raises(RuntimeError, match="device lost"):
+        llm.generate(PROMPTS, max_new_tokens=6, ignore_eos=True)
+    assert llm.cache.manager.num_used_blocks == 0  # the failed requests' blocks are back
+    llm.runner.forward_paged = inner
+    assert llm.generate(PROMPTS[0], max_new_tokens=4)  # still serving
+    llm.close()
+    with pytest.raises(EngineClosedError):
+        llm.generate(PROMPTS[0], max_new_tokens=4)
