@@ -167,3 +167,37 @@ def test_api_key_loading_503_and_timeout(served):
     while served.llm.cache.manager.num_used_blocks and time.monotonic() < deadline:
         time.sleep(0.02)
     assert served.llm.cache.manager.num_used_blocks == 0  # the timed-out request's blocks
+
+
+def test_metrics_count_requests_tokens_and_latencies(server):
+    def sample(text, name, **labels):
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        key = f"{name}{{{want}}}" if labels else name
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith(key + " "))
+
+    before = httpx.get(server.base + "/metrics").text
+    c = server.client()
+    r = c.completions.create(model="tiny-llama", prompt=PROMPTS[0], max_tokens=5, temperature=0,
+                             extra_body={"ignore_eos": True})
+    httpx.post(server.base + "/v1/completions", content=b"{")
+    httpx.post(server.base + "/v1/no-such-route", json={})
+    after = httpx.get(server.base + "/metrics").text
+
+    def delta(name, **labels):
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    assert delta("atb_requests_total", endpoint="/v1/completions", status="200") == 1
+    assert delta("atb_requests_total", endpoint="/v1/completions", status="400") == 1
+    assert delta("atb_requests_total", endpoint="other", status="404") == 1
+    assert delta("atb_generation_tokens_total") == r.usage.completion_tokens == 5
+    assert delta("atb_prompt_tokens_total") == r.usage.prompt_tokens
+    assert delta("atb_time_to_first_token_seconds_count") == 1
+    assert delta("atb_inter_token_latency_seconds_count") == 4
+    assert delta("atb_batch_size_count") >= 5  # a prefill and four decode steps
+    assert sample(after, "atb_kv_blocks_total") == served_blocks(server)
+    assert 0 <= sample(after, "atb_prefix_cache_hit_rate") <= 1
+
+
+def served_blocks(server):
+    return server.app.state.atb.llm.cache.num_blocks

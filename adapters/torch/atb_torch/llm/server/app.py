@@ -35,6 +35,7 @@ __all__ = ["Served", "ServerState", "build_app", "MAX_BODY_BYTES"]
 log = logging.getLogger("atb.serving")
 
 MAX_BODY_BYTES = 4 * 2**20  # larger bodies are refused (413) before they are parsed
+_ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 
 
 @dataclass
@@ -115,8 +116,9 @@ def build_app(load: Callable[[], Served], *, api_key: str | None = None, max_que
             response = await call_next(request)
         except ApiError as e:
             response = JSONResponse(e.body(), status_code=e.status)
-        if path.startswith("/v1/"):
-            state.metrics.requests.labels(path, str(response.status_code)).inc()
+        if path.startswith("/v1/"):  # known routes only: a label per random path would grow
+            endpoint = path if path in _ENDPOINTS else "other"
+            state.metrics.requests.labels(endpoint, str(response.status_code)).inc()
         return response
 
     @app.get("/health")
