@@ -109,8 +109,12 @@ def hf_loop_app(model, tok):  # noqa: ANN001, ANN201
     return app
 
 
-def serve(kind: str, port: int, max_batch: int) -> None:
+def serve(kind: str, port: int, max_batch: int, threads: int) -> None:
     """Run one server in this (sub)process until killed."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
     from atb_torch.llm.bench.models import build_default_model, default_tokenizer
     from atb_torch.llm.server import build_app, load_served, run_server
 
@@ -123,9 +127,9 @@ def serve(kind: str, port: int, max_batch: int) -> None:
     run_server(app, "127.0.0.1", port, log_level="error")
 
 
-def start(kind: str, port: int, max_batch: int) -> subprocess.Popen:
+def start(kind: str, port: int, max_batch: int, threads: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--port", str(port),
-                             "--max-batch", str(max_batch)])
+                             "--max-batch", str(max_batch), "--threads", str(threads)])
     import httpx
 
     t0 = time.monotonic()
@@ -190,12 +194,16 @@ def main() -> int:
     ap.add_argument("--per-client", type=int, default=2, help="requests per client per round")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-batch", type=int, default=32, help="atb's max batch size")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads of both servers (0: torch's default). On a machine "
+                    "whose cores are busy with other work, OpenMP's spinning barriers make "
+                    "2+ threads far slower than 1: give both servers 1 there")
     ap.add_argument("--out", default=None)
     ap.add_argument("--serve", choices=("atb", "hf"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        serve(args.serve, args.port, args.max_batch)
+        serve(args.serve, args.port, args.max_batch, args.threads)
         return 0
     levels = [int(x) for x in args.levels.split(",")]
     ports = {"atb": 18431, "hf_loop": 18432}
@@ -203,7 +211,7 @@ def main() -> int:
     try:
         for name, kind in (("atb", "atb"), ("hf_loop", "hf")):
             log(f"starting {name}")
-            procs[name] = start(kind, ports[name], args.max_batch)
+            procs[name] = start(kind, ports[name], args.max_batch, args.threads)
         runs: dict = {name: {c: [] for c in levels} for name in ports}
         for rnd in range(args.rounds + 1):  # round 0 warms both up and is dropped
             for c in levels:
@@ -220,7 +228,8 @@ def main() -> int:
             p.terminate()
             p.wait(30)
     out: dict = {"max_tokens": args.max_tokens, "per_client": args.per_client,
-                 "rounds": args.rounds, "cpu_count": os.cpu_count(), "results": {}}
+                 "rounds": args.rounds, "cpu_count": os.cpu_count(),
+                 "threads": args.threads or "torch default", "results": {}}
     for name in ports:
         out["results"][name] = {str(c): {k: statistics.median(r[k] for r in rs)
                                          for k in rs[0]} for c, rs in runs[name].items()}
