@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("atbcore.cli.bench", "", "benchmark the embedded default model (the main job)"),
     "generate": ("atbcore.cli.generate", "",
                  "generate text (default: the embedded model and a bundled tokenizer)"),
+    "serve": ("atbcore.cli.serve", "", "an OpenAI-compatible HTTP server (default: the "
+              "embedded model, 127.0.0.1:8000)"),
     "plugins": ("atbcore.cli.plugins", "", "list loaded plugins and their hooks"),
 }
 

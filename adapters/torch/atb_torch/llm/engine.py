@@ -1,7 +1,9 @@
-"""Continuous batching over the paged KV cache.
+"""Continuous batching over the paged KV cache, one step at a time.
 
-Each iteration of :meth:`Engine.run` is one model forward over packed tokens (no
-padding): either a **prefill** of newly admitted prompts (their tokens past the
+Requests join with :meth:`Engine.add` and leave with :meth:`Engine.abort` (their
+blocks freed) between any two steps; each carries its own sampling settings,
+length limit, stop strings and statistics. Each :meth:`Engine.step` is one model
+forward over packed tokens (no padding): either a **prefill** of newly admitted prompts (their tokens past the
 prefix-cache hit) or a **decode** step of every running sequence (one token each,
 or a prompt-lookup draft to verify). Sequences join when a batch slot and KV blocks
 are free and leave the moment they finish, freeing their blocks. When a decode step
@@ -18,115 +20,104 @@ have produced without it.
 
 The cache invariant: a running sequence's cache holds every token but its last
 sampled one, which is the next step's input.
+
+The engine itself is not thread-safe: one thread owns it (:mod:`.loop`), and every
+client talks to that thread.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
+import itertools
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import torch
 
-from atbcore.errors import InputError
 from atbcore.memory.block_manager import NoFreeBlocksError
 from atbcore.memory.paged import PagedBatch
 from atbcore.memory.prefix import block_hash
 
-from .detok import Detokenizer
 from .outputs import GenerationStats, TokenEvent
-from .sampling import SamplingConfig, select_tokens
+from .request import Request, SpecConfig
+from .sampling import TokenLogprob, select_tokens
 from .speculative import accept_draft, propose_draft
 
 __all__ = ["Request", "Engine", "SpecConfig"]
 
 
-@dataclass(frozen=True)
-class SpecConfig:
-    """Prompt-lookup drafting: up to ``num_tokens`` drafts from n-grams of
-    ``min_ngram..max_ngram`` tokens."""
-
-    num_tokens: int = 4
-    max_ngram: int = 3
-    min_ngram: int = 1
-
-
-@dataclass
-class Request:
-    """One prompt in flight (see the module docstring for the cache invariant)."""
-
-    index: int
-    prompt: list[int]
-    max_new_tokens: int
-    eos: frozenset[int]
-    detok: Detokenizer
-    output: list[int] = field(default_factory=list)
-    seq_id: Hashable = None
-    num_cached: int = 0
-    finish_reason: str | None = None
-    ctx_cached: int = 0  # context tokens served by the prefix cache at (re)admission
-    key: tuple[int, int] = (0, 0)  # (seed, stream) of its sampling draws
-    error: str | None = None  # why it failed (finish_reason "error")
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
-
-
 class Engine:
     """Runs requests through ``runner.forward_paged`` over ``cache`` (a
-    :class:`atbcore.memory.PagedKVCache`); see the module docstring."""
+    :class:`atbcore.memory.PagedKVCache`); see the module docstring.
+
+    ``on_step(kind, batch_size, num_tokens)`` (optional) is told about every forward
+    (``kind`` "prefill", "decode" or "verify")."""
 
     def __init__(self, runner: Any, cache: Any, max_batch_size: int = 32,
                  max_prefill_tokens: int = 4096, max_model_len: int | None = None,
-                 spec: SpecConfig | None = None) -> None:
+                 spec: SpecConfig | None = None,
+                 on_step: Callable[[str, int, int], None] | None = None) -> None:
         self.runner, self.cache = runner, cache
         self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
         self.max_model_len = max_model_len
         self.spec = spec
+        self.on_step = on_step
         self.device = runner.device
-        self._calls = 0
-        self._failed: list[TokenEvent] = []  # events of requests failed alone this step
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._ids = itertools.count()
+        self._failed: list[tuple[Request, TokenEvent]] = []  # failed alone this step
 
-    # ------------------------------------------------------------------ the loop
-    def run(self, requests: Sequence[Request], sampling: SamplingConfig,
-            stats: GenerationStats) -> Iterator[TokenEvent]:
-        """Serve ``requests`` to completion, yielding a :class:`TokenEvent` for each
-        request whenever it produced tokens; ``stats`` is updated as it goes."""
-        self._calls += 1
-        t0 = time.perf_counter()
+    # ------------------------------------------------------------------ requests
+    def add(self, requests: Iterable[Request]) -> None:
+        """Queue ``requests`` (FIFO after those already waiting)."""
         for r in requests:
             # str ids: the cache reads a tuple as a list of ids
-            r.seq_id = f"{self._calls}:{r.index}:0"
-            stats.prompt_tokens += len(r.prompt)
-            if self.max_model_len is not None and len(r.prompt) >= self.max_model_len:
-                raise InputError("LLM.generate", f"prompt {r.index} length",
-                                 f"< max_model_len {self.max_model_len}", len(r.prompt))
-        waiting: deque[Request] = deque(requests)
-        running: list[Request] = []
-        try:
-            while waiting or running:
-                admitted = self._admit(waiting, running)
-                if admitted:
-                    running.extend(admitted)  # first: a failing step must free them too
-                    events = self._prefill(admitted, sampling, stats)
-                else:  # forward and sampling with torch's pool parked for C matmuls
-                    with self._parked(len(running)):
-                        events = self._decode(running, waiting, sampling, stats)
-                stats.max_running = max(stats.max_running, len(running))
-                for r in [r for r in running if r.finish_reason is not None]:
-                    running.remove(r)
-                    self.cache.free_sequence(r.seq_id)
-                stats.elapsed_s = time.perf_counter() - t0
-                failed, self._failed = self._failed, []
-                yield from failed
-                yield from events
-        finally:  # a consumer that stops early must not leak KV blocks
-            for r in running:
-                if r.seq_id in self.cache.manager:
-                    self.cache.free_sequence(r.seq_id)
+            r.seq_id = f"{next(self._ids)}:{r.life}"
+            self.waiting.append(r)
+
+    def abort(self, r: Request) -> bool:
+        """Take ``r`` out (waiting or running), free its KV blocks, mark it
+        ``finish_reason="abort"``; False when it was not in the engine."""
+        if r in self.running:
+            self.running.remove(r)
+        elif r in self.waiting:
+            self.waiting.remove(r)
+        else:
+            return False
+        if r.seq_id in self.cache.manager:
+            self.cache.free_sequence(r.seq_id)
+        r.finish_reason = "abort"
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[tuple[Request, TokenEvent]]:
+        """One forward: admit and prefill what fits, else decode every running
+        sequence. Returns ``(request, event)`` for each request that produced tokens
+        or finished; finished requests have left the engine and freed their blocks.
+        An exception from the model leaves every request in the engine (the caller
+        aborts them)."""
+        waiting, running = self.waiting, self.running
+        admitted = self._admit(waiting, running)
+        if admitted:
+            running.extend(admitted)  # first: a failing step must free them too
+            events = self._prefill(admitted)
+        elif running:  # forward and sampling with torch's pool parked for C matmuls
+            with self._parked(len(running)):
+                events = self._decode(running, waiting)
+        else:
+            events = []
+        for st in _stats_of(running):
+            st.max_running = max(st.max_running, len(running))
+        for r in [r for r in running if r.finish_reason is not None]:
+            running.remove(r)
+            self.cache.free_sequence(r.seq_id)
+        failed, self._failed = self._failed, []
+        return failed + events
 
     def _parked(self, rows: int) -> Any:
         parked = getattr(self.runner, "parked", None)
@@ -172,13 +163,21 @@ class Engine:
         return admitted
 
     # ------------------------------------------------------------------ steps
-    def _forward(self, ids: list[int], batch: PagedBatch, stats: GenerationStats,
-                 all_logits: bool = False) -> torch.Tensor:
+    def _forward(self, ids: list[int], batch: PagedBatch, reqs: list[Request], counts: list[int],
+                 kind: str, all_logits: bool = False) -> torch.Tensor:
+        """The model on ``ids`` (``counts[i]`` of them belong to ``reqs[i]``); every
+        request's statistics count the step."""
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
         logits = self.runner.forward_paged(x, batch, self.cache, all_logits=all_logits)
-        stats.steps += 1
-        stats.computed_tokens += len(ids)
-        stats.batch_sizes.append(len(batch.seq_ids))
+        for r, n in zip(reqs, counts):
+            r.stats.computed_tokens += n
+        for st in _stats_of(reqs):
+            st.steps += 1
+            st.batch_sizes.append(len(batch.seq_ids))
+            st.prefill_steps += kind == "prefill"
+            st.spec_steps += kind == "verify"
+        if self.on_step is not None:
+            self.on_step(kind, len(batch.seq_ids), len(ids))
         return logits
 
     def _batch(self, seq_ids: list, starts: list[int], cached: list[int]) -> PagedBatch:
@@ -197,39 +196,42 @@ class Engine:
                           ints([e - a for a, e in zip(starts, ends)]), ints(pos, torch.int64),
                           list(cached))
 
-    def _prefill(self, admitted: list[Request], sampling: SamplingConfig,
-                 stats: GenerationStats) -> list[TokenEvent]:
-        ids, starts, cached = [], [], []
+    def _select(self, logits: torch.Tensor, reqs: list[Request],
+                positions: list[int]) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Each request's token from its row of ``logits`` (its own sampling)."""
+        return select_tokens(logits, [r.sampling for r in reqs], [r.key for r in reqs],
+                             positions, [(r.prompt, r.output) for r in reqs])
+
+    def _prefill(self, admitted: list[Request]) -> list[tuple[Request, TokenEvent]]:
+        ids, starts, cached, counts = [], [], [], []
         for r in admitted:
             c = r.ctx_cached
             ctx = r.tokens[:-1] if r.output else r.prompt
             ids.extend(ctx[c:])
+            counts.append(len(ctx) - c)
             starts.append(c)
             cached.append(c)
             if not r.output:
-                stats.cached_prompt_tokens += c
+                r.stats.cached_prompt_tokens += c
         batch = self._batch([r.seq_id for r in admitted], starts, cached)
-        logits = self._forward(ids, batch, stats)
-        stats.prefill_steps += 1
+        logits = self._forward(ids, batch, admitted, counts, "prefill")
         self.cache.mark_computed([r.seq_id for r in admitted])
-        fresh = [i for i, r in enumerate(admitted) if not r.output]
+        fresh = [r for r in admitted if not r.output]
         if not fresh:  # resumed requests: their next token is already known
             return []
-        rows = logits[fresh]
-        toks = select_tokens(rows, sampling, [admitted[i].key for i in fresh],
-                             [len(admitted[i].prompt) for i in fresh])
-        return [self._emit(admitted[i], [t], stats) for i, t in zip(fresh, toks)]
+        rows = logits[[i for i, r in enumerate(admitted) if not r.output]]
+        toks, lps = self._select(rows, fresh, [len(r.prompt) for r in fresh])
+        return [self._emit(r, [t], [lp]) for r, t, lp in zip(fresh, toks, lps)]
 
-    def _decode(self, running: list[Request], waiting: deque, sampling: SamplingConfig,
-                stats: GenerationStats) -> list[TokenEvent]:
+    def _decode(self, running: list[Request], waiting: deque) -> list[tuple[Request, TokenEvent]]:
         drafts = {}
         if self.spec is not None:
             for r in running:
                 d = self._draft(r)
                 if d:
-                    drafts[r.index] = d
+                    drafts[id(r)] = d
         if drafts and self._can_verify(running, drafts):
-            return self._verify(running, drafts, sampling, stats)
+            return self._verify(running, drafts)
         while True:
             if not running:  # every one of them failed for lack of cache
                 return []
@@ -238,14 +240,14 @@ class Engine:
                                                   [[r.output[-1]] for r in running], 1)
                 break
             except NoFreeBlocksError:
-                self._make_room(running, waiting, stats)
-        logits = self._forward([r.output[-1] for r in running], batch, stats)
+                self._make_room(running, waiting)
+        logits = self._forward([r.output[-1] for r in running], batch, running,
+                               [1] * len(running), "decode")
         self.cache.mark_computed([r.seq_id for r in running])
-        toks = select_tokens(logits, sampling, [r.key for r in running],
-                             [len(r.tokens) for r in running])
-        return [self._emit(r, [t], stats) for r, t in zip(running, toks)]
+        toks, lps = self._select(logits, running, [len(r.tokens) for r in running])
+        return [self._emit(r, [t], [lp]) for r, t, lp in zip(running, toks, lps)]
 
-    def _make_room(self, running: list[Request], waiting: deque, stats: GenerationStats) -> None:
+    def _make_room(self, running: list[Request], waiting: deque) -> None:
         """Free blocks for a decode step: a sequence that can never grow again (alone
         in the batch, or filling the whole cache by itself) fails alone; else the most
         recently admitted one is preempted."""
@@ -258,7 +260,7 @@ class Engine:
                        f"{m.num_tokens(r.seq_id) + 1} tokens of cache, the cache holds "
                        f"{capacity} (raise num_blocks or kv_cache_memory)")
         if not hogs and running and len(running) > 1:
-            self._preempt(running, waiting, stats)
+            self._preempt(running, waiting)
 
     def _fail(self, r: Request, why: str) -> None:
         """Finish ``r`` alone with ``finish_reason="error"``: its blocks freed, the
@@ -267,17 +269,19 @@ class Engine:
             self.cache.free_sequence(r.seq_id)
         r.finish_reason, r.error = "error", why
         text, _ = r.detok.push(r.output, final=True)
-        self._failed.append(TokenEvent(r.index, [], text, "error", error=why))
+        self._failed.append((r, TokenEvent(r.index, [], text, "error", error=why)))
 
-    def _preempt(self, running: list[Request], waiting: deque, stats: GenerationStats) -> None:
+    def _preempt(self, running: list[Request], waiting: deque) -> None:
         victim = running.pop()
         self.cache.free_sequence(victim.seq_id)
-        call, index, life = victim.seq_id.split(":")
-        victim.seq_id = f"{call}:{index}:{int(life) + 1}"  # a fresh id for its next life
+        victim.life += 1
+        victim.seq_id = f"{victim.seq_id.split(':')[0]}:{victim.life}"  # a fresh id per life
         waiting.appendleft(victim)
-        stats.preemptions += 1
+        victim.stats.preemptions += 1
 
     def _draft(self, r: Request) -> list[int]:
+        if r.sampling.penalized or r.sampling.logprobs is not None:
+            return []  # their tokens depend on what came before, position by position
         room = r.max_new_tokens - len(r.output)  # tokens still allowed after this step
         if self.max_model_len is not None:
             room = min(room, self.max_model_len - len(r.tokens))
@@ -292,62 +296,63 @@ class Engine:
         from .spec_cache import blocks_needed
 
         m, bs = self.cache.manager, self.cache.block_size
-        need = sum(blocks_needed(m.num_tokens(r.seq_id), len(drafts[r.index]) + 1, bs)
-                   if r.index in drafts else 2 for r in running)
+        need = sum(blocks_needed(m.num_tokens(r.seq_id), len(drafts[id(r)]) + 1, bs)
+                   if id(r) in drafts else 2 for r in running)
         return need <= m.num_free_blocks
 
-    def _verify(self, running: list[Request], drafts: dict[int, list[int]],
-                sampling: SamplingConfig, stats: GenerationStats) -> list[TokenEvent]:
+    def _verify(self, running: list[Request],
+                drafts: dict[int, list[int]]) -> list[tuple[Request, TokenEvent]]:
         """One step where drafted sequences run ``[last, d1..dk]`` on a fork of their
         cache (the real sequence is extended only by what is accepted) and the others
         run their last token."""
         from .spec_cache import commit_fork, open_fork
 
-        seq_ids, ids, starts = [], [], []
+        seq_ids, ids, starts, counts = [], [], [], []
         forks: dict[int, Hashable] = {}
         try:
             for r in running:
-                step = [r.output[-1]] + drafts.get(r.index, [])
+                step = [r.output[-1]] + drafts.get(id(r), [])
                 start = self.cache.manager.num_tokens(r.seq_id)
-                if r.index in drafts:
-                    sid = forks[r.index] = open_fork(self.cache, r.seq_id, step)
+                if id(r) in drafts:
+                    sid = forks[id(r)] = open_fork(self.cache, r.seq_id, step)
                 else:
                     self.cache.append_tokens(r.seq_id, 1, step)
                     sid = r.seq_id
                 seq_ids.append(sid)
                 ids.extend(step)
+                counts.append(len(step))
                 starts.append(start)
             batch = self._batch(seq_ids, starts, [0] * len(seq_ids))
-            logits = self._forward(ids, batch, stats, all_logits=True)
+            logits = self._forward(ids, batch, running, counts, "verify", all_logits=True)
         except BaseException:  # forks hold blocks: give them back before the error goes up
             for f in forks.values():
                 if f in self.cache.manager:
                     self.cache.free_sequence(f)
             raise
-        stats.spec_steps += 1
         events, row = [], 0
         for r in running:
-            d = drafts.get(r.index, [])
+            d = drafts.get(id(r), [])
             n = len(d) + 1
             pos = len(r.tokens)
-            chosen = select_tokens(logits[row:row + n], sampling, [r.key] * n,
-                                   list(range(pos, pos + n)))
+            chosen, lps = select_tokens(logits[row:row + n], [r.sampling] * n, [r.key] * n,
+                                        list(range(pos, pos + n)))
             row += n
             if d:
                 out = accept_draft(d, chosen)
-                stats.spec_proposed += len(d)
-                stats.spec_accepted += len(out) - 1
-                commit_fork(self.cache, r.seq_id, forks[r.index], [r.output[-1]] + out[:-1])
+                r.stats.spec_proposed += len(d)
+                r.stats.spec_accepted += len(out) - 1
+                commit_fork(self.cache, r.seq_id, forks[id(r)], [r.output[-1]] + out[:-1])
             else:
                 out = chosen
             self.cache.mark_computed(r.seq_id)
-            events.append(self._emit(r, out, stats))
+            events.append(self._emit(r, out, lps[:len(out)]))
         return events
 
     # ------------------------------------------------------------------ output
-    def _emit(self, r: Request, toks: list[int], stats: GenerationStats) -> TokenEvent:
+    def _emit(self, r: Request, toks: list[int],
+              lps: Sequence[TokenLogprob | None]) -> tuple[Request, TokenEvent]:
         """Append sampled tokens, cut at end-of-sequence / length, detokenize, check
-        stop strings; returns the request's event."""
+        stop strings; returns the request and its event."""
         new: list[int] = []
         for t in toks:
             new.append(int(t))
@@ -358,11 +363,18 @@ class Engine:
                 r.finish_reason = "length"
                 break
         r.output.extend(new)
-        stats.generated_tokens += len(new)
+        got = [lp for lp in lps[:len(new)] if lp is not None]
+        r.logprobs.extend(got)
+        r.stats.generated_tokens += len(new)
         if self.max_model_len is not None and len(r.tokens) >= self.max_model_len \
                 and r.finish_reason is None:
             r.finish_reason = "length"
         text, hit = r.detok.push(r.output, final=r.finish_reason is not None)
         if hit:
             r.finish_reason = "stop"
-        return TokenEvent(r.index, new, text, r.finish_reason)
+        return r, TokenEvent(r.index, new, text, r.finish_reason, logprobs=got or None)
+
+
+def _stats_of(reqs: Iterable[Request]) -> list[GenerationStats]:
+    """The distinct statistics objects of ``reqs`` (one per client call)."""
+    return list({id(r.stats): r.stats for r in reqs}.values())

@@ -9,7 +9,9 @@
 
 The model is compiled once (``atb_torch.compile``: fused blocks, prepared weights);
 requests are served by continuous batching over a paged KV cache with prefix caching
-(see :mod:`.engine`). Greedy decoding (``temperature=0``, the default) gives exactly
+(see :mod:`.engine`), run by one engine thread (:mod:`.loop`) that every call is a
+client of: calls from several threads at once are batched together, each getting
+exactly the tokens it would get alone. Greedy decoding (``temperature=0``, the default) gives exactly
 the tokens the model's argmax gives; sampling is reproducible for a ``seed`` and
 independent of which other prompts share the batch.
 """
@@ -17,6 +19,7 @@ independent of which other prompts share the batch.
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from typing import Any, Iterator, Sequence
 
@@ -28,8 +31,10 @@ from atbcore.progress import progress
 from ..devices import resolve_device
 from .checkpoint import load_checkpoint
 from .detok import Detokenizer
-from .engine import Engine, Request, SpecConfig
+from .engine import Engine
+from .loop import EngineLoop, RequestHandle, finish_pending
 from .outputs import GenerationStats, RequestOutput, TokenEvent
+from .request import Request, SpecConfig
 from .sampling import SamplingConfig
 
 __all__ = ["LLM"]
@@ -111,12 +116,14 @@ class LLM:
         self.cache = PagedKVCache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads,
                                   spec.head_dim, dtype=self.dtype, device=str(self.device),
                                   enable_prefix_caching=enable_prefix_caching)
-        # the cache's memory comes from atb's pool: give it back when the LLM goes away
-        self._finalizer = weakref.finalize(self, self.cache.destroy)
         self.enable_speculative = enable_speculative
         self.engine = Engine(self.runner, self.cache, max_batch_size, max_prefill_tokens,
                              self.max_model_len,
                              SpecConfig(num_speculative_tokens) if enable_speculative else None)
+        self.loop = EngineLoop(self.engine)
+        # the cache's memory comes from atb's pool: give it back (after stopping the
+        # engine thread) when the LLM goes away
+        self._finalizer = weakref.finalize(self, _shut_down, self.loop, self.cache)
         self.last_stats = GenerationStats()
 
     @staticmethod
@@ -129,7 +136,9 @@ class LLM:
         return frozenset(ids)
 
     # ------------------------------------------------------------------ requests
-    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt's token ids (a string through the tokenizer; ids checked against
+        the vocabulary): what :meth:`generate` feeds the model."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InputError("LLM.generate", "prompt", "token ids (no tokenizer loaded)", "str")
@@ -144,57 +153,117 @@ class LLM:
             raise InputError("LLM.generate", "prompt token ids", f"in [0, {vocab})", bad[:5])
         return list(ids)
 
-    def _requests(self, prompts: Any, max_new_tokens: int, stop: Any,
-                  ignore_eos: bool) -> tuple[list[Request], bool]:
+    def _check_len(self, ids: list[int], who: str) -> None:
+        if self.max_model_len is not None and len(ids) >= self.max_model_len:
+            raise InputError("LLM.generate", f"{who} length",
+                             f"< max_model_len {self.max_model_len}", len(ids))
+
+    def _requests(self, prompts: Any, max_new_tokens: int, stop: Any, ignore_eos: bool,
+                  sampling: SamplingConfig, stats: GenerationStats) -> list[Request]:
         single = isinstance(prompts, str) or (
             isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int))
         items = [prompts] if single else list(prompts)
         if not items:
             raise InputError("LLM.generate", "prompts", "a prompt or a non-empty list", "[]")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
-                max_new_tokens < 1:
-            raise ParamsError("LLM.generate", "max_new_tokens", "an int >= 1", repr(max_new_tokens))
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        _check_max_tokens(max_new_tokens)
+        stops = _stops(stop)
         eos = frozenset() if ignore_eos else self.eos_ids
-        reqs = [Request(i, self._encode(p), max_new_tokens, eos, Detokenizer(self.tokenizer, stops))
-                for i, p in enumerate(items)]
-        return reqs, single
+        reqs = []
+        for i, p in enumerate(items):
+            ids = self.encode(p)
+            self._check_len(ids, f"prompt {i}")
+            reqs.append(Request(i, ids, max_new_tokens, eos, Detokenizer(self.tokenizer, stops),
+                                sampling=sampling, stats=stats))
+        return reqs
 
     # ------------------------------------------------------------------ API
-    def stream(self, prompts: Any, max_new_tokens: int = 64, temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Any = None,
-               ignore_eos: bool = False) -> Iterator[TokenEvent]:
-        """Yield :class:`TokenEvent` s as tokens are produced (``event.index`` says
-        which prompt of a list); the same tokens :meth:`generate` returns."""
-        seeds = None if isinstance(seed, int) else list(seed)
-        sampling = SamplingConfig(float(temperature), top_k, float(top_p),
-                                  seed if seeds is None else 0)
-        reqs, _ = self._requests(prompts, max_new_tokens, stop, ignore_eos)
+    def submit(self, prompts: Any, sampling: SamplingConfig | None = None,
+               max_new_tokens: int = 64, stop: str | Sequence[str] | None = None,
+               ignore_eos: bool = False, n: int = 1,
+               stats: GenerationStats | None = None, sink: Any = None) -> RequestHandle:
+        """Start ``n`` completions of each prompt (one prompt, or a list) and return at
+        once; iterate the handle for ``(request, TokenEvent)`` pairs, where
+        ``event.index`` is ``prompt_index * n + choice`` and draws from that stream of
+        ``sampling.seed`` (so ``n=1`` samples what :meth:`generate` samples); cancel
+        with ``llm.cancel(handle)``. Safe from any thread; what the server uses (with
+        an :class:`~.loop.AsyncSink` as ``sink`` to await events in asyncio)."""
+        sampling = sampling or SamplingConfig()
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ParamsError("LLM.submit", "n", "an int >= 1", repr(n))
+        stats = stats if stats is not None else GenerationStats()
+        base = self._requests(prompts, max_new_tokens, stop, ignore_eos, sampling, stats)
+        reqs = [Request(b.index * n + j, list(b.prompt), max_new_tokens, b.eos,
+                        Detokenizer(self.tokenizer, b.detok.stop), sampling=sampling,
+                        stats=stats, key=(sampling.seed, b.index * n + j))
+                for b in base for j in range(n)]
+        stats.requests += len(reqs)
+        stats.prompt_tokens += sum(len(r.prompt) for r in reqs)
+        return self.loop.submit(reqs, sink)
+
+    def cancel(self, handle: RequestHandle, wait: bool = True) -> None:
+        """Stop ``handle``'s unfinished requests; with ``wait`` their KV blocks are free
+        on return (else at the engine's next step)."""
+        finish_pending(self.loop, [handle], wait)
+
+    def _prepare(self, prompts: Any, max_new_tokens: int, temperature: float, top_k: int,
+                 top_p: float, seed: Any, stop: Any, ignore_eos: bool,
+                 sampling: dict[str, Any]) -> list[Request]:
+        seeds = None if isinstance(seed, int) and not isinstance(seed, bool) else list(seed)
+        cfg = SamplingConfig(temperature, top_k, top_p, seed if seeds is None else 0, **sampling)
+        stats = GenerationStats()
+        reqs = self._requests(prompts, max_new_tokens, stop, ignore_eos, cfg, stats)
         if seeds is not None and (len(seeds) != len(reqs) or any(
                 isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)):
             raise ParamsError("LLM.generate", "seed", f"an int or {len(reqs)} ints >= 0 "
                               "(one per prompt)", seeds)
         for r in reqs:  # see .sampling: a list's prompts draw from streams 0, 1, ...
             r.key = (seed, r.index) if seeds is None else (seeds[r.index], 0)
-        self.last_stats = stats = GenerationStats(requests=len(reqs))
-        self._last_requests = reqs
-        yield from self.engine.run(reqs, sampling, stats)
+        stats.requests = len(reqs)
+        stats.prompt_tokens = sum(len(r.prompt) for r in reqs)
+        self.last_stats = stats
+        return reqs
+
+    def _drain(self, reqs: list[Request]) -> Iterator[TokenEvent]:
+        stats = reqs[0].stats
+        t0 = time.perf_counter()
+        handle = self.loop.submit(reqs)
+        try:
+            for _, ev in handle:
+                stats.elapsed_s = time.perf_counter() - t0
+                yield ev
+        finally:  # a consumer that stops early must not leak KV blocks
+            finish_pending(self.loop, [handle])
+            stats.elapsed_s = time.perf_counter() - t0
+
+    def stream(self, prompts: Any, max_new_tokens: int = 64, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: Any = 0, stop: Any = None,
+               ignore_eos: bool = False, **sampling: Any) -> Iterator[TokenEvent]:
+        """Yield :class:`TokenEvent` s as tokens are produced (``event.index`` says
+        which prompt of a list); the same tokens :meth:`generate` returns. Stopping
+        early (closing the iterator) cancels the rest and frees their KV blocks."""
+        reqs = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                             ignore_eos, sampling)
+        yield from self._drain(reqs)
 
     def generate_outputs(self, prompts: Any, max_new_tokens: int = 64, temperature: float = 0.0,
-                         top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Any = None,
-                         ignore_eos: bool = False) -> list[RequestOutput]:
+                         top_k: int = 0, top_p: float = 1.0, seed: Any = 0, stop: Any = None,
+                         ignore_eos: bool = False, **sampling: Any) -> list[RequestOutput]:
         """Like :meth:`generate`, returning a :class:`RequestOutput` per prompt (token
-        ids, finish reason, prefix-cache hits) in prompt order."""
-        for _ in self.stream(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                             ignore_eos):
+        ids, finish reason, prefix-cache hits, log-probabilities when asked for) in
+        prompt order."""
+        reqs = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                             ignore_eos, sampling)
+        for _ in self._drain(reqs):
             pass
         return [RequestOutput(r.index, r.prompt, list(r.output), r.detok.text, r.finish_reason,
-                              r.num_cached, r.error) for r in self._last_requests]
+                              r.num_cached, r.error,
+                              list(r.logprobs) if r.sampling.logprobs is not None else None)
+                for r in reqs]
 
     def generate(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
                  max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, stop: str | Sequence[str] | None = None,
-                 ignore_eos: bool = False) -> str | list[str]:
+                 top_p: float = 1.0, seed: Any = 0, stop: str | Sequence[str] | None = None,
+                 ignore_eos: bool = False, **sampling: Any) -> str | list[str]:
         """Generated text for one prompt (a ``str`` back) or a list (a list back).
 
         ``temperature`` 0 = greedy; otherwise seeded top-k/top-p sampling with the
@@ -202,16 +271,21 @@ class LLM:
         draws from stream ``i`` of it; a list of seeds gives each prompt its own
         (prompt ``i`` with ``seed=[.., s_i, ..]`` samples what it samples alone with
         ``seed=s_i``). ``stop``: strings that end a request
-        (cut from its text). ``ignore_eos`` keeps going past end-of-sequence ids."""
+        (cut from its text). ``ignore_eos`` keeps going past end-of-sequence ids.
+        Further keywords are :class:`SamplingConfig` fields (``repetition_penalty``,
+        ``presence_penalty``, ``frequency_penalty``, ``logprobs``). Safe to call from
+        several threads at once."""
         single = isinstance(prompts, str) or (
             isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int))
         outs = self.generate_outputs(prompts, max_new_tokens, temperature, top_k, top_p, seed,
-                                     stop, ignore_eos)
+                                     stop, ignore_eos, **sampling)
         texts = [o.text for o in outs]
         return texts[0] if single else texts
 
     def close(self) -> None:
-        """Free the KV cache now (also done when the LLM is garbage-collected)."""
+        """Stop the engine thread and free the KV cache now (also done when the LLM is
+        garbage-collected)."""
+        self.loop.close()
         self.runner.release_decode_kv()
         self._finalizer()
 
@@ -223,10 +297,28 @@ class LLM:
 
     @property
     def stats(self) -> GenerationStats:
-        """Statistics of the last ``generate`` / ``stream`` call."""
+        """Statistics of the last ``generate`` / ``stream`` call (of any thread)."""
         return self.last_stats
 
     def __repr__(self) -> str:
         s = self.runner.spec
         return (f"LLM({self.path or s.arch}, {s.num_layers} layers, {self.dtype}, "
                 f"{self.device}, cache={self.cache})")
+
+
+def _shut_down(loop: EngineLoop, cache: Any) -> None:
+    loop.close()
+    cache.destroy()
+
+
+def _check_max_tokens(max_new_tokens: Any) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
+            max_new_tokens < 1:
+        raise ParamsError("LLM.generate", "max_new_tokens", "an int >= 1", repr(max_new_tokens))
+
+
+def _stops(stop: Any) -> tuple[str, ...]:
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if not all(isinstance(s, str) for s in stops):
+        raise ParamsError("LLM.generate", "stop", "a string or a list of strings", repr(stop))
+    return stops

@@ -14,7 +14,8 @@ class RequestOutput:
     ``token_ids`` (generated ids, an end-of-sequence id included as HF does),
     ``prompt_token_ids``, ``finish_reason`` ("length", "eos", "stop", or "error" with
     the reason in ``error``, e.g. a request that outgrew the KV cache) and
-    ``num_cached_tokens`` (prompt tokens served by the prefix cache)."""
+    ``num_cached_tokens`` (prompt tokens served by the prefix cache); ``logprobs``
+    (a :class:`~.sampling.TokenLogprob` per generated token) when asked for."""
 
     index: int
     prompt_token_ids: list[int]
@@ -23,6 +24,7 @@ class RequestOutput:
     finish_reason: str | None
     num_cached_tokens: int = 0
     error: str | None = None
+    logprobs: list[Any] | None = None
 
 
 @dataclass
@@ -31,13 +33,15 @@ class TokenEvent:
     when speculative drafts were accepted), the new ``text`` they complete (text held
     back while it may still turn into a stop string or an incomplete character), and
     ``finish_reason`` on its last event (``"error"`` with ``error`` saying why when the
-    request failed alone)."""
+    request failed alone, ``"abort"`` when it was cancelled); ``logprobs``, a
+    :class:`~.sampling.TokenLogprob` per token, when the request asked for them."""
 
     index: int
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[Any] | None = None  # a TokenLogprob per token when asked for
 
     @property
     def finished(self) -> bool:

@@ -1,46 +1,106 @@
-"""Token choice for ``LLM.generate``: greedy or seeded top-k/top-p sampling with the
-core's ``TopkToppSampling`` semantics.
+"""Token choice: greedy or seeded top-k/top-p sampling with the core's
+``TopkToppSampling`` semantics, per-request penalties and log-probabilities.
 
-Each request draws from its own stream: the token at position ``p`` uses the seed
-``hash(seed, stream, p)``, where ``stream`` is the request's index in the prompt list
-(or 0 with per-prompt seeds). So a request samples the same tokens whether its
+Each request carries its own :class:`SamplingConfig` and draws from its own stream:
+the token at position ``p`` uses the seed ``hash(seed, stream, p)``, where ``stream``
+is the request's index in the prompt list (or its choice index with ``n`` choices,
+or 0 with per-prompt seeds). So a request samples the same tokens whether its
 batch-mates run with it or not, whenever it is admitted or preempted, and with or
-without speculative decoding."""
+without speculative decoding.
+
+Penalties follow the definitions people know them by: ``repetition_penalty`` as in
+Hugging Face (over prompt and output: a positive logit of a seen token is divided by
+it, a negative one multiplied), ``presence_penalty`` / ``frequency_penalty`` as in
+OpenAI's API (over the output: ``logit -= presence * (count > 0) + frequency * count``).
+Log-probabilities are those of the model's distribution after the penalties and
+before temperature, top-k and top-p (what the model says about each token)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from atbcore.errors import ParamsError
 
-__all__ = ["SamplingConfig", "select_tokens", "step_seed"]
+__all__ = ["SamplingConfig", "select_tokens", "step_seed", "TokenLogprob"]
+
+_WHO = "LLM.generate"
+
+
+def _number(name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ParamsError(_WHO, name, "a number", repr(v))
+    return float(v)
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """``temperature`` 0 = greedy; ``top_k`` 0 = off; ``top_p`` in (0, 1]; ``seed``."""
+    """One request's sampling settings.
+
+    ``temperature`` 0 = greedy; ``top_k`` 0 = off; ``top_p`` in (0, 1]; ``seed``;
+    ``repetition_penalty`` > 0 (1 = off); ``presence_penalty`` and
+    ``frequency_penalty`` in [-2, 2] (0 = off); ``logprobs``: None, or how many of
+    the most likely alternatives to report with each token (0 = the chosen token's
+    log-probability only, at most 20)."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ParamsError("LLM.generate", "temperature", ">= 0 (0 = greedy)", self.temperature)
+        if not _number("temperature", self.temperature) >= 0:
+            raise ParamsError(_WHO, "temperature", ">= 0 (0 = greedy)", self.temperature)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ParamsError("LLM.generate", "top_k", "an int >= 0 (0 = off)", repr(self.top_k))
-        if not 0.0 < self.top_p <= 1.0:
-            raise ParamsError("LLM.generate", "top_p", "a value in (0, 1]", self.top_p)
+            raise ParamsError(_WHO, "top_k", "an int >= 0 (0 = off)", repr(self.top_k))
+        if not 0.0 < _number("top_p", self.top_p) <= 1.0:
+            raise ParamsError(_WHO, "top_p", "a value in (0, 1]", self.top_p)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ParamsError("LLM.generate", "seed", "a non-negative int", repr(self.seed))
+            raise ParamsError(_WHO, "seed", "a non-negative int", repr(self.seed))
+        if not _number("repetition_penalty", self.repetition_penalty) > 0:
+            raise ParamsError(_WHO, "repetition_penalty", "> 0 (1 = off)",
+                              self.repetition_penalty)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= _number(name, getattr(self, name)) <= 2.0:
+                raise ParamsError(_WHO, name, "a value in [-2, 2] (0 = off)", getattr(self, name))
+        for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
+            raise ParamsError(_WHO, "logprobs", "None or an int in [0, 20]", repr(lp))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits depend on the tokens seen so far."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing to adjust or report: a batched argmax."""
+        return self.greedy and not self.penalized and self.logprobs is None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The chosen ``token``'s ``logprob`` and the ``top`` alternatives
+    (``(token, logprob)`` pairs, most likely first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 def step_seed(seed: int, stream: int, position: int) -> int:
@@ -48,27 +108,77 @@ def step_seed(seed: int, stream: int, position: int) -> int:
     return int(np.random.SeedSequence([seed, stream, position]).generate_state(1)[0])
 
 
-def select_tokens(logits: torch.Tensor, cfg: SamplingConfig, keys: list[tuple[int, int]],
-                  positions: list[int]) -> list[int]:
-    """Next token of each row of ``logits`` ``[R, V]``: row ``i`` belongs to the
-    request with ``(seed, stream) = keys[i]`` and produces the token at
+def _penalize(row: torch.Tensor, cfg: SamplingConfig, prompt: Sequence[int],
+              output: Sequence[int]) -> torch.Tensor:
+    """``row`` [V] (fp32, a copy) with ``cfg``'s penalties applied."""
+    if cfg.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long)
+        if seen.numel():
+            vals = row[seen]
+            row[seen] = torch.where(vals > 0, vals / cfg.repetition_penalty,
+                                    vals * cfg.repetition_penalty)
+    if output and (cfg.presence_penalty or cfg.frequency_penalty):
+        ids, counts = torch.unique(torch.tensor(list(output), dtype=torch.long),
+                                   return_counts=True)
+        row[ids] -= cfg.presence_penalty + cfg.frequency_penalty * counts.float()
+    return row
+
+
+def _logprob(row: torch.Tensor, token: int, k: int) -> TokenLogprob:
+    lp = torch.log_softmax(row, dim=-1)
+    top: tuple[tuple[int, float], ...] = ()
+    if k:
+        vals, ids = torch.topk(lp, k)
+        top = tuple((int(i), float(v)) for i, v in zip(ids, vals))
+    return TokenLogprob(token, float(lp[token]), top)
+
+
+def select_tokens(logits: torch.Tensor, cfgs: Sequence[SamplingConfig],
+                  keys: Sequence[tuple[int, int]], positions: Sequence[int],
+                  histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+                  ) -> tuple[list[int], list[TokenLogprob | None]]:
+    """Next token of each row of ``logits`` ``[R, V]``, and its log-probability when
+    the row's config asks for it. Row ``i`` belongs to the request with sampling
+    ``cfgs[i]``, ``(seed, stream) = keys[i]`` and ``(prompt, output)`` tokens so far
+    ``histories[i]`` (needed for penalties), and produces the token at
     ``positions[i]``. Greedy is the argmax (first maximum)."""
-    if cfg.greedy:
-        from atbcore.backends.cpu_kernels.torch_ops import why_not
+    rows = logits.shape[0]
+    toks: list[int] = [0] * rows
+    lps: list[TokenLogprob | None] = [None] * rows
+    plain = [i for i in range(rows) if cfgs[i].plain_greedy]
+    if plain:
+        sub = logits if len(plain) == rows else logits[plain]
+        for i, t in zip(plain, _argmax(sub)):
+            toks[i] = t
+    for i in (i for i in range(rows) if not cfgs[i].plain_greedy):
+        cfg = cfgs[i]
+        row = logits[i].float().clone()
+        if cfg.penalized:
+            prompt, output = histories[i] if histories is not None else ((), ())
+            row = _penalize(row, cfg, prompt, output)
+        if cfg.greedy:
+            toks[i] = int(torch.argmax(row))
+        else:
+            toks[i] = _sample(row, cfg, step_seed(keys[i][0], keys[i][1], positions[i]))
+        if cfg.logprobs is not None:
+            lps[i] = _logprob(row, toks[i], cfg.logprobs)
+    return toks, lps
 
-        if logits.dim() == 2 and why_not(logits) is None:  # CPU: one C call, torch's rule
-            from atbcore.backends.cpu_kernels.torch_decode import argmax_rows
 
-            return argmax_rows(logits).tolist()
-        return torch.argmax(logits, dim=-1).tolist()
+def _argmax(logits: torch.Tensor) -> list[int]:
+    from atbcore.backends.cpu_kernels.torch_ops import why_not
+
+    if logits.dim() == 2 and why_not(logits) is None:  # CPU: one C call, torch's rule
+        from atbcore.backends.cpu_kernels.torch_decode import argmax_rows
+
+        return argmax_rows(logits).tolist()
+    return torch.argmax(logits, dim=-1).tolist()
+
+
+def _sample(row: torch.Tensor, cfg: SamplingConfig, seed: int) -> int:
     from atbcore.operation import Builder
 
-    out = []
-    for i in range(logits.shape[0]):
-        seed = step_seed(keys[i][0], keys[i][1], positions[i])
-        op = Builder().build_operation("TopkToppSampling", {
-            "top_k": cfg.top_k, "top_p": cfg.top_p, "temperature": cfg.temperature,
-            "seed": seed})
-        ids, = op.execute([logits[i:i + 1].float()])
-        out.append(int(ids[0]))
-    return out
+    op = Builder().build_operation("TopkToppSampling", {
+        "top_k": cfg.top_k, "top_p": cfg.top_p, "temperature": cfg.temperature, "seed": seed})
+    ids, = op.execute([row.view(1, -1)])
+    return int(ids[0])
