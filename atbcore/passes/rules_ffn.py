@@ -8,7 +8,10 @@
   with the activation's name;
   biases (all three / both Linears with one, or none) ride along (``bias=True``);
 * ``ffn_residual``: ``FusedFeedForward(...) + r`` (same shape) -> the same op with
-  ``has_residual`` and ``r`` as its last input.
+  ``has_residual`` and ``r`` as its last input;
+* ``ffn_gate_up``: a gated ``FusedFeedForward`` given separate constant gate and up
+  weights (e.g. the ``FusedFeedForward`` layer) -> the same op on one ``gate_up_w``
+  concatenated once at build time (one matmul reads x once for both).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from ..graph.analysis import canonical_op
 from ..graph.ir import Node
 from .pattern import Alt, Match, Op, elewise
 from .rewrite import Rewrite, concat_weights
+from ..ops.ffn import ffn_input_names
 from .rules_linear import ACTIVATION_OPS, activation_name, plain_linear
 
 __all__ = ["FFN_PATTERN", "ffn_rewrite", "FFN_RESIDUAL_PATTERN", "ffn_residual_rewrite",
-           "GATED"]
+           "GATED", "FFN_GATE_UP_PATTERN", "ffn_gate_up_rewrite"]
 
 GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_tanh": "geglu_tanh"}
 
@@ -97,3 +101,34 @@ def ffn_residual_rewrite(m: Match) -> Rewrite | None:
     node = Node(ffn.name, canonical_op(ffn.op), ffn.params.replace(has_residual=True),
                 (*ffn.inputs, m["r"]), add.outputs)
     return Rewrite(add=(node,))
+
+
+FFN_GATE_UP_PATTERN = Op("FusedFeedForward", name="ffn", where=lambda n: (
+    n.params.activation.gated and not n.params.gate_up_merged))
+
+
+def ffn_gate_up_rewrite(m: Match) -> Rewrite | None:
+    """Separate gate/up weights (and biases) -> one merged ``gate_up_w`` (gate rows
+    first), when they are constants in the same ``[out, in]`` layout and dtype."""
+    ctx, ffn = m.ctx, m["ffn"]
+    names = ffn_input_names(ffn.params)
+    ins = dict(zip(names, ffn.inputs))
+    gate, up = ctx.weight(ins["gate_w"]), ctx.weight(ins["up_w"])
+    if gate is None or up is None or gate.dtype != up.dtype or gate.shape != up.shape:
+        return None
+    dx = ctx.desc(ins["x"])
+    if dx is None or gate.ndim != 2 or gate.shape[1] != dx.shape[-1]:
+        return None  # [in, out] (transposed) weights keep their separate form
+    name = ctx.fresh(f"{ffn.name}.gate_up")
+    weights = [(f"{name}.weight", concat_weights([gate, up]))]
+    if ffn.params.bias:
+        gb, ub = ctx.weight(ins["gate_b"]), ctx.weight(ins["up_b"])
+        if gb is None or ub is None or gb.dtype != ub.dtype:
+            return None
+        weights.append((f"{name}.bias", concat_weights([gb, ub])))
+    params = ffn.params.replace(gate_up_merged=True)
+    merged = dict(ins, gate_up_w=weights[0][0], gate_up_b=weights[-1][0] if ffn.params.bias
+                  else None)
+    new = tuple(merged[n] for n in ffn_input_names(params))
+    node = Node(ffn.name, canonical_op(ffn.op), params, new, ffn.outputs)
+    return Rewrite(add=(node,), weights=tuple(weights))

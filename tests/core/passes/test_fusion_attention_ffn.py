@@ -215,3 +215,25 @@ def test_ffn_needs_every_linear_plain():
     nodes[0] = N("gate", "Linear", ["x", "wg"])  # gate without the bias the others have
     g = g.replace(nodes=tuple(nodes))
     assert fuse(g, "ffn") == g
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_ffn_gate_up_merges_separate_weights_of_a_fused_ffn(bias):
+    """A gated FusedFeedForward given separate gate/up weights (the FusedFeedForward
+    layer's form) -> one gate|up weight; same numbers as the unmerged op and the
+    explicit Linear/SiLU/mul/Linear graph (the NumPy interpreter runs all three)."""
+    explicit, ws = ffn_graph("SiLU", bias=bias)
+    ins = ["x", "wg", "wu", "wd"] + (["bg", "bu", "bd"] if bias else [])
+    before = G([N("mlp", "FusedFeedForward", ins, ["down"], hidden_size=H, intermediate_size=I,
+                  activation_type="swiglu", bias=bias)], {"x": (B, S, H)}, "down", ws)
+    got = fuse(before, "ffn_gate_up")
+    merged = ["x", "mlp.gate_up.weight", "wd"] + (["mlp.gate_up.bias", "bd"] if bias else [])
+    (node,) = got.nodes
+    assert node.inputs == tuple(merged) and node.params.gate_up_merged
+    wmap = dict(got.weights)
+    np.testing.assert_array_equal(wmap["mlp.gate_up.weight"], np.concatenate([ws["wg"], ws["wu"]]))
+    assert "wg" not in wmap and "wu" not in wmap  # the separate weights are gone
+    x = rand(B, S, H)
+    same_numbers(before, got, [x])
+    same_numbers(explicit, got, [x])
+    assert fuse(got, "ffn_gate_up") == got  # already merged: no match
