@@ -26,7 +26,7 @@ from ...errors import InputError
 from ...log import logger
 from ..base import Kernel
 from .bindings import unavailable_reason
-from .native import NativeView, array_view, contiguous_strides
+from .native import NativeView, array_view, contiguous_strides, view_of
 from .native_ops import Ref, TableTooShort, compile_steps
 
 __all__ = ["TensorIO", "NumpyIO", "native_kernels", "why_not_native", "native_off"]
@@ -76,6 +76,24 @@ class TensorIO:
 
     def note(self, op: str, path: str) -> None:
         """Record that ``op`` ran ``path`` (a backend's record of its paths)."""
+
+
+class MethodsIO(TensorIO):
+    """Tensors with ``data_ptr()``, ``is_contiguous()`` and ``contiguous()`` whose
+    :func:`~.native.view_of` view is exact (Paddle, MindSpore): subclasses give
+    ``name``, ``empty`` and ``why_not``."""
+
+    def view(self, t: Any) -> NativeView:
+        return view_of(t)
+
+    def address(self, t: Any) -> int:
+        return t.data_ptr()
+
+    def is_contiguous(self, t: Any) -> bool:
+        return t.is_contiguous()
+
+    def contiguous(self, t: Any) -> Any:
+        return t.contiguous()
 
 
 class NumpyIO(TensorIO):

@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from atbcore.backends.cpu_kernels.native import NativeView, view_of
-from atbcore.backends.cpu_kernels.native_kernels import TensorIO, native_kernels
+from atbcore.backends.cpu_kernels.native_kernels import MethodsIO, native_kernels
 from atbcore.dtypes import Dtype
 
 from . import MS_KERNELS
@@ -29,7 +28,7 @@ from .common import note
 __all__ = ["MindSporeIO"]
 
 
-class MindSporeIO(TensorIO):
+class MindSporeIO(MethodsIO):
     """MindSpore tensors: ``data_ptr()`` and ``stride()`` (``to_dlpack`` synchronises
     and costs ~1 ms in 2.10); outputs are NumPy-backed tensors (``Tensor.from_numpy``
     shares the array's memory)."""
@@ -38,18 +37,6 @@ class MindSporeIO(TensorIO):
 
     def __init__(self) -> None:
         self.ms = mindspore()
-
-    def view(self, t: Any) -> NativeView:
-        return view_of(t)
-
-    def address(self, t: Any) -> int:
-        return t.data_ptr()
-
-    def is_contiguous(self, t: Any) -> bool:
-        return t.is_contiguous()
-
-    def contiguous(self, t: Any) -> Any:
-        return t.contiguous()
 
     def empty(self, shape: tuple[int, ...], dtype: Dtype) -> Any:
         if dtype is Dtype.BF16:  # MindSpore takes no ml_dtypes array

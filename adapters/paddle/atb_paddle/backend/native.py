@@ -15,8 +15,7 @@ from typing import Any
 
 import paddle
 
-from atbcore.backends.cpu_kernels.native import NativeView, view_of
-from atbcore.backends.cpu_kernels.native_kernels import TensorIO, native_kernels
+from atbcore.backends.cpu_kernels.native_kernels import MethodsIO, native_kernels
 from atbcore.dtypes import Dtype
 
 from . import PADDLE_KERNELS
@@ -27,22 +26,10 @@ from . import activation, ffn, linear, norm, paged, rope  # noqa: F401
 __all__ = ["PaddleIO"]
 
 
-class PaddleIO(TensorIO):
+class PaddleIO(MethodsIO):
     """Paddle tensors: ``data_ptr()`` and ``strides`` (equal to their DLPack view)."""
 
     name = "paddle"
-
-    def view(self, t: Any) -> NativeView:
-        return view_of(t)
-
-    def address(self, t: Any) -> int:
-        return t.data_ptr()
-
-    def is_contiguous(self, t: Any) -> bool:
-        return t.is_contiguous()
-
-    def contiguous(self, t: Any) -> Any:
-        return t.contiguous()
 
     def empty(self, shape: tuple[int, ...], dtype: Dtype) -> Any:
         return paddle.empty(list(shape), dtype=dtype.value)
