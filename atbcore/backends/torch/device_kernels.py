@@ -36,6 +36,9 @@ class DeviceKernel:
     why_not: Callable[[Any, Mapping[str, Any]], "str | None"]
     impl: str
     provider: str
+    # why the provider is missing in this process (None = present); a device only these
+    # kernels serve (npu) is refused at dispatch while it is missing
+    available: Callable[[], "str | None"] | None = None
 
 
 DEVICE_KERNELS: dict[tuple[str, str], DeviceKernel] = {}
@@ -43,11 +46,13 @@ _LOGGED: set[tuple[str, str, str]] = set()
 
 
 def device_kernel(op: str, device: str, *, why_not: Callable[[Any, Mapping[str, Any]], Any],
-                  impl: str, provider: str) -> Callable[[Callable], Callable]:
+                  impl: str, provider: str, available: Callable[[], Any] | None = None
+                  ) -> Callable[[Callable], Callable]:
     """Register ``fn`` as ``op``'s kernel for tensors on ``device`` ("cuda", "npu")."""
 
     def deco(fn: Callable) -> Callable:
-        DEVICE_KERNELS[(op, device)] = DeviceKernel(op, device, fn, why_not, impl, provider)
+        DEVICE_KERNELS[(op, device)] = DeviceKernel(op, device, fn, why_not, impl, provider,
+                                                    available)
         return fn
 
     return deco
@@ -89,13 +94,25 @@ def _wrap(k: Kernel, by_device: dict[str, DeviceKernel]) -> Kernel:
             return None
         return base_bind(p, ins, outs, ctx) if base_bind is not None else None
 
+    base_check = k.check
+    only_here = {d: dk for d, dk in by_device.items() if d not in k.devices}
+
+    def check(p: Any, descs: Mapping[str, Any]) -> list[str]:
+        dev = input_device(descs)
+        dk = only_here.get(dev or "")
+        why = dk.available() if dk is not None and dk.available is not None else None
+        if why:
+            return [why]
+        return list(base_check(p, descs)) if base_check is not None else []
+
     if base_bind is not None and getattr(base_bind, "fills_slots", False):
         bind.fills_slots = True  # type: ignore[attr-defined]
     fn.__qualname__ = getattr(base, "__qualname__", k.op)
     impl = "; ".join([k.impl] + [f"{d.device}: {d.impl}" for d in by_device.values()])
     devices = tuple(dict.fromkeys((*k.devices, *by_device)))
     return dataclasses.replace(k, fn=fn, bind=bind if base_bind is not None else None,
-                               impl=impl, devices=devices)
+                               impl=impl, devices=devices,
+                               check=check if only_here else base_check)
 
 
 def apply_device_kernels(kernels: dict[str, Kernel]) -> None:

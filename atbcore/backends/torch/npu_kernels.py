@@ -84,14 +84,14 @@ def _gamma(p: Any, w: torch.Tensor) -> torch.Tensor:
     return w if not p.weight_offset else w + p.weight_offset
 
 
-@device_kernel("RmsNorm", "npu", why_not=rms_norm_reasons, provider="torch_npu",
+@device_kernel("RmsNorm", "npu", why_not=rms_norm_reasons, provider="torch_npu", available=unavailable_reason,
                impl="torch_npu.npu_rms_norm")
 def rms_norm_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     y, _rstd = npu_module().npu_rms_norm(ins["x"], _gamma(p, ins["weight"]), epsilon=p.eps)
     return [_into(out, 0, y)]
 
 
-@device_kernel("AddRmsNorm", "npu", why_not=add_rms_norm_reasons, provider="torch_npu",
+@device_kernel("AddRmsNorm", "npu", why_not=add_rms_norm_reasons, provider="torch_npu", available=unavailable_reason,
                impl="torch_npu.npu_add_rms_norm")
 def add_rms_norm_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     y, _rstd, s = npu_module().npu_add_rms_norm(ins["x"], ins["residual"],
@@ -120,7 +120,7 @@ def swiglu_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     return None
 
 
-@device_kernel("SwiGLU", "npu", why_not=swiglu_reasons, provider="torch_npu",
+@device_kernel("SwiGLU", "npu", why_not=swiglu_reasons, provider="torch_npu", available=unavailable_reason,
                impl="torch_npu.npu_swiglu")
 def swiglu_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     return [_into(out, 0, npu_module().npu_swiglu(ins["x"].contiguous(), dim=-1))]
@@ -158,7 +158,7 @@ def rotary_mul_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     return None
 
 
-@device_kernel("RoPE", "npu", why_not=rotary_mul_reasons, provider="torch_npu",
+@device_kernel("RoPE", "npu", why_not=rotary_mul_reasons, provider="torch_npu", available=unavailable_reason,
                impl="torch_npu.npu_rotary_mul per tensor (cos/sin from the cached tables)")
 def rope_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     rins = {n: ins.get(n) for n in _ROPE_INS}

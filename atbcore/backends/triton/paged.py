@@ -12,6 +12,8 @@ log-sum-exp. A sliding window starts each sequence's keys at ``len - window``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -107,13 +109,18 @@ def _merge_kernel(po_ptr, lse_ptr, o_ptr, so_t, so_h, n_heads, n_split, head_dim
     tl.store(o_ptr + b * so_t + h * so_h + d, round_to(o, o_ptr), mask=d < head_dim)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def choose_splits(batch: int, kv_heads: int, capacity: int, device: torch.device) -> int:
     """Programs per (sequence, kv head): enough to fill the GPU twice over when
     ``batch * kv_heads`` alone cannot, at least 256 keys each, at most 32. Chosen from
     the block table's capacity, not the context lengths, so no host sync is needed."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     want = max(1, (2 * sms) // max(1, batch * kv_heads))
     return max(1, min(want, 32, capacity // 256))
 

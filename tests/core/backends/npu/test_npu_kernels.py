@@ -121,3 +121,19 @@ def test_the_double_rejects_what_torch_npu_documents_as_invalid(npu):
     with use_npu_module(NpuDouble("310P")) as old:
         with pytest.raises(ContractViolation, match="not supported on 310P"):
             old.npu_add_rms_norm(x, x, torch.zeros(8, dtype=torch.bfloat16))
+
+
+def test_dispatch_takes_npu_tensors_only_with_torch_npu_present():
+    from atbcore.dtypes import Dtype
+    from atbcore.tensor import TensorDesc
+
+    torch_backend = get_backend("torch")
+    opdef = get_op("RmsNorm")
+    descs = {"x": TensorDesc((2, 8), Dtype.FP16, device="npu:0"),
+             "weight": TensorDesc((8,), Dtype.FP16, device="npu:0")}
+    p = opdef.make_params({})
+    assert torch_backend.not_supported_reasons(opdef, p, descs) == ["torch_npu is not installed"]
+    with use_npu_module(NpuDouble("A2")):
+        assert torch_backend.not_supported_reasons(opdef, p, descs) == []
+    cpu = {n: TensorDesc(d.shape, d.dtype) for n, d in descs.items()}
+    assert torch_backend.not_supported_reasons(opdef, p, cpu) == []
