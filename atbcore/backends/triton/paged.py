@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from . import interpreting
-
 from .rounding import round_to
 
 __all__ = ["paged_decode_attention", "choose_splits", "MAX_HEAD_DIM"]
