@@ -18,10 +18,11 @@ from ...ops.attention import effective_window
 from ..triton import device_reason
 from .activation import c_activation
 from .device_kernels import device_kernel
-from .rope import MAX_TABLE_LEN, geometry, rope_tables
+from .rope import MAX_TABLE_LEN, _token_cos_sin, geometry, rope_tables
 from .rope_cache import _heads
 
-__all__ = ["norm_reasons", "gated_reasons", "rope_kv_cache_reasons", "paged_reasons"]
+__all__ = ["norm_reasons", "gated_reasons", "rope_reasons", "rope_kv_cache_reasons",
+           "paged_reasons"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -181,6 +182,45 @@ def rope_kv_cache_cuda(p: Any, ins: Mapping[str, Any], out: list | None = None) 
     _triton("rope_cache").rope_kv_cache(view["q"], view["k"], view["v"], view["o"], kc, vc,
                                         cos, sin, rows, trows, g.rotary_dim)
     return [o, kc, vc]
+
+
+def rope_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
+    """Why the Triton RoPE cannot take this call (device aside)."""
+    if p.rotary_type != "half":
+        return f"rotary_type {p.rotary_type!r}: the Triton kernel rotates the 'half' layout"
+    return None
+
+
+def _rope_plain_why(p: Any, ins: Mapping[str, Any]) -> str | None:
+    return _device(ins["q"], ins.get("k")) or rope_reasons(p, ins)
+
+
+def _buffer_like(out: list | None, i: int, x: torch.Tensor) -> torch.Tensor:
+    o = None if not out or i >= len(out) else out[i]
+    if o is not None and o.shape == x.shape and o.dtype == x.dtype and o.device == x.device \
+            and (o.numel() == 0 or o.stride(-1) == 1):
+        return o
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@device_kernel("RoPE", "cuda", why_not=_rope_plain_why, provider="triton",
+               impl="Triton rope ('half') of q and k in one kernel (per-token cos/sin rows "
+               "gathered from the cached tables)")
+def rope_cuda(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
+    rins = {n: ins.get(n) for n in _ROPE_INS}
+    g = geometry("RoPE", p, rins)
+    q, k = ins["q"], ins.get("k")
+    cos, sin = _token_cos_sin(p, g, rins, q.device)                     # fp32 [B|1, S, rd]
+    seq = torch.arange(g.seq, device=q.device)
+    rows = seq[None] if cos.shape[0] == 1 else \
+        torch.arange(g.batch, device=q.device)[:, None] * g.seq + seq[None]
+    outs = [_buffer_like(out, 0, q)] + ([] if k is None else [_buffer_like(out, 1, k)])
+    view = lambda t, h: _heads(t, g.layout, h, g.head_dim)             # noqa: E731 [B,S,H,D]
+    _triton("rope_cache").rope(
+        view(q, g.q_heads), None if k is None else view(k, g.k_heads), view(outs[0], g.q_heads),
+        None if k is None else view(outs[1], g.k_heads), cos.reshape(-1, g.rotary_dim),
+        sin.reshape(-1, g.rotary_dim), rows.expand(g.batch, g.seq), g.rotary_dim)
+    return outs
 
 
 # ----------------------------------------------------------------------------- PagedAttention

@@ -1,4 +1,4 @@
-"""Triton RoPE ("half" / NeoX layout) of q and k fused with the KV-cache write.
+"""Triton RoPE ("half" / NeoX layout) of q and k, fused with the KV-cache write.
 
 One program per (token, head): q heads are rotated into ``q_out``; k heads are
 rotated straight into row ``cache_rows[b, s]`` of the key cache and the matching v
@@ -6,7 +6,8 @@ head is copied into the value cache, so k never round-trips through memory. Math
 fp32 with one rounding; partial rotary (``rotary_dim < head_dim``) passes the
 trailing dims through. Cos/sin come from a full-width fp32 table ``[P, rotary_dim]``
 read at ``table_rows[b, s]``. Rows outside the cache or the table are not written
-(the op checks positions before a kernel runs).
+(the op checks positions before a kernel runs). :func:`rope` is the same kernel
+writing rotated k into ``k_out`` instead of a cache (the RoPE op).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import triton.language as tl
 
 from .rounding import round_to
 
-__all__ = ["rope_kv_cache"]
+__all__ = ["rope_kv_cache", "rope"]
 
 
 @triton.jit
@@ -40,7 +41,7 @@ def _rope_kv_cache_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr, 
                           crow_ptr, trow_ptr, seq, q_heads, head_dim, cache_len, table_len,
                           sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                           so_b, so_s, so_h, skc_b, skc_s, skc_h, svc_b, svc_s, svc_h, s_tab,
-                          HALF: tl.constexpr, BLOCK_D: tl.constexpr):
+                          HALF: tl.constexpr, BLOCK_D: tl.constexpr, HAS_V: tl.constexpr):
     tok = tl.program_id(0)
     h = tl.program_id(1)
     b = (tok // seq).to(tl.int64)
@@ -62,9 +63,11 @@ def _rope_kv_cache_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr, 
         _rotate_row(k_ptr + b * sk_b + s * sk_s + hk * sk_h,
                     kc_ptr + b * skc_b + crow * skc_s + hk * skc_h,
                     cos_row, sin_row, d, head_dim, HALF, ok)
-        vrow = tl.load(v_ptr + b * sv_b + s * sv_s + hk * sv_h + d, mask=d < head_dim, other=0.0)
-        tl.store(vc_ptr + b * svc_b + crow * svc_s + hk * svc_h + d,
-                 vrow.to(vc_ptr.dtype.element_ty), mask=(d < head_dim) & ok)
+        if HAS_V:
+            vrow = tl.load(v_ptr + b * sv_b + s * sv_s + hk * sv_h + d, mask=d < head_dim,
+                           other=0.0)
+            tl.store(vc_ptr + b * svc_b + crow * svc_s + hk * svc_h + d,
+                     vrow.to(vc_ptr.dtype.element_ty), mask=(d < head_dim) & ok)
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -92,4 +95,26 @@ def rope_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_out: torc
         q, k, v, q_out, key_cache, value_cache, cos, sin, crow, trow, s, hq, d,
         key_cache.shape[1], cos.shape[0], *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         *q_out.stride()[:3], *key_cache.stride()[:3], *value_cache.stride()[:3], cos.stride(0),
-        HALF=rotary_dim // 2, BLOCK_D=max(16, triton.next_power_of_2(d)))
+        HALF=rotary_dim // 2, BLOCK_D=max(16, triton.next_power_of_2(d)), HAS_V=True)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor,
+         k_out: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+         table_rows: torch.Tensor, rotary_dim: int) -> None:
+    """Plain RoPE: ``q`` into ``q_out`` and ``k`` into ``k_out`` (all ``[B, S, H, D]``
+    views, unit stride on D), the same kernel with k's rows as its "cache"."""
+    b, s, hq, d = q.shape
+    if b * s == 0:
+        return
+    q = _unit(q)
+    kk = q if k is None else _unit(k)
+    ko = q_out if k_out is None else k_out
+    hk = 0 if k is None else k.shape[2]
+    cos, sin = cos.contiguous(), sin.contiguous()
+    rows = torch.arange(s, device=q.device, dtype=torch.int32)[None].expand(b, s).contiguous()
+    trow = table_rows.to(torch.int32).expand(b, s).contiguous()
+    _rope_kv_cache_kernel[(b * s, hq + hk)](
+        q, kk, q, q_out, ko, q_out, cos, sin, rows, trow, s, hq, d, s, cos.shape[0],
+        *q.stride()[:3], *kk.stride()[:3], *q.stride()[:3], *q_out.stride()[:3],
+        *ko.stride()[:3], *q_out.stride()[:3], cos.stride(0),
+        HALF=rotary_dim // 2, BLOCK_D=max(16, triton.next_power_of_2(d)), HAS_V=False)

@@ -39,9 +39,11 @@ def cases(bf=torch.bfloat16, f32=torch.float32, i32=torch.int32):
     for act in (0, 1, 2):
         yield f"gated act {act}", activation._gated_kernel, [bf] * 3 + [11008, 22016, 22016], \
             {"ACT": act, "BLOCK": 1024}, 4
-    yield "rope_kv_cache", rope_cache._rope_kv_cache_kernel, \
-        [bf] * 6 + [f32, f32, i32, i32] + [7, 32, 128, 4096, 4096] + [100] * 19, \
-        {"HALF": 64, "BLOCK_D": 128}, 4
+    rope_args = [bf] * 6 + [f32, f32, i32, i32] + [7, 32, 128, 4096, 4096] + [100] * 19
+    yield "rope_kv_cache", rope_cache._rope_kv_cache_kernel, rope_args, \
+        {"HALF": 64, "BLOCK_D": 128, "HAS_V": True}, 4
+    yield "rope", rope_cache._rope_kv_cache_kernel, rope_args, \
+        {"HALF": 64, "BLOCK_D": 128, "HAS_V": False}, 4
     dec = [bf, bf, bf, i32, i32, bf, f32, f32] + [100] * 11 + [0.1, 0, 16, 4, 128, 512, 32]
     base = {"G_PAD": 16, "BLOCK_D": 128, "BLOCK_N": 32}
     yield "paged decode", paged._decode_kernel, dec, \

@@ -24,7 +24,8 @@ get_backend("torch").load()
 
 def test_cuda_kernels_are_registered_for_the_fused_ops():
     kernels = get_backend("torch").kernels
-    for op in ("RmsNorm", "AddRmsNorm", "SwiGLU", "GeGLU", "RopeKVCache", "PagedAttention"):
+    for op in ("RmsNorm", "AddRmsNorm", "SwiGLU", "GeGLU", "RoPE", "RopeKVCache",
+               "PagedAttention"):
         assert "cuda" in kernels[op].devices and "cuda: Triton" in kernels[op].impl, op
     apply_device_kernels(kernels)  # idempotent: a second load does not wrap twice
     assert kernels["RmsNorm"].impl.count("cuda: Triton") == 1

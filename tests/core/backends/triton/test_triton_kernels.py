@@ -214,3 +214,28 @@ def test_paged_decode_attention_split_k_and_window(window):
     p = {} if window is None else {"window": window}
     (o,), (nref,), _ = _run("PagedAttention", p, ins)
     assert_close(o, nref, "fp32", what="triton PagedAttention (window) vs numpy")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("layout,extra", [
+    ("BSH", {"position_offset": 5}),
+    ("BSND", {"rotary_dim": 16, "base": 500.0}),
+])
+def test_rope(dtype, layout, extra):
+    b, s, hq, hk, d = 2, 3, 4, 2, 32
+    shape = (lambda h: (b, s, h * d)) if layout == "BSH" else (lambda h: (b, s, h, d))
+    q, k = rand(shape(hq), dtype, 21), rand(shape(hk), dtype, 22)
+    params = {"num_heads": hq, "num_kv_heads": hk, "head_dim": d, "layout": layout, **extra}
+    (qo, ko), (rq, rk), _ = _run("RoPE", params, {"q": q, "k": k})
+    assert_close(qo, rq, dtype, what="triton RoPE q")
+    assert_close(ko, rk, dtype, what="triton RoPE k")
+
+
+def test_rope_q_only_with_position_ids_into_out():
+    q = rand((2, 4, 3, 16), "bf16", 23)
+    pos = np.array([[0, 70, 3, 9], [1, 2, 3, 4]], np.int64)
+    out = torch.zeros(2, 4, 3, 16, dtype=torch.bfloat16, device=DEVICE)
+    (qo,), (rq,), _ = _run("RoPE", {"layout": "BSND"}, {"q": q, "position_ids": pos},
+                           out=[out])
+    assert _run.raw[0] is out
+    assert_close(qo, rq, "bf16", what="triton RoPE q with position ids")
