@@ -10,6 +10,10 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Without an NVIDIA GPU the Triton kernels run in Triton's CPU interpreter. Triton reads
+# this when it decorates a kernel, and MindSpore imports triton (below), so set it first.
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if importlib.util.find_spec("mindspore") is not None:
     import mindspore  # noqa: F401

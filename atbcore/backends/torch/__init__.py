@@ -1,4 +1,5 @@
-"""The torch backend: CPU and CUDA kernels built from torch's fused ops.
+"""The torch backend: CPU and CUDA kernels built from torch's fused ops (CUDA calls
+go to Triton kernels where they apply: :mod:`.device_kernels`).
 
 torch is imported only when this backend is first used. Kernel modules in this
 package register with :func:`kernel`; they are imported by :meth:`TorchBackend.load`.
@@ -53,6 +54,9 @@ class TorchBackend(Backend):
         self._loaded = True
         for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
             importlib.import_module(f"{__name__}.{mod.name}")
+        from .device_kernels import apply_device_kernels
+
+        apply_device_kernels(TORCH_KERNELS)  # Triton on CUDA, torch_npu on NPU
         self.kernels = TORCH_KERNELS
 
     def devices(self) -> list[str]:
