@@ -1,7 +1,8 @@
 """Graphs spelled from primitive ops that ``atb verify`` fuses to check every
 fusion rule: a LLaMA decoder layer (RMSNorm written out, separate q/k/v, RoPE,
 attention as MatMul/Softmax/MatMul, gated MLP) and a BERT-style MLP block
-(Linear + bias add, exact GELU, residual + LayerNorm). Between them every
+(Linear + bias add, exact GELU, residual + LayerNorm), and a FusedFeedForward on
+separate gate/up weights. Between them every
 built-in rule fires; :func:`rule_graphs` says which graph exercises which rule.
 
 Weights are drawn in float64, rounded once to the dtype, and the same rounded
@@ -72,11 +73,29 @@ def mlp_weights(rng: np.random.Generator, dt: Dtype) -> dict[str, np.ndarray]:
     return w
 
 
+def ffn_block(dt: Dtype, w: dict[str, np.ndarray]) -> Graph:
+    """A gated FusedFeedForward given separate gate/up weights (the FusedFeedForward
+    layer's form), plus a residual add."""
+    b = GraphBuilder("verify_ffn_block")
+    x = b.add_input("x", TensorDesc((B, S, HID), dt))
+    ids = [b.add_weight(k, w[k].astype(dt.numpy)) for k in ("wg", "wu", "wd")]
+    h, = b.add_node("FusedFeedForward", [x, *ids], {
+        "hidden_size": HID, "intermediate_size": INTER, "activation_type": "swiglu"}, name="ffn")
+    y, = b.add_node("ResidualAdd", [h, x], name="residual")
+    b.mark_output(y)
+    return b.build()
+
+
+def ffn_weights(rng: np.random.Generator, dt: Dtype) -> dict[str, np.ndarray]:
+    return _weights(rng, {"wg": (INTER, HID), "wu": (INTER, HID), "wd": (HID, INTER)}, dt)
+
+
 # name -> (graph builder, weights, fusion level that exercises its rules)
 GRAPHS: dict[str, tuple[Callable[[Dtype, dict], Graph], Callable[..., dict], str]] = {
     "llama_layer": (llama_layer, llama_weights, "standard"),
     "mlp_block": (mlp_block, mlp_weights, "standard"),
     "mlp_block_aggressive": (mlp_block, mlp_weights, "aggressive"),
+    "ffn_block": (ffn_block, ffn_weights, "standard"),
 }
 
 
