@@ -279,3 +279,23 @@ def test_bf16_graph_op_in_pynative_vs_numpy_reference():
     assert y.dtype == ms.bfloat16
     assert {c.backend for c in mlp.core.last_plan.calls} == {"mindspore"}
     assert_close(y, _np(ref(x)), "bf16")
+
+
+def test_seed_block_with_an_atb_kv_cache_decodes_as_the_full_sequence():
+    """A MindSpore GraphOp called with an atb.KVCache (written in place by the plan):
+    prompt then one token per call equals the block on the whole sequence."""
+    from atbcore.memory import KVCache
+
+    blk = atb.GraphOp([atb.LayerNorm(eps=1e-5),
+                       atb.FlashAttention(num_heads=4, causal=True, kv_cache=True),
+                       atb.Linear(out_features=32), atb.ResidualAdd()])
+    x = rand([2, 7, 32], seed=9)
+    full = blk(to_ms(x))
+    cache = KVCache(1, 2, 16, 4, 8, dtype="fp32")
+    outs = []
+    for lo, hi in ((0, 4), (4, 5), (5, 6), (6, 7)):
+        y, back = blk(to_ms(x[:, lo:hi]), kv_cache=cache)
+        assert back is cache
+        outs.append(to_numpy(y))
+    assert_close(np.concatenate(outs, axis=1), to_numpy(full), "fp32", "MindSpore KVCache decode")
+    assert cache.seq_lens(layer=0)[:2].tolist() == [7, 7]

@@ -206,3 +206,23 @@ def test_graph_op_takes_core_layers_and_op_layers():
         atb_paddle.GraphOp([atb_paddle.ops.Split(num=2)])(to_paddle(x))
     with pytest.raises(atb.ParamsError, match="atb_paddle layer"):
         atb_paddle.GraphOp([paddle.nn.Linear(16, 16)])
+
+
+def test_seed_block_with_an_atb_kv_cache_decodes_as_the_full_sequence():
+    """A Paddle GraphOp called with an atb.KVCache (written in place by the plan):
+    prompt then one token per call equals the block on the whole sequence."""
+    from atbcore.memory import KVCache
+
+    blk = atb_paddle.GraphOp([atb_paddle.LayerNorm(eps=1e-5),
+                              atb_paddle.FlashAttention(num_heads=4, causal=True, kv_cache=True),
+                              atb_paddle.Linear(out_features=32), atb_paddle.ResidualAdd()])
+    x = rand([2, 7, 32], seed=9)
+    full = blk(to_paddle(x))
+    cache = KVCache(1, 2, 16, 4, 8, dtype="fp32")
+    outs = []
+    for lo, hi in ((0, 4), (4, 5), (5, 6), (6, 7)):
+        y, back = blk(to_paddle(x[:, lo:hi]), kv_cache=cache)
+        assert back is cache
+        outs.append(_np(y))
+    atb.assert_close(np.concatenate(outs, axis=1), _np(full), "fp32", "Paddle KVCache decode")
+    assert cache.seq_lens(layer=0)[:2].tolist() == [7, 7]
