@@ -49,11 +49,56 @@ def test_min_length_processors_same_as_hf(eos):
             assert torch.equal(f(ids, x.clone()), hf(ids, x.clone())), (type(hf), length)
 
 
+@pytest.mark.parametrize("kind", ["random", "ties", "masked", "nan"])
+@pytest.mark.parametrize("top_k,keep", [(50, 1), (1, 1), (3, 8), (6000, 1)])
+def test_top_k_same_as_hf(kind, top_k, keep):
+    hf = lp.TopKLogitsWarper(top_k, min_tokens_to_keep=keep)
+    (fast,) = accelerate([hf])
+    assert fast is not hf
+    ids = torch.zeros(3, 4, dtype=torch.long)
+    for seed in range(3):
+        x = _scores("ties" if kind == "ties" else "masked" if kind == "masked" else "random",
+                    seed=seed)
+        if kind == "nan":
+            x[1, 17] = math.nan
+        ref = hf(ids, x.clone())
+        out = fast(ids, x.clone())
+        assert torch.equal(out.isnan(), ref.isnan()), (kind, top_k, seed)
+        assert torch.equal(out.nan_to_num(), ref.nan_to_num()), (kind, top_k, seed)
+
+
+@pytest.mark.parametrize("top_k", [50, 40, 200])
+def test_top_k_then_top_p_same_as_hf(top_k):
+    """The sampling default (top-k 50 before top-p): few finite scores, so the
+    cumulative sum covers only the kept tail."""
+    procs = [lp.TemperatureLogitsWarper(0.8), lp.TopKLogitsWarper(top_k), lp.TopPLogitsWarper(0.9)]
+    fast = accelerate(procs)
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    for seed in range(6):
+        x = _scores("random", b=2, v=32000, seed=seed)
+        ref, out = x.clone(), x.clone()
+        for hf, f in zip(procs, fast):
+            ref, out = hf(ids, ref), f(ids, out)
+        assert torch.equal(out, ref), (top_k, seed)
+        assert int(torch.isfinite(ref).sum()) < 2 * top_k
+
+
+def test_top_p_with_nan_scores_as_hf():
+    hf = lp.TopPLogitsWarper(0.9)
+    (fast,) = accelerate([hf])
+    x = _scores("masked")
+    x[0, 3] = math.nan
+    ids = torch.zeros(3, 4, dtype=torch.long)
+    ref, out = hf(ids, x.clone()), fast(ids, x.clone())
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out.nan_to_num(), ref.nan_to_num())
+
+
 def test_unknown_and_subclassed_processors_kept():
     class Mine(lp.TopPLogitsWarper):
         pass
 
-    procs = [lp.TopKLogitsWarper(5), Mine(0.9), lp.TemperatureLogitsWarper(0.7)]
+    procs = [lp.TypicalLogitsWarper(0.9), Mine(0.9), lp.TemperatureLogitsWarper(0.7)]
     assert accelerate(procs) == procs
 
 
