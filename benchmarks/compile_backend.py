@@ -43,9 +43,11 @@ def main() -> int:
     a = parse()
     model = build_default_model()
     model.set_attn_implementation("sdpa")
-    atb_attn = copy.copy(model)  # shares the weights; its own config
-    atb_attn.config = copy.deepcopy(model.config)
+    # its own copy: a shallow copy shares the layers' config, so setting "atb" on it
+    # switched the HF baseline's attention too
+    atb_attn = copy.deepcopy(model)
     atb_attn.set_attn_implementation("atb")
+    assert model.model.layers[0].self_attn.config._attn_implementation == "sdpa"
     compiled = torch.compile(model, backend="atb", dynamic=True)
     ids = torch.randint(3, model.config.vocab_size, (1, a.prompt),
                         generator=torch.Generator().manual_seed(0))
