@@ -73,12 +73,15 @@ def test_top_k_then_top_p_same_as_hf(top_k):
     cumulative sum covers only the kept tail."""
     procs = [lp.TemperatureLogitsWarper(0.8), lp.TopKLogitsWarper(top_k), lp.TopPLogitsWarper(0.9)]
     fast = accelerate(procs)
+    assert len(fast) == 2, "top-k and top-p were not fused"
     ids = torch.zeros(2, 4, dtype=torch.long)
     for seed in range(6):
         x = _scores("random", b=2, v=32000, seed=seed)
         ref, out = x.clone(), x.clone()
-        for hf, f in zip(procs, fast):
-            ref, out = hf(ids, ref), f(ids, out)
+        for hf in procs:
+            ref = hf(ids, ref)
+        for f in fast:
+            out = f(ids, out)
         assert torch.equal(out, ref), (top_k, seed)
         assert int(torch.isfinite(ref).sum()) < 2 * top_k
 
@@ -120,3 +123,38 @@ def test_sampler_draws_what_multinomial_draws(shape, kept):
         out = sampler.sample(probs), torch.rand(3)
         assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]), seed
     assert sampler._verified == [True], "atb's draw did not run (torch.multinomial did)"
+
+
+@pytest.mark.parametrize("case", ["ties at k", "nan", "top_p removes nothing", "p fill",
+                                  "tiny top_p", "few finite", "keep"])
+def test_fused_top_k_top_p_edges_same_as_hf(case):
+    from atb_torch.models import processors
+
+    assert processors._tail_softmax_exact(), "the aligned-tail softmax is not exact here"
+    """The fused pair against Hugging Face's two processors where the fast form must
+    step aside or handle an edge: ties at the k-th value, NaN, no cut, top-p's own
+    fill value, a cut inside the kept values, fewer finite scores than k."""
+    k, p, keep, fill = 20, 0.9, 1, -math.inf
+    if case == "top_p removes nothing":
+        p = 1.0
+    elif case == "p fill":
+        fill = -1e4
+    elif case == "tiny top_p":
+        p = 0.05
+    elif case == "keep":
+        p, keep = 0.05, 7
+    procs = [lp.TopKLogitsWarper(k), lp.TopPLogitsWarper(p, filter_value=fill,
+                                                          min_tokens_to_keep=keep)]
+    fast = accelerate(procs)
+    assert len(fast) == 1
+    ids = torch.zeros(3, 4, dtype=torch.long)
+    for seed, v in ((0, 5000), (1, 5000), (2, 4096), (3, 4096)):  # 4096: the aligned tail
+        x = _scores("ties" if case == "ties at k" else "random", v=v, seed=seed)
+        if case == "nan":
+            x[0, 11] = math.nan
+        elif case == "few finite":
+            x[:, 10:] = -math.inf
+        ref = procs[1](ids, procs[0](ids, x.clone()))
+        out = fast[0](ids, x.clone())
+        assert torch.equal(out.isnan(), ref.isnan()), (case, seed)
+        assert torch.equal(out.nan_to_num(), ref.nan_to_num()), (case, seed)
