@@ -50,17 +50,20 @@ def _kept_uniforms(flat_kept: np.ndarray, n: int) -> np.ndarray:
 
 def _draw(probs: torch.Tensor) -> torch.Tensor | None:
     p = probs.numpy()
-    total = p.sum(axis=-1)  # NaN/inf anywhere shows here (probs come from a softmax: >= 0)
+    flat = p.reshape(-1)
+    kept = np.flatnonzero(flat)                        # probabilities > 0 (and NaN), in order
+    v = p.shape[-1]
+    bounds = np.searchsorted(kept, np.arange(p.shape[0] + 1) * v)
+    if (np.diff(bounds) == 0).any():
+        return None  # a row of zeros: torch.multinomial raises on it, let it
+    # NaN/inf anywhere shows in its row's sum of nonzero entries (a softmax gives >= 0)
+    total = np.add.reduceat(flat[kept], bounds[:-1])
     if not np.isfinite(total).all() or (total <= 0).any():
         return None  # torch.multinomial raises on these: let it
-    flat = p.reshape(-1)
-    kept = np.flatnonzero(flat)                        # probabilities > 0, row after row
     u = _kept_uniforms(kept, flat.size)                # the draws, in order
     q = (-np.log1p(-u)).astype(np.float32)             # Exp(1), as torch
     ratio = flat[kept] / q
     out = []
-    v = p.shape[-1]
-    bounds = np.searchsorted(kept, np.arange(p.shape[0] + 1) * v)
     for r in range(p.shape[0]):
         lo, hi = bounds[r], bounds[r + 1]
         out.append(int(kept[lo + np.argmax(ratio[lo:hi])] - r * v))  # first max, as argmax

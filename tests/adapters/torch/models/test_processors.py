@@ -159,3 +159,21 @@ def test_fused_top_k_top_p_edges_same_as_hf(case):
         out = fast[0](ids, x.clone())
         assert torch.equal(out.isnan(), ref.isnan()), (case, seed)
         assert torch.equal(out.nan_to_num(), ref.nan_to_num()), (case, seed)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "zero row"])
+def test_sampler_leaves_invalid_rows_to_multinomial(bad):
+    """Rows torch.multinomial refuses are handed to it, so the error is torch's own."""
+    from atb_torch.models import sampler
+
+    probs = torch.full((2, 40), 1 / 40)
+    if bad == "nan":
+        probs[1, 3] = math.nan
+    elif bad == "inf":
+        probs[0, 0] = math.inf
+    else:
+        probs[1] = 0
+    with pytest.raises(RuntimeError):
+        torch.multinomial(probs, 1)
+    with pytest.raises(RuntimeError):
+        sampler.sample(probs)
