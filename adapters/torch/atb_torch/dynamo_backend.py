@@ -10,6 +10,14 @@ traced (eager) or through inductor:
 * ``scaled_dot_product_attention`` (no dropout) -> ``atb.flash_attention`` (GQA
   without repeating K/V, causal when the query and key lengths are the same).
 
+Run as traced (the default), :func:`to_eager` then points the rewritten nodes at
+their eager forms (``eager_rms_norm``, ``eager_swiglu``, ``eager_flash_attention``:
+the same kernels without the custom-op dispatch, a decode step's attention on the C
+decode attention) and ``F.linear`` of at most :data:`LINEAR_MAX_ROWS` rows at the C
+matmul over panel-packed weights (``eager_linear``); with ``dynamic=True`` module
+floats (``eps``, ``scaling``) arrive at run time, which these forms take. Where
+autograd records, the custom ops run (their backward refuses).
+
 ``options={"inner": "inductor"}`` hands the rewritten graph to inductor instead.
 
 The backend is registered with Dynamo when this module is imported and, for an
@@ -28,7 +36,8 @@ import torch.fx as fx
 
 from atbcore.log import logger
 
-__all__ = ["atb_backend", "rewrite", "RULES"]
+__all__ = ["atb_backend", "rewrite", "to_eager", "RULES", "eager_linear", "eager_rms_norm",
+           "eager_swiglu", "eager_flash_attention", "LINEAR_MAX_ROWS"]
 
 
 def _value(node: Any) -> Any:
