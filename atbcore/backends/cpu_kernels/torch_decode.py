@@ -82,17 +82,17 @@ def decode_attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                                  key_mask.shape[0] != b or key_mask.shape[1] < k.shape[1]):
         raise ShapeError(op, "key_mask", f"bool [{b}, >= {k.shape[1]}]",
                          f"{key_mask.dtype} {tuple(key_mask.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
-        if t.stride(-1) != 1:
-            raise ShapeError(op, name, "a unit-stride last dim", f"strides {t.stride()}")
+    qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()  # one call each
+    for name, st in (("q", qs), ("k", ks), ("v", vs), ("out", os_)):
+        if st[-1] != 1:
+            raise ShapeError(op, name, "a unit-stride last dim", f"strides {st}")
     cap = k.shape[1]
     m = key_mask
+    ms = (0, 0) if m is None else m.stride()
     pre = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
            0 if m is None else m.data_ptr(), DTYPE_CODES[q.dtype], DTYPE_CODES[k.dtype],
-           DTYPE_CODES[out.dtype], b, h, kv, d, q.stride(0), q.stride(1),
-           k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-           out.stride(0), out.stride(1), 0 if m is None else m.stride(0),
-           0 if m is None else m.stride(1), 0, 0, 0, 0, 0, 0, 0)
+           DTYPE_CODES[out.dtype], b, h, kv, d, qs[0], qs[1], ks[0], ks[1], ks[2],
+           vs[0], vs[1], vs[2], os_[0], os_[1], ms[0], ms[1], 0, 0, 0, 0, 0, 0, 0)
     fn, pack = _fn("decode_attention"), _ATTN.pack
     keep = (q, k, v, out, m)  # the packed addresses stay valid while the call lives
     empty = q.numel() == 0    # no rows or heads: nothing to attend

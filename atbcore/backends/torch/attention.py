@@ -7,7 +7,11 @@ runs on the whole sequence; otherwise queries are processed ``CHUNK`` rows at a 
 each chunk seeing only the key range it can reach, so neither scores nor a mask of
 ``[Sq, Skv]`` is ever materialised whole.
 
-On the CPU, attention with no ``mask`` runs as the C prefill attention
+On the CPU, one query row per sequence (a decode step over a KV cache) runs as the
+C decode attention (:mod:`atbcore.backends.cpu_kernels.torch_decode`), a boolean
+mask that is the same for every head, ``seq_lens`` and a window becoming its key
+mask; :func:`decode_bnsd` is that path for callers that skip the op's dispatch.
+Other attention with no ``mask`` runs as the C prefill attention
 (:mod:`atbcore.backends.cpu_kernels.torch_prefill`): causal and window rules and
 per-row ``seq_lens`` are applied per key block inside the kernel, causal blocks
 past a row block are skipped, half inputs are read as they are. Tiny blocks go
@@ -31,9 +35,13 @@ import torch.nn.functional as F
 from ...ops.attention import AttnDims, attention_dims, effective_window, split_packed
 from ...tensor import TensorDesc
 from ..cpu_kernels import torch_ops as ck
+from ..cpu_kernels.torch_decode import decode_attention_bound
 from . import kernel
 
-__all__ = ["sdpa_attention", "to_bnsd", "from_bnsd", "CHUNK"]
+__all__ = ["sdpa_attention", "to_bnsd", "from_bnsd", "CHUNK", "decode_bnsd", "why_not_decode"]
+
+# The C decode attention's largest head_dim
+DECODE_MAX_HEAD_DIM = 512
 
 # Query rows per SDPA call when a mask must be built: a [B, 1, CHUNK, Skv] bool mask
 # (4 MiB at Skv 8192) bounds the extra memory.
@@ -188,10 +196,109 @@ def _run_c(p, ins, dims: AttnDims, q: torch.Tensor, k: torch.Tensor,
     return out
 
 
+def why_not_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask: torch.Tensor | None, q_len: int, head_dim: int) -> str | None:
+    """Why the C decode attention does not take this call (None = it does): it serves
+    one query row per sequence, a boolean mask only when it is the same for every
+    head (a key mask)."""
+    if q_len != 1:
+        return f"{q_len} query rows"
+    why = ck.why_not(q, k, v)
+    if why:
+        return why
+    if k.dtype != v.dtype:
+        return "k and v of different dtypes"
+    if head_dim > DECODE_MAX_HEAD_DIM:
+        return f"head_dim {head_dim} > {DECODE_MAX_HEAD_DIM}"
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return "an input with a strided head dim"
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            return "an additive (float) mask"
+        if mask.dim() >= 3 and mask.shape[-3] != 1:
+            return "a per-head mask"
+    return None
+
+
+def decode_key_mask(mask: torch.Tensor | None, lens: torch.Tensor | None,
+                    window: int | None, batch: int, kv_len: int) -> torch.Tensor | None:
+    """The keys one query row at the end of each sequence sees, as a bool ``[B, Skv]``
+    (None = every key): the mask's row, keys below ``seq_lens[b]``, the last
+    ``window`` of them."""
+    key_mask = None
+    if mask is not None:  # [.., 1, 1|Sq=1, Skv|1] -> [B, Skv]
+        key_mask = mask.reshape(mask.shape[0] if mask.dim() == 4 else 1, -1)
+        key_mask = key_mask.expand(batch, kv_len)
+    if lens is not None or window is not None:
+        keys = torch.arange(kv_len)
+        n = (torch.full((batch,), kv_len) if lens is None else lens.to(torch.int64))[:, None]
+        seen = keys[None] < n
+        if window is not None:
+            seen = seen & (keys[None] >= n - window)
+        key_mask = seen if key_mask is None else key_mask & seen
+    return None if key_mask is None else key_mask.contiguous()
+
+
+def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str,
+               heads: int, kv_heads: int, scale: float, key_mask: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """One query row per sequence over its keys through the C decode attention,
+    returned contiguous in ``layout`` (q, k, v in that layout; the caller has checked
+    :func:`why_not_decode`)."""
+    qb = to_bnsd(q, layout, heads)                           # [B, H, 1, D]
+    b, h, _, d = qb.shape
+    shape = {"BSH": (b, 1, h * d), "BSND": (b, 1, h, d), "BNSD": (b, h, 1, d)}[layout]
+    out = torch.empty(shape, dtype=q.dtype)
+    k_cache = to_bnsd(k, layout, kv_heads).transpose(1, 2)   # [B, Skv, KV, D]
+    if k_cache.shape[1] == 0:  # no key at all: rows that see none give zeros
+        return out.zero_()
+    v_cache = to_bnsd(v, layout, kv_heads).transpose(1, 2)
+    # the bound form checks what the unbound one would; all last dims are unit-stride
+    decode_attention_bound(qb.select(2, 0), k_cache, v_cache, scale=scale, key_mask=key_mask,
+                           out=out.view(b, h, d))(0, k_cache.shape[1])
+    return out
+
+
+def decode_bnsd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                mask: torch.Tensor | None = None) -> torch.Tensor | None:
+    """FlashAttention's decode step without the op's dispatch, for callers that hold
+    well-formed tensors (Hugging Face's attention hook, the ``torch.compile``
+    backend): q ``[B, H, 1, D]`` over k/v ``[B, Hkv, Skv, D]``, no causal or window
+    rule (one row at the end sees every key), an optional bool ``mask``
+    broadcastable to ``[B, 1, 1, Skv]``. Returns the contiguous ``[B, H, 1, D]``
+    output, or None where the C decode attention does not serve the call (then the
+    op runs, with its checks)."""
+    if q.dim() != 4 or k.dim() != 4 or q.shape[2] != 1 or v.shape != k.shape:
+        return None
+    b, h, _, d = q.shape
+    _, kv, skv, dk = k.shape
+    if k.shape[0] != b or dk != d or kv == 0 or h % kv or skv == 0:
+        return None
+    if mask is not None and not (2 <= mask.dim() <= 4 and mask.shape[-1] in (1, skv)
+                                 and mask.shape[-2] == 1
+                                 and (mask.dim() < 4 or mask.shape[0] in (1, b))):
+        return None
+    if why_not_decode(q, k, v, mask, 1, d) is not None:
+        return None
+    key_mask = None if mask is None else decode_key_mask(mask, None, None, b, skv)
+    out = torch.empty((b, h, 1, d), dtype=q.dtype)
+    decode_attention_bound(q.select(2, 0), k.transpose(1, 2), v.transpose(1, 2), scale=scale,
+                           key_mask=key_mask, out=out.view(b, h, d))(0, skv)
+    return out
+
+
 def _run(p, ins, dims: AttnDims) -> torch.Tensor:
     q, k, v = ins["q"], ins["k"], ins["v"]
     if dims.packed:
         q, k, v = split_packed(q, dims)
+    if q.is_cpu and dims.q_len == 1 and why_not_decode(
+            q, k, v, ins.get("mask"), dims.q_len, dims.head_dim) is None:
+        window = effective_window(p.window, 1, dims.kv_len)
+        key_mask = decode_key_mask(ins.get("mask"), ins.get("seq_lens"), window,
+                                   dims.batch, dims.kv_len)
+        return run_decode(q, k, v, layout=dims.layout, heads=dims.heads,
+                          kv_heads=dims.kv_heads, key_mask=key_mask,
+                          scale=p.scale if p.scale is not None else dims.scale_default)
     if q.is_cpu:
         why = _c_reason(p, ins, dims, q, k)
         if why is None:
@@ -209,7 +316,8 @@ def _run(p, ins, dims: AttnDims) -> torch.Tensor:
     return from_bnsd(o, dims.layout).to(ins["q"].dtype)
 
 
-@kernel("FlashAttention", impl="C prefill attention on the CPU (no mask), else torch "
+@kernel("FlashAttention", impl="C decode attention on the CPU for one query row (a key "
+        "mask at most), C prefill attention on the CPU (no mask), else torch "
         "scaled_dot_product_attention (fp32 compute, query-chunked when a mask is built; "
         "on the CPU non-finite inputs take the written-out softmax)",
         launches=ck.c_launches(1 + FINITE_CHECK_LAUNCHES))

@@ -21,6 +21,9 @@ every step); 3 = + device-graph capture (CUDA graphs; elsewhere it runs as 2, lo
 int8 per output channel for every Linear. ``enable_prefix_caching``: batch-1
 ``generate`` calls reuse the KV of a prompt prefix shared with the previous call.
 ``enable_speculative``: greedy batch-1 ``generate`` uses prompt-lookup decoding.
+``progress``: a display of the layers' weights being prepared, on stderr when it is a
+terminal and the compile runs past a second (None); False: never, True: on any
+stream. ``ATB_PROGRESS=0`` turns it off everywhere (:mod:`atbcore.progress`).
 """
 
 from __future__ import annotations
@@ -34,8 +37,12 @@ import torch
 from atbcore.dtypes import Dtype
 from atbcore.errors import CapabilityError, ParamsError
 from atbcore.log import logger
+from atbcore.progress import progress as progress_display
 
 __all__ = ["compile", "OPT_LEVELS"]
+
+# seconds a compile runs before its progress display appears (no flicker for small models)
+PROGRESS_AFTER_S = 1.0
 
 OPT_LEVELS = {0: "op-by-op atb kernels", 1: "standard fusion",
               2: "fusion + memory planning and plan caching",
@@ -67,14 +74,15 @@ def _check(mode: str, opt_level: Any, quantize: Any) -> None:
 
 def compile(model: Any, mode: str = "infer", opt_level: int = 2,
             enable_prefix_caching: bool = False, enable_speculative: bool = False,
-            dtype: Any = None, quantize: str | None = None) -> Any:
+            dtype: Any = None, quantize: str | None = None,
+            progress: bool | None = None) -> Any:
     """Compile ``model`` for inference; see the module docstring. Unsupported
     architectures and config options raise CapabilityError naming them."""
     _check(mode, opt_level, quantize)
     tdtype = _dtype(dtype)
     options = {"opt_level": opt_level, "enable_prefix_caching": bool(enable_prefix_caching),
                "enable_speculative": bool(enable_speculative), "dtype": tdtype,
-               "quantize": quantize}
+               "quantize": quantize, "progress": progress}
     if _is_sentence_transformer(model):
         return _compile_st(model, options)
     if hasattr(model, "config") and hasattr(model.config, "model_type"):
@@ -96,6 +104,7 @@ def _device_of(model: Any) -> torch.device:
 
 
 def _compile_hf(model: Any, options: dict) -> Any:
+    from .arch import resolve_architecture
     from .hf_model import wrap_hf
     from .runner import ModelRunner
 
@@ -104,12 +113,33 @@ def _compile_hf(model: Any, options: dict) -> Any:
     if opt == 3 and dev.type != "cuda":
         logger.info("compile: opt_level 3 captures CUDA graphs; on %s it runs as opt_level 2",
                     dev.type)
-    runner = ModelRunner.from_hf(model, opt_level=opt, dtype=options["dtype"],
-                                 quantize=options["quantize"], device=dev)
+    # ModelRunner.from_hf's steps, with the layers counted as the runner prepares them
+    arch = resolve_architecture(model.config)
+    spec = arch.describe(model.config)
+    with progress_display(f"atb: compiling {type(model).__name__}", PROGRESS_AFTER_S,
+                          total=spec.num_layers, enabled=options["progress"]) as advance:
+        weights = arch.extract(model, spec)
+        weights.layers = _CountedLayers(weights.layers, advance)
+        runner = ModelRunner(spec, weights, opt_level=opt, dtype=options["dtype"],
+                             quantize=options["quantize"], device=dev)
     logger.debug("compile: %s as %s, opt_level %d (%s), dtype %s, quantize %s",
                  type(model).__name__, runner.spec.arch, opt, OPT_LEVELS[opt], runner.dtype,
                  options["quantize"])
     return wrap_hf(model, runner, options)
+
+
+class _CountedLayers(list):
+    """A model's per-layer weights that count a step each time the runner, having
+    prepared one layer, takes the next (and after the last)."""
+
+    def __init__(self, layers: Any, advance: Any) -> None:
+        super().__init__(layers)
+        self.advance = advance
+
+    def __iter__(self) -> Any:
+        for layer in super().__iter__():
+            yield layer
+            self.advance()
 
 
 # ----------------------------------------------------------------------------- sentence-transformers

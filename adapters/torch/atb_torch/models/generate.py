@@ -31,14 +31,18 @@ decoding (same tokens, fewer forward passes).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
 import torch
 
 from .hf_cache import AtbCache
+from .kernels import ROWS_MAX
 from .hf_compat import CACHE_NAMES, cache_kwarg, log_once
-from .processors import accelerate
+from atbcore.backends.cpu_kernels.threads import parked_torch_threads
+
+from .processors import accelerate, thread_invariant
 from .sampler import sample
 
 __all__ = ["atb_sample", "speculative_kwargs"]
@@ -132,6 +136,26 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
     pad = gc._pad_token_tensor
     has_eos = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     unfinished = torch.ones(b, dtype=torch.bool, device=r.device)
+    # the steps run with torch's pool parked, as a decode plan of few rows does inside:
+    # torch's OpenMP workers, woken by a processor between two decode steps, would spin
+    # on the cores the C kernels' pool needs, and a few rows of processors gain nothing
+    # from them. Only where every processor gives the same bits at any thread count.
+    parked = parked_torch_threads() if r.device.type == "cpu" and b <= ROWS_MAX and \
+        thread_invariant(logits_processor) else contextlib.nullcontext()
+    with parked:
+        ids = _steps(r, kv, ids, logits, next_pos, processors, stopping_criteria, gc, pad,
+                     has_eos, unfinished, streamer)
+    if streamer is not None:
+        streamer.end()
+    if model.atb_options.get("enable_prefix_caching") and b == 1 and mask is None:
+        model.__dict__["_atb_prefix"] = (ids[:, :kv.length].clone(), kv)
+    return ids
+
+
+def _steps(r: Any, kv: Any, ids: torch.Tensor, logits: torch.Tensor, next_pos: torch.Tensor,
+           processors: list, stopping_criteria: Any, gc: Any, pad: Any, has_eos: bool,
+           unfinished: torch.Tensor, streamer: Any) -> torch.Tensor:
+    """The decoding steps after the prefill: ids with the new tokens."""
     while True:
         scores = logits.to(dtype=torch.float32, copy=True)              # [B, V]
         for proc in processors:
@@ -151,10 +175,6 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
             break
         logits = r.decode(tok, kv, positions=next_pos)
         next_pos = next_pos + 1
-    if streamer is not None:
-        streamer.end()
-    if model.atb_options.get("enable_prefix_caching") and b == 1 and mask is None:
-        model.__dict__["_atb_prefix"] = (ids[:, :kv.length].clone(), kv)
     return ids
 
 

@@ -10,7 +10,9 @@ Registered with transformers' ``AttentionInterface`` (and, for the masks it buil
 
 The model stays Hugging Face's (its cache, its generate); each attention layer calls
 ``torch.ops.atb.flash_attention`` (GQA without repeating K/V, causal or the given
-boolean mask, sliding windows through the mask), so ``torch.compile`` can trace it.
+boolean mask, sliding windows through the mask), so ``torch.compile`` can trace it;
+an eager decode step on the CPU (one query row) calls the op's C decode attention
+directly, its output already in the layout Hugging Face asks for.
 What it does not implement (attention weights, soft-capping, attention sinks, dropout
 while training) raises :class:`~atbcore.errors.CapabilityError` naming the option.
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch
 
+from atbcore.backends.torch.attention import decode_bnsd
 from atbcore.errors import CapabilityError
 
 __all__ = ["atb_attention_forward", "register_attention"]
@@ -35,8 +38,6 @@ def atb_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     """Hugging Face's attention-function contract: q ``[B, H, Sq, D]``, k/v
     ``[B, Hkv, Skv, D]``, the mask from SDPA's mask builder (bool, True = attend, or
     None); returns (``[B, Sq, H, D]``, None)."""
-    from .. import library  # noqa: F401  (registers torch.ops.atb.*)
-
     for name in ("softcap", "s_aux", "sinks"):
         if kwargs.get(name) is not None:
             raise CapabilityError("attn_implementation='atb'", name, "None", "a value")
@@ -47,6 +48,14 @@ def atb_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         raise CapabilityError("attn_implementation='atb'", "dropout while training",
                               "0.0 or eval mode", dropout)
     q_len, kv_len = query.shape[2], key.shape[2]
+    scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
+    if q_len == 1 and query.is_cpu and not _traced_or_grad(query, key, value):
+        # a decode step: the C decode attention, without the op's dispatch
+        out = decode_bnsd(query, key, value, scale=scale, mask=attention_mask)
+        if out is not None:                                     # [B, H, 1, D] contiguous
+            return out.view(out.shape[0], 1, out.shape[1], out.shape[3]), None
+    from .. import library  # noqa: F401  (registers torch.ops.atb.*)
+
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # as SDPA: without a mask, a multi-token query is causal (a single one sees all)
     causal = bool(q_len > 1 and attention_mask is None and causal)
@@ -54,10 +63,16 @@ def atb_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     out = torch.ops.atb.flash_attention(
         query, key, value, attention_mask, None, num_heads=query.shape[1],
-        num_kv_heads=key.shape[1], scale=float(scaling if scaling is not None
-                                                else query.shape[-1] ** -0.5),
-        causal=causal, layout="BNSD")                                   # [B, H, Sq, D]
+        num_kv_heads=key.shape[1], scale=scale, causal=causal, layout="BNSD")  # [B, H, Sq, D]
     return out.transpose(1, 2).contiguous(), None                      # [B, Sq, H, D]
+
+
+def _traced_or_grad(*xs: torch.Tensor) -> bool:
+    """True under ``torch.compile``'s tracing (which must see the custom op) or when
+    autograd records (the op refuses a backward; a direct call would drop it)."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
 
 
 def register_attention() -> None:

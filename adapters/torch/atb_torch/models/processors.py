@@ -10,11 +10,20 @@ they may change the behaviour).
 * ``TopPLogitsWarper``: Hugging Face sorts the whole vocabulary with indices (an
   argsort: milliseconds at 32k tokens). Only the sorted *values* are needed to find
   the cut — the ascending cumulative softmax Hugging Face computes is a function of
-  the sorted values alone — and a value sort is ~40x cheaper (after top-k, only the
-  finite values are sorted: the -inf run before them is known). The kept tokens are then
-  those at or above the first kept value; if that value ties with the last removed
-  one (which index Hugging Face removes then depends on its sort's order) the
-  original runs.
+  the sorted values alone — and NumPy's value sort is ~20x cheaper. The cumulative
+  sum skips the leading zero probabilities (after top-k: all but tens of columns),
+  which add nothing. The kept tokens are then those at or above the first kept
+  value; if that value ties with the last removed one (which index Hugging Face
+  removes then depends on its sort's order) the original runs.
+* ``TopKLogitsWarper``: ``topk`` of k + 1 entries; when exactly k are kept (no tie at
+  the k-th value) the row is written once (fills, then the k values), else the
+  ``topk`` threshold and a NumPy fill. Followed by ``TopPLogitsWarper`` (sampling's
+  default pair), the two run as one: the ascending sort top-p needs is the fills and
+  the k values reversed, so the vocabulary is neither sorted nor filled twice.
+
+Each pass over a 32k-entry row costs tens of microseconds when the row is cold, as
+it is after a decode step has streamed the weights through the caches: the fast
+forms make as few of them as they can.
 * ``MinLengthLogitsProcessor`` / ``MinNewTokensLengthLogitsProcessor``: Hugging Face
   rebuilds an EOS mask over the vocabulary every step; here the EOS columns are set
   to -inf directly while the length is short, and the scores pass through after.
@@ -28,44 +37,194 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-__all__ = ["accelerate", "FAST"]
+__all__ = ["accelerate", "FAST", "thread_invariant"]
 
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _sorted_values(x: np.ndarray) -> np.ndarray:
-    """``np.sort(x, axis=-1)`` (what ``torch.sort(x).values`` is), quicker when most of a
-    row is -inf (after top-k or bad words): the -inf run, then the rest sorted."""
-    finite = np.isfinite(x)
-    n = finite.sum(axis=-1)
-    if x.shape[0] != 1 or n[0] * 8 > x.shape[-1] or (x[~finite] != -np.inf).any():
-        return np.sort(x, axis=-1)
-    out = np.full_like(x, -np.inf)
-    out[0, x.shape[-1] - n[0]:] = np.sort(x[finite])
-    return out
+def _fill_below(scores: torch.Tensor, threshold: np.ndarray, fill: float) -> torch.Tensor:
+    """``scores.masked_fill(scores < threshold, fill)`` (``threshold`` [B, 1]) through
+    NumPy: the same comparison (NaN is never below) and the same float32 fill,
+    several times cheaper on a 32k row than torch's compare-and-fill here."""
+    x = scores.numpy()
+    y = x.copy()
+    y[x < threshold] = fill
+    return torch.from_numpy(y)
+
+
+def _ascending_cumsum(probs: torch.Tensor) -> torch.Tensor:
+    """``probs.cumsum(-1)`` of an ascending softmax row set, from the first column any
+    row has a nonzero probability in: the zeros before it add nothing (torch's
+    cumsum runs each row in order), so the sums are the same bits while the scan
+    covers only the kept tail (after top-k: tens of columns, not the vocabulary)."""
+    p = probs.numpy()
+    nonzero = p != 0
+    if np.isnan(p).any() or not nonzero.any(axis=-1).all():
+        return probs.cumsum(dim=-1)
+    start = int(nonzero.argmax(axis=-1).min())
+    cum = torch.zeros_like(probs)
+    cum[:, start:] = probs[:, start:].cumsum(dim=-1)
+    return cum
+
+
+def _plain(scores: torch.Tensor) -> bool:
+    """Scores the fast paths take: CPU float32 ``[B, V]``, no autograd."""
+    return (scores.dtype == torch.float32 and scores.device.type == "cpu" and scores.dim() == 2
+            and not scores.requires_grad)
+
+
+def _top_p_cut(ordered: np.ndarray, limit: np.float32, keep: int) -> Any:
+    """Top-p's cut over ``ordered`` (each row's scores ascending): the first kept value
+    per row ``[B]``, ``"none"`` when nothing is removed, or None where Hugging Face's
+    own must decide (NaN scores, a tie at the cut: then its sort order decides)."""
+    cum = _ascending_cumsum(torch.from_numpy(ordered).softmax(dim=-1)).numpy()
+    if np.isnan(cum[:, -1]).any():
+        return None
+    # removed: the prefix with cum <= limit, keeping at least `keep` at the top
+    # (cum is nondecreasing: NumPy's right-side search finds torch.searchsorted's cut)
+    v = ordered.shape[-1]
+    cut = np.array([np.searchsorted(row, limit, side="right") for row in cum])
+    cut = np.minimum(cut, max(v - keep, 0))
+    if not cut.any():
+        return "none"
+    rows = np.arange(ordered.shape[0])
+    first_kept = ordered[rows, np.minimum(cut, v - 1)]
+    last_removed = ordered[rows, np.maximum(cut - 1, 0)]
+    if ((first_kept == last_removed) & (cut > 0)).any():
+        return None
+    return first_kept
 
 
 def _top_p(proc: Any) -> Processor:
     top_p, keep, fill = float(proc.top_p), int(proc.min_tokens_to_keep), proc.filter_value
     # Hugging Face compares float32 cumulative probabilities with this, cast to float32
-    limit = torch.tensor([1 - top_p], dtype=torch.float32)
+    limit = np.float32(1 - top_p)
 
     def call(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if scores.dtype != torch.float32 or scores.device.type != "cpu":
+        if not _plain(scores):
             return proc(ids, scores)
-        ordered = torch.from_numpy(_sorted_values(scores.numpy()))          # [B, V] ascending
-        cum = ordered.softmax(dim=-1).cumsum(dim=-1)                        # nondecreasing
-        # removed: the prefix with cum <= limit, keeping at least `keep` at the top
-        cut = torch.searchsorted(cum, limit.expand(cum.shape[0], 1), right=True)[:, 0]
-        cut = cut.clamp(max=max(scores.shape[-1] - keep, 0))
-        if not bool(cut.any()):
+        first_kept = _top_p_cut(np.sort(scores.numpy(), axis=-1), limit, keep)
+        if first_kept is None:
+            return proc(ids, scores)
+        if isinstance(first_kept, str):
             return scores
-        rows = torch.arange(scores.shape[0])
-        first_kept = ordered[rows, cut.clamp(max=scores.shape[-1] - 1)]
-        last_removed = ordered[rows, (cut - 1).clamp(min=0)]
-        if bool(((first_kept == last_removed) & (cut > 0)).any()):
-            return proc(ids, scores)                        # a tie at the cut: sort order decides
-        return scores.masked_fill(scores < first_kept[:, None], fill)
+        return _fill_below(scores, first_kept[:, None], fill)
+
+    return call
+
+
+def _top_k_kept(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values ``[B, k]`` descending, their columns) of what top-k keeps, when that is
+    exactly ``k`` entries: no tie at the k-th value (Hugging Face keeps every tie) and
+    no NaN among them; None otherwise. NumPy arrays: the rest is small-array work."""
+    if k >= scores.shape[-1]:
+        return None
+    vals, idx = torch.topk(scores, k + 1)
+    v = vals.numpy()
+    if np.isnan(v).any() or (v[:, k] == v[:, k - 1]).any():
+        return None
+    return v[:, :k], idx.numpy()[:, :k]
+
+
+def _placed(like: torch.Tensor, fill: float, idx: np.ndarray, vals: np.ndarray
+            ) -> torch.Tensor:
+    """``fill`` everywhere but ``vals`` at columns ``idx``: one write of the row."""
+    out = np.full(tuple(like.shape), fill, dtype=np.float32)
+    np.put_along_axis(out, idx, vals, axis=1)
+    return torch.from_numpy(out)
+
+
+def _top_k(proc: Any) -> Processor:
+    top_k, fill = int(proc.top_k), proc.filter_value
+
+    def general(scores: torch.Tensor) -> torch.Tensor:
+        kth = torch.topk(scores, min(top_k, scores.shape[-1]))[0][..., -1:]  # [B, 1]
+        return _fill_below(scores, kth.numpy(), fill)
+
+    def call(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if not _plain(scores):
+            return proc(ids, scores)
+        kept = _top_k_kept(scores, top_k)
+        return general(scores) if kept is None else _placed(scores, fill, kept[1], kept[0])
+
+    call.general = general  # type: ignore[attr-defined]
+    return call
+
+
+# the fused pair's softmax runs over the last multiple of ALIGN columns of the sorted
+# row, which start at a multiple of ALIGN: torch's row softmax sums in vector lanes by
+# column, and the columns before are exact zeros, so the sums are the same bits;
+# checked against the whole row on first use (see _tail_softmax_exact)
+ALIGN = 64
+_tail_exact: list[bool] = []
+
+
+def _tail_softmax_exact() -> bool:
+    """Whether the softmax of an ALIGN-aligned tail after -inf columns gives the whole
+    row's softmax bits on this machine (its torch build and vector width)."""
+    if not _tail_exact:
+        g = torch.Generator().manual_seed(0)
+        ok = True
+        for v, k in ((32000, 50), (4096, 64), (151936, 65), (2048, 1), (8192, 300)):
+            row = torch.full((1, v), -math.inf)
+            row[:, v - k:] = (torch.randn(1, k, generator=g) * 4).sort(-1).values
+            n = -(-k // ALIGN) * ALIGN
+            ok = ok and torch.equal(row.softmax(-1)[:, v - n:],
+                                    row[:, v - n:].contiguous().softmax(-1))
+        _tail_exact.append(ok)
+    return _tail_exact[0]
+
+
+def _kept_probs(vals_asc: torch.Tensor, v: int) -> torch.Tensor:
+    """Softmax of the row ``[-inf] * (v - k) + vals_asc`` ``[B, k]``, at its last
+    columns only: ``[B, n]`` with n >= k the shortest aligned tail (or all v)."""
+    b, k = vals_asc.shape
+    n = -(-k // ALIGN) * ALIGN
+    if v % ALIGN or n > v or not _tail_exact_ok():
+        n = v
+    row = torch.full((b, n), -math.inf)
+    row[:, n - k:] = vals_asc
+    return row.softmax(dim=-1)
+
+
+def _tail_exact_ok() -> bool:
+    return _tail_exact[0] if _tail_exact else _tail_softmax_exact()
+
+
+def _top_k_top_p(k_proc: Any, p_proc: Any) -> Processor:
+    """Top-k then top-p in one (``top-k``'s fill -inf): top-k's output is ``k`` kept
+    values in a row of -inf, so the ascending sort top-p needs is the -inf run and
+    then those values reversed: no sort of the vocabulary, a softmax over an aligned
+    tail (:data:`ALIGN`), the cumulative sum over the kept values only (the zeros
+    before add nothing), and the survivors written into one fresh row."""
+    k_call, p_call = _top_k(k_proc), _top_p(p_proc)
+    top_k = int(k_proc.top_k)
+    keep, p_fill = int(p_proc.min_tokens_to_keep), p_proc.filter_value
+    limit = np.float32(1 - float(p_proc.top_p))
+
+    def call(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        kept = _top_k_kept(scores, top_k) if _plain(scores) else None
+        if kept is None:
+            return p_call(ids, k_call(ids, scores))
+        vals, idx = kept                                            # [B, k] descending
+        b, v = scores.shape
+        k = vals.shape[1]
+        a = np.ascontiguousarray(vals[:, ::-1])                     # ascending
+        probs = _kept_probs(torch.from_numpy(a), v)                 # [B, n] tail of the row
+        tail = probs[:, probs.shape[1] - k:].cumsum(dim=-1).numpy()  # cum at columns v-k..
+        if np.isnan(tail[:, -1]).any():
+            return p_call(ids, _placed(scores, -math.inf, idx, vals))
+        # cum is 0 over the -inf run (<= limit: removed), so the cut lies in the tail
+        cut = (v - k) + np.array([np.searchsorted(row, limit, side="right") for row in tail])
+        cut = np.minimum(cut, max(v - keep, 0))
+        rows = np.arange(b)
+        first_kept = a[rows, np.clip(cut - (v - k), 0, k - 1)]
+        last_removed = np.where(cut - 1 >= v - k, a[rows, np.clip(cut - 1 - (v - k), 0, k - 1)],
+                                np.float32(-np.inf))
+        if (cut < v - k).any() or ((first_kept == last_removed) & (cut > 0)).any():
+            return p_call(ids, _placed(scores, -math.inf, idx, vals))  # HF's own decides
+        survivors = np.where(first_kept[:, None] <= vals, vals, np.float32(p_fill))
+        return _placed(scores, p_fill, idx, survivors.astype(np.float32))
 
     return call
 
@@ -97,11 +256,36 @@ def _min_new(proc: Any) -> Processor:
 def _registry() -> dict[type, Callable[[Any], Processor]]:
     from transformers.generation import logits_process as lp
 
-    return {lp.TopPLogitsWarper: _top_p, lp.MinLengthLogitsProcessor: _min_len,
+    return {lp.TopPLogitsWarper: _top_p, lp.TopKLogitsWarper: _top_k,
+            lp.MinLengthLogitsProcessor: _min_len,
             lp.MinNewTokensLengthLogitsProcessor: _min_new}
 
 
 FAST: dict[type, Callable[[Any], Processor]] = {}
+
+# Hugging Face processors whose scores do not depend on torch's intra-op thread count:
+# elementwise work, gathers and scatters, sorts, top-k, row-wise softmax, max and
+# cumulative sums (no reduction over the vocabulary that torch splits between
+# threads, as the typical and entropy warpers' sums are past 32k columns)
+_THREAD_INVARIANT_NAMES = (
+    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor",
+    "RepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor",
+    "NoBadWordsLogitsProcessor", "SequenceBiasLogitsProcessor",
+    "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
+    "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor",
+    "InfNanRemoveLogitsProcessor")
+THREAD_INVARIANT: set[type] = set()
+
+
+def thread_invariant(processors: Any) -> bool:
+    """True when every processor in ``processors`` is one whose scores are the same
+    bits at any torch thread count (so the decoding loop may run them on one thread)."""
+    if not THREAD_INVARIANT:
+        from transformers.generation import logits_process as lp
+
+        THREAD_INVARIANT.update(getattr(lp, n) for n in _THREAD_INVARIANT_NAMES if hasattr(lp, n))
+    return all(type(p) in THREAD_INVARIANT for p in processors)
 
 
 def accelerate(processors: Any) -> list[Processor]:
@@ -109,4 +293,19 @@ def accelerate(processors: Any) -> list[Processor]:
     faster equivalents (see the module docstring); call them in order."""
     if not FAST:
         FAST.update(_registry())
-    return [FAST[type(p)](p) if type(p) in FAST else p for p in processors]
+    from transformers.generation import logits_process as lp
+
+    out: list[Processor] = []
+    procs = list(processors)
+    i = 0
+    while i < len(procs):
+        p = procs[i]
+        nxt = procs[i + 1] if i + 1 < len(procs) else None
+        if (type(p) is lp.TopKLogitsWarper and type(nxt) is lp.TopPLogitsWarper
+                and p.filter_value == -math.inf):
+            out.append(_top_k_top_p(p, nxt))  # the sampling default's pair, fused
+            i += 2
+            continue
+        out.append(FAST[type(p)](p) if type(p) in FAST else p)
+        i += 1
+    return out
