@@ -227,7 +227,7 @@ class ExecPlan:
                     return None
                 prog = self.program(descs)
             self.runs += 1
-            if self.uses_torch:
+            if self.uses_torch and _grad_enabled():
                 with _no_grad():
                     return prog.run(xs)
             return prog.run(xs)
@@ -329,6 +329,13 @@ def _no_grad() -> Any:
     import torch
 
     return torch.no_grad()
+
+
+def _grad_enabled() -> bool:
+    """torch's grad mode (a plan that uses torch has imported it)."""
+    import torch
+
+    return torch.is_grad_enabled()
 
 
 def _synchronizer(device: str) -> Callable[[], None]:
