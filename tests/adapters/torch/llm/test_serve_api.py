@@ -10,7 +10,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import RunningServer
+from serve_server import RunningServer
 
 PROMPTS = ["the quick brown fox", "hello world, this is", "one two three four five six"]
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import RunningServer
+from serve_server import RunningServer
 
 WORDS = "the quick brown fox jumps over lazy dog hello world one two three numbers".split()
 
