@@ -34,7 +34,7 @@ import threading
 import weakref
 from typing import Any, Mapping, Sequence
 
-from ..errors import AtbError, GraphError, InputError, ParamsError, ShapeError, DtypeError
+from ..errors import AtbError, InputError, ParamsError, ShapeError, DtypeError
 from ..operation import check_writable
 from ..runtime.config import get_config
 from ..runtime.executor import ExecPlan, build_plan, infer_descs, native_weight
@@ -43,7 +43,7 @@ from ..runtime.profiler import Profiler
 from ..runtime.scheduler import schedule
 from ..tensor import (TensorDesc, convert, copy_into, describe, framework_of, is_tensor,
                       raw_signature)
-from .graph_op_explain import explain_text, plugin_points
+from .graph_op_explain import GraphOpPlugins, GraphOpViews, plugin_points
 from .graph_op_io import load_graph_op_kwargs, make_fusion_config, save_graph_op
 from .graph_op_kv import KVBinder, in_place_cache, kv_dim_names, run_in_place
 from .ir import Graph
@@ -53,20 +53,8 @@ __all__ = ["GraphOp"]
 _UNSET: Any = object()  # kv_cache not passed (None is a value: "start a cache")
 
 
-def _plugin_manager() -> Any:
-    """``atbcore.plugin.get_plugin_manager`` (imported on first use: plugins load
-    lazily, and an import statement per call costs more than the call)."""
-    global _GET_PM
-    if _GET_PM is None:
-        from ..plugin import get_plugin_manager
 
-        _GET_PM = get_plugin_manager
-    return _GET_PM
-
-
-_GET_PM: Any = None
-
-class GraphOp:
+class GraphOp(GraphOpPlugins, GraphOpViews):
     """A fused, planned graph of ops; see the module docstring.
 
     ``GraphOp(layers_or_graph, name=None, fusion_config=None, backend=None, *,
@@ -344,100 +332,6 @@ class GraphOp:
         all_descs, _ = infer_descs(graph, schedule(graph), bound)
         return [all_descs[o] for o in graph.outputs]
 
-    # ------------------------------------------------------------------ plugins
-    def register_plugin(self, point: str, plugin: Any) -> "GraphOp":
-        """Run ``plugin`` at ``point`` (one of ``atbcore.plugin.POINTS``)."""
-        from ..plugin import POINTS
-
-        if point not in POINTS:
-            raise ParamsError(self.name, "plugin point", list(POINTS), repr(point))
-        self._plugins.setdefault(point, []).append(plugin)
-        self._captured.clear()  # a captured graph cannot run Python plugins
-        return self
-
-    def _plugins_active(self) -> bool:
-        if any(self._plugins.values()):
-            return True
-        try:
-            hook = _plugin_manager()().hook
-            return bool(hook.atb_preprocess.get_hookimpls() or
-                        hook.atb_postprocess.get_hookimpls())
-        except (ImportError, NotImplementedError, AttributeError):
-            return False
-
-    def _hook(self, framework: str) -> Any:
-        from ..plugin import apply_point
-
-        def hook(point: str, node: str, tensors: list) -> list:
-            kinds = [framework_of(t) for t in tensors]
-            fw = [convert(t, framework) for t in tensors]
-            where = f"{self.name}/{node}" if node else self.name
-            out = apply_point(point, fw, self._plugins.get(point, ()), node=where)
-            return [convert(t, k) for t, k in zip(out, kinds)]
-
-        return hook
-
-    # ------------------------------------------------------------------ introspection
-    @property
-    def memory_plan(self) -> Any:
-        """The memory plan of the last plan run (None before the first call)."""
-        return self.last_plan.memory if self.last_plan is not None else None
-
-    def cache_stats(self) -> dict[str, int]:
-        """Plan-cache hits, misses, plans held, evictions, exact signatures seen."""
-        return self._cache.stats() if self._cache else {"hits": 0, "misses": 0, "plans": 0,
-                                                        "evictions": 0, "signatures": 0}
-
-    def set_dynamic_shape(self, ranges: Mapping[str, Any]) -> None:
-        """Declare dynamic dim ranges (see :mod:`atbcore.runtime.plan_cache`)."""
-        self._dynamic = dict(ranges)
-        with self._lock:
-            if self._cache is not None:
-                self._cache.set_dynamic_shape(ranges)
-                self._captured.clear()
-
-    def explain(self, *inputs: Any) -> str:
-        """Nodes before and after fusion, pass reports, per node the kernel and
-        backend with fallback reasons, launches, arena size and plan-cache stats.
-        Give inputs (tensors or descriptors) to explain the plan for them."""
-        if inputs:
-            self.plan_for(list(inputs))
-        return explain_text(self)
-
-    def export_trace(self, path: str | os.PathLike) -> str:
-        """Write the per-node profile as Chrome trace JSON (``profile=True`` runs)."""
-        return self.profiler.export_chrome_trace(path)
-
-    def _graphs(self, which: str) -> Graph:
-        if which in ("after", "fused"):
-            g = self.graph
-        elif which in ("before", "unfused"):
-            g = self.graph_unfused
-        else:
-            raise ParamsError(self.name, "which graph", "before/after", repr(which))
-        if g is None:
-            raise GraphError(self.name, "graph not built yet",
-                             "a first call (or explain(inputs)) before drawing", "no graph")
-        return g
-
-    def to_dot(self, which: str = "after") -> str:
-        """Graphviz DOT of the graph ``"before"`` or ``"after"`` fusion."""
-        from .draw import to_dot
-
-        return to_dot(self._graphs(which))
-
-    def to_mermaid(self, which: str = "after") -> str:
-        """Mermaid flowchart of the graph ``"before"`` or ``"after"`` fusion."""
-        from .draw import to_mermaid
-
-        return to_mermaid(self._graphs(which))
-
-    def render_png(self, path: str | os.PathLike, which: str = "after") -> str:
-        """Render the graph as PNG with Graphviz (CapabilityError where it is missing)."""
-        from .draw import render_png
-
-        return render_png(self._graphs(which), path)
-
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | os.PathLike) -> str:
         """Save the graph before fusion (JSON + safetensors, bit-exact) and this
@@ -454,7 +348,7 @@ class GraphOp:
         """Free every plan's arena back to the pool and drop cached weights; the
         GraphOp can no longer run."""
         with self._lock:
-            if self._in_place is not None:
+            if self._in_place:  # False: the block cannot take the in-place form
                 self._in_place.destroy()
             if self._cache is not None:
                 self._cache.clear()

@@ -3,11 +3,15 @@ and the text of ``GraphOp.explain()``."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Mapping
 
+from ..errors import GraphError, ParamsError
+from ..tensor import convert, framework_of
 from .ir import Graph, Node
 
-__all__ = ["plugin_points", "explain_text", "ATTENTION_OPS", "FFN_OPS", "ACTIVATION_OPS"]
+__all__ = ["plugin_points", "explain_text", "ATTENTION_OPS", "FFN_OPS", "ACTIVATION_OPS",
+           "GraphOpPlugins", "GraphOpViews"]
 
 ATTENTION_OPS = frozenset({"FlashAttention", "PagedAttention"})
 FFN_OPS = frozenset({"FusedFeedForward", "MoE"})
@@ -134,3 +138,118 @@ def explain_text(op: Any) -> str:
     if regs:
         lines.append(f"Plugins registered: {regs}")
     return "\n".join(lines)
+
+
+def _plugin_manager() -> Any:
+    """``atbcore.plugin.get_plugin_manager`` (imported on first use: plugins load
+    lazily, and an import statement per call costs more than the call)."""
+    global _GET_PM
+    if _GET_PM is None:
+        from ..plugin import get_plugin_manager
+
+        _GET_PM = get_plugin_manager
+    return _GET_PM
+
+
+_GET_PM: Any = None
+
+
+class GraphOpPlugins:
+    """GraphOp's plugin points (a mixin: state lives in the GraphOp)."""
+
+    def register_plugin(self, point: str, plugin: Any) -> Any:
+        """Run ``plugin`` at ``point`` (one of ``atbcore.plugin.POINTS``)."""
+        from ..plugin import POINTS
+
+        if point not in POINTS:
+            raise ParamsError(self.name, "plugin point", list(POINTS), repr(point))
+        self._plugins.setdefault(point, []).append(plugin)
+        self._captured.clear()  # a captured graph cannot run Python plugins
+        return self
+
+    def _plugins_active(self) -> bool:
+        if any(self._plugins.values()):
+            return True
+        try:
+            hook = _plugin_manager()().hook
+            return bool(hook.atb_preprocess.get_hookimpls() or
+                        hook.atb_postprocess.get_hookimpls())
+        except (ImportError, NotImplementedError, AttributeError):
+            return False
+
+    def _hook(self, framework: str) -> Any:
+        from ..plugin import apply_point
+
+        def hook(point: str, node: str, tensors: list) -> list:
+            kinds = [framework_of(t) for t in tensors]
+            fw = [convert(t, framework) for t in tensors]
+            where = f"{self.name}/{node}" if node else self.name
+            out = apply_point(point, fw, self._plugins.get(point, ()), node=where)
+            return [convert(t, k) for t, k in zip(out, kinds)]
+
+        return hook
+
+
+
+class GraphOpViews:
+    """GraphOp's introspection and drawing (a mixin: state lives in the GraphOp)."""
+
+    @property
+    def memory_plan(self) -> Any:
+        """The memory plan of the last plan run (None before the first call)."""
+        return self.last_plan.memory if self.last_plan is not None else None
+
+    def cache_stats(self) -> dict[str, int]:
+        """Plan-cache hits, misses, plans held, evictions, exact signatures seen."""
+        return self._cache.stats() if self._cache else {"hits": 0, "misses": 0, "plans": 0,
+                                                        "evictions": 0, "signatures": 0}
+
+    def set_dynamic_shape(self, ranges: Mapping[str, Any]) -> None:
+        """Declare dynamic dim ranges (see :mod:`atbcore.runtime.plan_cache`)."""
+        self._dynamic = dict(ranges)
+        with self._lock:
+            if self._cache is not None:
+                self._cache.set_dynamic_shape(ranges)
+                self._captured.clear()
+
+    def explain(self, *inputs: Any) -> str:
+        """Nodes before and after fusion, pass reports, per node the kernel and
+        backend with fallback reasons, launches, arena size and plan-cache stats.
+        Give inputs (tensors or descriptors) to explain the plan for them."""
+        if inputs:
+            self.plan_for(list(inputs))
+        return explain_text(self)
+
+    def export_trace(self, path: str | os.PathLike) -> str:
+        """Write the per-node profile as Chrome trace JSON (``profile=True`` runs)."""
+        return self.profiler.export_chrome_trace(path)
+
+    def _graphs(self, which: str) -> Graph:
+        if which in ("after", "fused"):
+            g = self.graph
+        elif which in ("before", "unfused"):
+            g = self.graph_unfused
+        else:
+            raise ParamsError(self.name, "which graph", "before/after", repr(which))
+        if g is None:
+            raise GraphError(self.name, "graph not built yet",
+                             "a first call (or explain(inputs)) before drawing", "no graph")
+        return g
+
+    def to_dot(self, which: str = "after") -> str:
+        """Graphviz DOT of the graph ``"before"`` or ``"after"`` fusion."""
+        from .draw import to_dot
+
+        return to_dot(self._graphs(which))
+
+    def to_mermaid(self, which: str = "after") -> str:
+        """Mermaid flowchart of the graph ``"before"`` or ``"after"`` fusion."""
+        from .draw import to_mermaid
+
+        return to_mermaid(self._graphs(which))
+
+    def render_png(self, path: str | os.PathLike, which: str = "after") -> str:
+        """Render the graph as PNG with Graphviz (CapabilityError where it is missing)."""
+        from .draw import render_png
+
+        return render_png(self._graphs(which), path)

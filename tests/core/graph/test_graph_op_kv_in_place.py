@@ -65,6 +65,8 @@ def test_in_place_form_matches_full_sequence_and_torch_and_reuses_one_program():
     assert "ReshapeAndCache" in ops and "PagedAttention" in ops and "Concat" not in ops
     assert form.cache_stats()["plans"] == 2  # the prefill and one for every decode step
     assert cache.seq_lens(layer=0)[:B].tolist() == [S, S]
+    op.destroy()  # the in-place form goes with it
+    assert form._destroyed
     # the cache holds k = LN(x) W_k^T, written in place
     w = {k: torch.from_numpy(np.asarray(v)) for k, v in op.graph_unfused.weights}
     h = F.layer_norm(x, [H], w["layer_norm.weight"], w["layer_norm.bias"], 1e-5)
@@ -164,6 +166,9 @@ def test_a_block_given_as_a_graph_concatenates_with_a_cache_object():
     got, _ = _steps(op, x, cache)
     assert op._in_place is False  # no layers to lower again: the concatenating form ran
     atb.assert_close(got, full, "fp32", "graph-given block with a KVCache")
+    op.destroy()  # with no in-place form to destroy
+    with pytest.raises(atb.AtbError, match="destroyed"):
+        op(x, kv_cache=cache)
     cache.free()
 
 
