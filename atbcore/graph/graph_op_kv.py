@@ -249,6 +249,9 @@ class CacheFeeder:
         self.graph, self.layers = graph, layers
         self.slots = cache_slots(graph)
         self.index = CACHE_INDEX
+        self._x_at = graph.inputs.index(BLOCK_INPUT)
+        # (ids of the tensors, the graph inputs with x left out, the tensors kept alive)
+        self._template: tuple | None = None
         if len(self.slots) != len(layers.slots):
             raise InputError(graph.name, "attention layers with a KV cache", len(layers.slots),
                              len(self.slots))
@@ -292,13 +295,19 @@ class CacheFeeder:
             raise ShapeError(name, "tokens in the atb.KVCache after this call",
                              f"<= max_seq_len {cache.max_seq_len}", p + s)
         idx = _index_tensors(index, x, fw, cache.max_seq_len, b, s, p)
-        feed = {BLOCK_INPUT: x.reshape([b * s, *shape[2:]])}
-        feed.update(zip(self.index, idx[:4]))
-        for slot, (k, v) in zip(self.slots, pairs):
-            feed[slot.key_cache], feed[slot.value_cache] = k, v
-            if slot.position_ids:
-                feed[slot.position_ids] = idx[4]
-        return [feed[i] for i in self.graph.inputs], (b, s, layers)
+        key = (id(idx[0]), *map(id, (t for kv in pairs for t in kv)))
+        tpl = self._template
+        if tpl is None or tpl[0] != key:  # the inputs but x, while the same tensors serve
+            feed = dict(zip(self.index, idx[:4]))
+            for slot, (k, v) in zip(self.slots, pairs):
+                feed[slot.key_cache], feed[slot.value_cache] = k, v
+                if slot.position_ids:
+                    feed[slot.position_ids] = idx[4]
+            feed[BLOCK_INPUT] = None
+            tpl = self._template = (key, [feed[i] for i in self.graph.inputs], pairs, idx)
+        inputs = list(tpl[1])
+        inputs[self._x_at] = x.reshape([b * s, *shape[2:]])
+        return inputs, (b, s, layers)
 
     def finish(self, out: Any, cache: Any, shape: tuple[int, int, list[int]]) -> Any:
         """Count the written tokens; the block output back as ``[B, S, hidden]``."""
@@ -321,6 +330,9 @@ def in_place_form(op: Any, x: Any, cache: Any) -> Any:
     settings, plugins and bound weights, lowered token-major for ``cache``'s layer
     shape (made on first use, under the op's lock). None when the block cannot take
     it: given as a Graph, or with an attention layer that keeps no cache."""
+    form = op._in_place
+    if form is not None:  # made (or refused) once
+        return form or None
     with op._lock:
         form = op._in_place
         if form is None:
