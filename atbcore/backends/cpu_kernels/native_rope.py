@@ -10,14 +10,14 @@ the length it needs). Positions past ``MAX_TABLE_LEN`` are left to the framework
 from __future__ import annotations
 
 import struct
-import threading
 from typing import Any, Mapping
 
 import numpy as np
 
 from ...dtypes import Dtype
 from ...errors import InputError
-from ...ops.rope import rope_geometry
+from ...ops.rope import rope_angles, rope_cos_sin, rope_geometry
+from ...ops.rope_tables import RopeTables
 from ...tensor import TensorDesc
 from .native import DTYPE_CODES, NativeView, array_view
 from .native_ops import Step, TableTooShort
@@ -28,28 +28,19 @@ ROPE = struct.Struct("<44q")  # RopeArgs (rope.c)
 MAX_ROTARY_DIM = 1024         # ATB_ROPE_MAX_RD in rope.c
 MAX_TABLE_LEN = 1 << 20       # positions past it: the framework's path (no huge tables)
 
-_TABLES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-_LOCK = threading.Lock()
+def _make(key: tuple, size: int) -> tuple[np.ndarray, np.ndarray]:
+    rd, base, rotary_type = key
+    c, s = rope_cos_sin(rope_angles(np.arange(size), rd, base), rotary_type)  # float64 [P, rd]
+    return c.astype(np.float32), s.astype(np.float32)
+
+
+_TABLES = RopeTables(_make, min_rows=16)
 
 
 def rope_tables(rd: int, base: float, rotary_type: str, length: int
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Full-width fp32 cos/sin ``[P, rd]``, ``P >= length`` (cached; built in float64)."""
-    key = (int(rd), float(base), rotary_type)
-    hit = _TABLES.get(key)
-    if hit is not None and hit[0].shape[0] >= length:
-        return hit
-    with _LOCK:
-        hit = _TABLES.get(key)
-        if hit is not None and hit[0].shape[0] >= length:
-            return hit
-        size = max(int(length), 2 * hit[0].shape[0] if hit is not None else 0, 16)
-        inv = base ** (-np.arange(0, rd, 2, dtype=np.float64) / rd)
-        ang = np.arange(size, dtype=np.float64)[:, None] * inv             # [P, rd/2]
-        full = (np.concatenate([ang, ang], -1) if rotary_type == "half"
-                else np.repeat(ang, 2, -1))                               # [P, rd]
-        hit = _TABLES[key] = (np.cos(full).astype(np.float32), np.sin(full).astype(np.float32))
-        return hit
+    return _TABLES.get((int(rd), float(base), rotary_type), length)
 
 
 def _bshd(v: NativeView, layout: str, head_dim: int) -> tuple[int, int, int]:

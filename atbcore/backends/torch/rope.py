@@ -16,7 +16,6 @@ once. Elsewhere (CUDA, no C compiler, rotary_dim > 1024) the torch composite
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -24,18 +23,13 @@ import torch
 from ...errors import InputError
 from ...runtime.binding import Slot
 from ...ops.rope import RoPEParams, RopeGeometry, rope_geometry
+from ...ops.rope_tables import RopeTables
 from ...tensor import describe
 from ..cpu_kernels import torch_ops as ck
 from . import kernel
 
 __all__ = ["rope_tables", "clear_rope_cache", "rope_cache_stats", "apply_rope", "rope_c",
            "rope_composite", "rope_with_v", "geometry"]
-
-_LOCK = threading.Lock()
-# (rotary_dim, base, rotary_type, device, dtype) -> (cos [P, rd], sin [P, rd])
-_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-_STATS = {"builds": 0, "hits": 0}
-
 
 # Positions past this are rotated from angles computed on the fly, not from a table,
 # so one huge position id cannot make the cache allocate gigabytes.
@@ -57,38 +51,31 @@ def _build(rd: int, base: float, rotary_type: str, length: int, device: torch.de
     return _cos_sin_at(torch.arange(length), rd, base, rotary_type, device, dtype)
 
 
+def _make(key: tuple, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rd, base, rotary_type, device, dtype = key
+    return _build(rd, base, rotary_type, size, torch.device(device), dtype)
+
+
+# (rotary_dim, base, rotary_type, device, dtype) -> (cos [P, rd], sin [P, rd])
+_TABLES = RopeTables(_make)
+
+
 def rope_tables(rotary_dim: int, base: float, rotary_type: str, length: int,
                 device: Any = "cpu", dtype: torch.dtype = torch.float32
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Full-width cos/sin tables ``[P, rotary_dim]`` with ``P >= length`` (cached)."""
-    device = torch.device(device)
-    key = (int(rotary_dim), float(base), rotary_type, str(device), dtype)
-    hit = _TABLES.get(key)
-    if hit is not None and hit[0].shape[0] >= length:
-        _STATS["hits"] += 1
-        return hit
-    with _LOCK:
-        hit = _TABLES.get(key)
-        if hit is not None and hit[0].shape[0] >= length:
-            return hit
-        size = max(int(length), 2 * hit[0].shape[0] if hit is not None else 0)
-        tables = _build(int(rotary_dim), float(base), rotary_type, size, device, dtype)
-        _TABLES[key] = tables
-        _STATS["builds"] += 1
-        return tables
+    return _TABLES.get((int(rotary_dim), float(base), rotary_type, str(torch.device(device)),
+                        dtype), length)
 
 
 def clear_rope_cache() -> None:
     """Drop every cached table (tests, or to free device memory)."""
-    with _LOCK:
-        _TABLES.clear()
-        _STATS.update(builds=0, hits=0)
+    _TABLES.clear()
 
 
 def rope_cache_stats() -> dict[str, Any]:
     """Builds, hits and the cached table sizes, for diagnostics."""
-    return {"builds": _STATS["builds"], "hits": _STATS["hits"],
-            "tables": {k: int(v[0].shape[0]) for k, v in _TABLES.items()}}
+    return {"builds": _TABLES.builds, "hits": _TABLES.hits, "tables": _TABLES.sizes()}
 
 
 def _rotate(x: torch.Tensor, rotary_type: str) -> torch.Tensor:

@@ -299,3 +299,29 @@ def test_wrong_number_of_outputs():
 ])
 def test_bad_params(params, frag):
     check_error("RoPE", params, [], atb.ParamsError, frag, build_error=True)
+
+
+def test_rope_tables_grow_by_doubling_and_pass_extra_arguments():
+    import numpy as np
+
+    from atbcore.ops.rope import rope_angles, rope_cos_sin
+    from atbcore.ops.rope_tables import RopeTables
+
+    made = []
+
+    def make(key, rows, scale):
+        made.append((key, rows, scale))
+        c, s = rope_cos_sin(rope_angles(np.arange(rows), 8, key), "half")
+        return c * scale, s * scale
+
+    t = RopeTables(make, min_rows=4)
+    c, _ = t.get(10000.0, 3, 1.0)
+    assert c.shape == (4, 8) and made == [(10000.0, 4, 1.0)]  # at least min_rows
+    assert t.get(10000.0, 4, 1.0)[0] is c and t.hits == 1     # long enough: cached
+    c2, s2 = t.get(10000.0, 5, 1.0)                           # longer: at least doubled
+    assert c2.shape == (8, 8) and t.builds == 2 and t.sizes() == {10000.0: 8}
+    want_c, want_s = rope_cos_sin(rope_angles(np.arange(8), 8, 10000.0), "half")
+    np.testing.assert_array_equal(c2, want_c)
+    np.testing.assert_array_equal(s2, want_s)
+    t.clear()
+    assert t.sizes() == {} and t.builds == t.hits == 0

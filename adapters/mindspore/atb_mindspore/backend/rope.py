@@ -10,45 +10,36 @@ registered on the CPU) the composition below runs.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
 from atbcore.ops.rope import RoPEParams, RopeGeometry, rope_angles, rope_cos_sin, rope_geometry
+from atbcore.ops.rope_tables import RopeTables
 
 from . import kernel
 from .common import cast, descs, f32, mint, ms, note, on_ascend, ops
 
 __all__ = ["rope_tables", "clear_rope_cache", "apply_rope", "token_cos_sin"]
 
-_LOCK = threading.Lock()
-_TABLES: dict[tuple, tuple[Any, Any]] = {}  # (rd, base, type) -> (cos, sin) [P, rd] fp32
+def _make(key: tuple, size: int) -> tuple[Any, Any]:
+    rotary_dim, base, rotary_type = key
+    c, s = rope_cos_sin(rope_angles(np.arange(size), rotary_dim, base), rotary_type)  # [P, rd]
+    m = ms()
+    return m.Tensor(c.astype(np.float32)), m.Tensor(s.astype(np.float32))
+
+
+_TABLES = RopeTables(_make)  # (rd, base, type) -> (cos, sin) [P, rd] fp32
 
 
 def rope_tables(rotary_dim: int, base: float, rotary_type: str, length: int) -> tuple[Any, Any]:
     """Full-width fp32 cos/sin tables ``[P, rotary_dim]`` with ``P >= length`` (cached)."""
-    key = (int(rotary_dim), float(base), rotary_type)
-    hit = _TABLES.get(key)
-    if hit is not None and hit[0].shape[0] >= length:
-        return hit
-    with _LOCK:
-        hit = _TABLES.get(key)
-        if hit is not None and hit[0].shape[0] >= length:
-            return hit
-        size = max(int(length), 2 * hit[0].shape[0] if hit is not None else 0)
-        ang = rope_angles(np.arange(size), int(rotary_dim), float(base))     # float64 [P, rd/2]
-        c, s = rope_cos_sin(ang, rotary_type)                                 # [P, rd]
-        m = ms()
-        tables = (m.Tensor(c.astype(np.float32)), m.Tensor(s.astype(np.float32)))
-        _TABLES[key] = tables
-        return tables
+    return _TABLES.get((int(rotary_dim), float(base), rotary_type), length)
 
 
 def clear_rope_cache() -> None:
     """Drop every cached table."""
-    with _LOCK:
-        _TABLES.clear()
+    _TABLES.clear()
 
 
 def _rotate(x: Any, rotary_type: str) -> Any:

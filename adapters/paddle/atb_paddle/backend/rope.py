@@ -12,13 +12,14 @@ CPU-only machine.)
 
 from __future__ import annotations
 
-import threading
+from typing import Any
 
 import numpy as np
 import paddle
 import paddle.incubate.nn.functional as IF
 
 from atbcore.ops.rope import rope_angles, rope_cos_sin, rope_geometry
+from atbcore.ops.rope_tables import RopeTables
 from atbcore.tensor import describe
 
 from . import kernel
@@ -26,8 +27,6 @@ from .common import PATHS, f32, fused_reason, take, to_dtype
 
 __all__ = ["rope_tables", "clear_rope_cache"]
 
-_LOCK = threading.Lock()
-_TABLES: dict[tuple, tuple] = {}
 MAX_TABLE_LEN = 1 << 20   # positions past this are rotated from on-the-fly angles
 
 
@@ -38,25 +37,22 @@ def _cos_sin(positions: np.ndarray, rd: int, base: float, rotary_type: str, plac
             paddle.to_tensor(s.astype(np.float32), place=place))
 
 
+def _make(key: tuple, size: int, place: Any) -> tuple:
+    rd, base, rotary_type, _ = key
+    return _cos_sin(np.arange(size), rd, base, rotary_type, place)
+
+
+_TABLES = RopeTables(_make)  # (rd, base, type, place) -> (cos, sin) [P, rd] fp32
+
+
 def rope_tables(rd: int, base: float, rotary_type: str, length: int, place) -> tuple:
     """fp32 cos/sin tables ``[P, rd]`` with ``P >= length`` on ``place`` (cached)."""
-    key = (int(rd), float(base), rotary_type, str(place))
-    hit = _TABLES.get(key)
-    if hit is not None and hit[0].shape[0] >= length:
-        return hit
-    with _LOCK:
-        hit = _TABLES.get(key)
-        if hit is not None and hit[0].shape[0] >= length:
-            return hit
-        size = max(int(length), 2 * hit[0].shape[0] if hit is not None else 0)
-        _TABLES[key] = _cos_sin(np.arange(size), rd, base, rotary_type, place)
-        return _TABLES[key]
+    return _TABLES.get((int(rd), float(base), rotary_type, str(place)), length, place)
 
 
 def clear_rope_cache() -> None:
     """Drop the cached tables (tests, or to free device memory)."""
-    with _LOCK:
-        _TABLES.clear()
+    _TABLES.clear()
 
 
 def _token_cos_sin(p, g, ins, place) -> tuple:
