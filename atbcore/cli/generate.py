@@ -55,6 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print generation statistics (JSON) to stderr")
 
 
+def device_error(device: str) -> str | None:
+    """The one-line error for a ``--device`` value atb cannot parse (None when fine);
+    shared by the commands that take one."""
+    if not re.fullmatch(r"(cpu|cuda|npu)(:\d+)?", device):
+        return f"--device: expected cpu, cuda[:i] or npu[:i], given {device!r}"
+    return None
+
+
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments (one line), or None; needs no torch."""
     if args.model is not None:
@@ -75,9 +83,7 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--top-p must be in (0, 1], given {args.top_p}"
     if args.seed < 0:
         return f"--seed must be >= 0, given {args.seed}"
-    if not re.fullmatch(r"(cpu|cuda|npu)(:\d+)?", args.device):
-        return f"--device: expected cpu, cuda[:i] or npu[:i], given {args.device!r}"
-    return None
+    return device_error(args.device)
 
 
 def run(args: argparse.Namespace) -> int:

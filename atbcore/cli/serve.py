@@ -14,9 +14,10 @@ otherwise. Arguments are checked before torch is imported.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
+
+from .generate import device_error
 
 __all__ = ["add_arguments", "check", "run"]
 
@@ -65,9 +66,7 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--timeout must be > 0, given {args.timeout}"
     if args.api_key is not None and not args.api_key:
         return "--api-key must not be empty"
-    if not re.fullmatch(r"(cpu|cuda|npu)(:\d+)?", args.device):
-        return f"--device: expected cpu, cuda[:i] or npu[:i], given {args.device!r}"
-    return None
+    return device_error(args.device)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,10 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Hashable
 
+import numpy as np
+
+from ..errors import ParamsError
+
 __all__ = ["RopeTables"]
 
 
@@ -28,6 +32,8 @@ class RopeTables:
     def get(self, key: Hashable, length: int, *extra: Any) -> tuple[Any, Any]:
         """Tables of at least ``length`` rows for ``key`` (built or grown when shorter by
         ``make(key, rows, *extra)``)."""
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+            raise ParamsError("RoPE", "table length", "an int >= 0", repr(length))
         hit = self._tables.get(key)
         if hit is not None and hit[0].shape[0] >= length:
             self.hits += 1

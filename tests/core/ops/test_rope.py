@@ -325,3 +325,9 @@ def test_rope_tables_grow_by_doubling_and_pass_extra_arguments():
     np.testing.assert_array_equal(s2, want_s)
     t.clear()
     assert t.sizes() == {} and t.builds == t.hits == 0
+    from atbcore.errors import ParamsError
+
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ParamsError, match="table length"):
+            t.get(10000.0, bad, 1.0)
+    assert t.builds == 0 and made[-1][1] == 8  # nothing built for a bad length
