@@ -101,12 +101,13 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
         frees = tuple(sorted({s for s in n.inputs if s and s not in keep and last_use[s] == step}
                              | {o for o in n.outputs if o not in keep and o not in last_use}))
         p, post = (points or {}).get(n.name, (None, None))
+        atb_made = _trusted(n, input_descs, trusted)
         calls.append(BoundCall(
             node=n.name, op=n.op, opdef=opdef, params=n.params, fn=k.fn, backend=be.name,
             native=be.native, impl=k.impl, launches=k.launches, fallbacks=skipped, ins=ins,
             names=opdef.input_names, outs=n.outputs, frees=frees,
-            check=type(opdef).check_values is not OpDef.check_values and not
-            _trusted(n, input_descs, trusted), trusted=_trusted(n, input_descs, trusted),
+            check=type(opdef).check_values is not OpDef.check_values and not atb_made,
+            trusted=atb_made,
             writes_out=bool(getattr(k, "writes_out", False)),
             out_offsets=tuple(memory.offsets.get(o) for o in n.outputs),
             stream=streams.get(n.name, 0), pre=p, post=post, bind=binder_of(k),
