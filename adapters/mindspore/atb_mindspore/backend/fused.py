@@ -56,4 +56,5 @@ def rms_norm_linear(p, ins):
     n, = MS_KERNELS["RmsNorm"].fn(get_op("RmsNorm").make_params({"eps": p.eps}),
                                   {"x": ins["x"], "weight": ins["norm_weight"]})
     return MS_KERNELS["Linear"].fn(p.linear(), {"x": n, "weight": ins["weight"],
-                                                "bias": ins.get("bias"), "scale": ins.get("scale")})
+                                                "bias": ins.get("bias"), "scale": ins.get("scale"),
+                                                "residual": ins.get("residual")})

@@ -61,4 +61,5 @@ def rms_norm_linear(p, ins):
     n, = _part("RmsNorm")(_op("RmsNorm").make_params({"eps": p.eps}),
                           {"x": ins["x"], "weight": ins["norm_weight"]})
     return _part("Linear")(p.linear(), {"x": n, "weight": ins["weight"], "bias": ins.get("bias"),
-                                        "scale": ins.get("scale")})
+                                        "scale": ins.get("scale"),
+                                        "residual": ins.get("residual")})
