@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..errors import GraphError
 from . import rules_aggressive as agg
 from . import rules_attention as att
+from . import rules_cache as cache
 from . import rules_ffn as ffn
 from . import rules_linear as lin
 from . import rules_norm as norm
@@ -64,6 +65,9 @@ FUSION_RULES: list[FusionRule] = [
                doc="RoPE(q, k) -> FlashAttention -> RopeFlashAttention"),
     FusionRule("packed_qkv", "enable_qkv_fusion", att.PACKED_QKV_PATTERN, att.packed_qkv_rewrite,
                doc="Split -> attention(q, k, v) -> attention(packed qkv)"),
+    FusionRule("rope_cache", "enable_rope_fusion", cache.ROPE_CACHE_PATTERN,
+               cache.rope_cache_rewrite, requires=("RopeKVCache",),
+               doc="RoPE(q, k) -> ReshapeAndCache(k, v) -> RopeKVCache (one kernel, paged rows)"),
     FusionRule("linear_activation", "enable_linear_act_fusion", lin.LINEAR_ACT_PATTERN,
                lin.linear_activation_rewrite, requires=("LinearActivation",),
                doc="Linear + activation -> LinearActivation"),

@@ -129,6 +129,8 @@ def rope_kv_cache_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     """Why the Triton RopeKVCache cannot take this call (device aside)."""
     if p.rotary_type != "half":
         return f"rotary_type {p.rotary_type!r}: the Triton kernel rotates the 'half' layout"
+    if ins.get("slot_mapping") is not None:
+        return "slot_mapping (paged rows): the Triton kernel writes each token at its position"
     kc, vc = ins["key_cache"], ins["value_cache"]
     if kc.stride(-1) != 1 or vc.stride(-1) != 1:
         return "KV cache head_dim not contiguous"
