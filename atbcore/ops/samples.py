@@ -115,6 +115,8 @@ SAMPLES: dict[str, Sample] = {
     "AllReduce": lambda dt, rng: ({}, [_f(rng, (3, 8), dt)]),
     "AllGather": lambda dt, rng: ({"axis": -1}, [_f(rng, (3, 8), dt)]),
     "ReduceScatter": lambda dt, rng: ({"op": "max"}, [_f(rng, (4, 8), dt)]),
+    "VocabParallelEmbedding": lambda dt, rng: ({}, [_f(rng, (6, 4), dt),
+                                                    np.array([[5, 0], [1, 1]], np.int32)]),
     "Broadcast": lambda dt, rng: ({"root": 0}, [_f(rng, (3, 8), dt)]),
     "AllToAll": lambda dt, rng: ({"axis": 1}, [_f(rng, (3, 8), dt)]),
     "LinearParallel": lambda dt, rng: ({"type": "linear_all_reduce"},

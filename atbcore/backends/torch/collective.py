@@ -12,7 +12,7 @@ from ...distributed.groups import resolve_group
 from . import kernel
 
 __all__ = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
-           "linear_parallel"]
+           "linear_parallel", "vocab_parallel_embedding"]
 
 DEVICES = ("cpu", "cuda", "npu")
 
@@ -125,3 +125,17 @@ def linear_parallel(p, ins):
     if b is not None:
         y = y.add_(b)
     return [y.to(ins["x"].dtype)]
+
+
+@kernel("VocabParallelEmbedding", impl="masked F.embedding + torch.distributed.all_reduce",
+        devices=DEVICES, launches=7)
+def vocab_parallel_embedding(p, ins):
+    pg, n = _group(p)
+    w = ins["weight"]
+    rows = w.shape[0]
+    rank = dist.get_rank(pg) if n else 0
+    local = ins["ids"].long() - rank * rows  # this rank's rows: [0, rows)
+    miss = (local < 0) | (local >= rows)
+    y = torch.nn.functional.embedding(local.clamp(0, rows - 1), w)
+    y.masked_fill_(miss.unsqueeze(-1), 0)
+    return [_all_reduce_into(y, "sum", pg, n)]

@@ -53,6 +53,7 @@ def examples() -> dict[str, tuple[dict, dict]]:
         "AllGather": ({"axis": -1}, {"x": x}),
         "AllToAll": ({"axis": 1}, {"x": x}),
         "Broadcast": ({}, {"x": x}),
+        "VocabParallelEmbedding": ({}, {"weight": _r(10, H), "ids": _i([[1, 2], [3, 9]])}),
         "ReduceScatter": ({"axis": 1}, {"x": x}),
         "LinearParallel": ({}, {"x": x, "weight": _r(3 * H, H, seed=11), "bias": _r(3 * H)}),
         "Argmax": ({}, {"x": x}),
