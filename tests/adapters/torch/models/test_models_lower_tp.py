@@ -1,8 +1,9 @@
 """A decoder lowered for tensor parallelism (Megatron sharding on the core GraphOp)
 on 2 real gloo processes: logits against Hugging Face within fp32 tolerance, greedy
 tokens identical to the single-process lowering, and each rank holding <= 0.6x of
-the weight bytes. Llama and Qwen2 (KV heads split), Qwen2 with 1 KV head
-(replicated on both ranks) and a vocab that does not split evenly (padded shard)."""
+the weight bytes. Llama (each rank reading only its slices of a safetensors
+checkpoint) and Qwen2 (from the in-memory model), KV heads split; Qwen2 with 1 KV
+head (replicated on both ranks) and a vocab that does not split evenly (padded)."""
 
 from __future__ import annotations
 
@@ -26,15 +27,21 @@ from tp_workers import cache_for, decode, graph_weight_bytes, run_model  # noqa:
 WORLD, PROMPT, GREEDY = 2, 6, 8
 IDS = torch.randint(3, 250, (2, 10), generator=torch.Generator().manual_seed(5)).numpy()
 CASES = {
-    "llama": ("llama", {}),
+    "llama-from-safetensors-shards": ("llama", {}),
     "qwen2": ("qwen2", {}),
     "qwen2-1kv-odd-vocab": ("qwen2", {"num_key_value_heads": 1, "vocab_size": VOCAB - 5}),
 }
 
 
 @pytest.fixture(scope="module")
-def ranks():
-    cases = [(arch, over, IDS, PROMPT, GREEDY) for arch, over in CASES.values()]
+def ranks(tmp_path_factory):
+    cases = []
+    for name, (arch, over) in CASES.items():
+        checkpoint = None
+        if "safetensors" in name:  # each rank reads its slices of a seeded checkpoint
+            checkpoint = str(tmp_path_factory.mktemp("ckpt"))
+            tiny(arch, **over).save_pretrained(checkpoint, safe_serialization=True)
+        cases.append((arch, over, IDS, PROMPT, GREEDY, checkpoint))
     got = run_ranks(run_model, (cases,), world=WORLD, timeout=240)
     return {name: [got[r][i] for r in range(WORLD)] for i, name in enumerate(CASES)}
 

@@ -34,7 +34,8 @@ def cache_for(config, plan, batch: int, length: int = 32):
 
 
 def run_model(rank: int, world: int, cases: list) -> list:
-    """Each case ``(arch, config overrides, ids [B, S], prompt length, greedy steps)``:
+    """Each case ``(arch, config overrides, ids [B, S], prompt length, greedy steps,
+    checkpoint directory or None)``:
     this rank's logits for the prompt and teacher-forced decode steps, its greedy
     tokens, and the bytes of weights its GraphOp holds."""
     import torch
@@ -44,11 +45,21 @@ def run_model(rank: int, world: int, cases: list) -> list:
 
     torch.set_grad_enabled(False)
     out = []
-    for arch, over, ids, prompt_len, greedy_steps in cases:
-        hf = tiny(arch, **over)
+    for arch, over, ids, prompt_len, greedy_steps, checkpoint in cases:
         ids = torch.as_tensor(ids)
-        plan = shard_plan(hf.config, tensor_parallel=world)
-        op = lower_decoder_tp(hf, tensor_parallel=world)
+        if checkpoint is None:
+            hf = tiny(arch, **over)
+            plan = shard_plan(hf.config, tensor_parallel=world)
+            op = lower_decoder_tp(hf, tensor_parallel=world)
+        else:  # only this rank's slices are read from the files
+            from transformers import AutoConfig
+
+            from atb_torch.models.shard_load import load_shard
+
+            hf = type("ConfigOnly", (), {"config": AutoConfig.from_pretrained(
+                checkpoint, local_files_only=True)})()
+            plan = shard_plan(hf.config, tensor_parallel=world)
+            op = lower_decoder_tp(hf, weights=load_shard(checkpoint, plan))
         logits, _ = decode(op, cache_for(hf.config, plan, ids.shape[0]), ids[:, :prompt_len],
                            ids.shape[1] - prompt_len, feed=ids[:, prompt_len:])
         nbytes = graph_weight_bytes(op)
