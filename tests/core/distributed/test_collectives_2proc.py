@@ -45,6 +45,13 @@ def _linear_parallel(kind, dtype, transpose=True, group="default"):
     return ("LinearParallel", {"type": kind, "transpose_weight": transpose}, per_rank, group)
 
 
+def _embedding_shards():
+    """Rows [0, 3) on rank 0 and [3, 6) on rank 1; the same ids on both ranks."""
+    table = rand((6, 4), "fp32", 12)
+    ids = np.array([[5, 0, 3], [2, 4, 1]], np.int64)
+    return [[table[:3].copy(), ids], [table[3:].copy(), ids.copy()]]
+
+
 CASES = {
     **{f"AllReduce-{op}-{dt}": ("AllReduce", {"op": op}, _inputs([(3, 5)], dt, 1), "default")
        for op in ("sum", "max", "min", "prod") for dt in ("fp32", "int32")},
@@ -61,6 +68,7 @@ CASES = {
                             "default"),
     "AllToAll-0": ("AllToAll", {}, _inputs([(4, 3)], "fp32", 10), "default"),
     "AllToAll-1": ("AllToAll", {"axis": 1}, _inputs([(2, 6, 3)], "fp16", 11), "object"),
+    "VocabParallelEmbedding": ("VocabParallelEmbedding", {}, _embedding_shards(), "name"),
     "LinearParallel-all_reduce": _linear_parallel("linear_all_reduce", "fp32"),
     "LinearParallel-all_reduce-fp16": _linear_parallel("linear_all_reduce", "fp16", group="name"),
     "LinearParallel-reduce_scatter": _linear_parallel("linear_reduce_scatter", "fp32"),
@@ -93,7 +101,7 @@ def test_each_rank_gets_its_share_of_the_reference(results, name):
             np.testing.assert_array_equal(got, ref, err_msg=f"{name} rank {r}")
         else:
             assert_close(got, ref, what=f"{name} rank {r}")
-    if op in ("AllReduce", "AllGather", "Broadcast") or params.get("type") == "linear_all_reduce":
+    if op in ("AllReduce", "AllGather", "Broadcast", "VocabParallelEmbedding") or params.get("type") == "linear_all_reduce":
         # every rank holds the same result (bit-exact: one reduction, shared)
         np.testing.assert_array_equal(results[name][0][0], results[name][1][0])
 
@@ -106,6 +114,15 @@ def test_reference_is_not_the_identity():
     out = get_op("AllToAll").reference_ranks(p, [{"x": ins[0]} for ins in per_rank])
     np.testing.assert_array_equal(out[0][0][2:], per_rank[1][0][:2])
     np.testing.assert_array_equal(out[1][0][:2], per_rank[0][0][2:])
+
+
+def test_vocab_parallel_reference_is_the_whole_table_lookup():
+    per_rank = CASES["VocabParallelEmbedding"][2]
+    p = get_op("VocabParallelEmbedding").make_params({})
+    out = get_op("VocabParallelEmbedding").reference_ranks(
+        p, [{"weight": w, "ids": i} for w, i in per_rank])
+    table = np.concatenate([per_rank[0][0], per_rank[1][0]])
+    np.testing.assert_array_equal(out[0][0], table[per_rank[0][1]])
 
 
 def test_graph_op_with_parallel_nodes():
