@@ -16,6 +16,7 @@ import torch
 
 import atb_torch as atb
 from atb_torch.models.lower import lower_decoder
+from atb_torch.models.lower_tp import lower_decoder_tp, shard_plan
 from atbcore.distributed import ShardPlan
 from atbcore.errors import CapabilityError
 from tiny_models import VOCAB, tiny
@@ -54,9 +55,7 @@ def test_tp2_logits_tokens_and_bytes(ranks, name):
     with torch.no_grad():
         want = hf(ids).logits
     single = lower_decoder(hf)
-    plan1 = ShardPlan.for_model(type("S", (), {
-        "hidden_size": 64, "num_heads": 4, "num_kv_heads": hf.config.num_key_value_heads,
-        "head_dim": 16, "intermediate_size": 128, "vocab_size": hf.config.vocab_size})(), 0, 1)
+    plan1 = shard_plan(hf.config)  # no process group here: one rank holding everything
     _, greedy1 = decode(single, cache_for(hf.config, plan1, 1), ids[:1, :PROMPT], GREEDY)
     full_bytes = graph_weight_bytes(single)
     for r, got in enumerate(ranks[name]):
@@ -87,3 +86,23 @@ def test_sharding_refuses_what_does_not_split():
         ShardPlan(rank=0, world=2, num_heads=3, num_kv_heads=1, **geo)
     with pytest.raises(atb.ParamsError, match="rank"):
         ShardPlan(rank=2, world=2, num_heads=4, num_kv_heads=2, **geo)
+
+
+def test_one_process_tp_graph_equals_hugging_face():
+    """Without a process group the same sharded graph is its one-rank case (every
+    collective local): the logits still match HF, and Mistral's windows pass through."""
+    hf = tiny("mistral")
+    op = lower_decoder_tp(hf)
+    ids = torch.as_tensor(IDS)
+    plan = shard_plan(hf.config)
+    logits, _ = decode(op, cache_for(hf.config, plan, 2), ids[:, :PROMPT], ids.shape[1] - PROMPT,
+                       feed=ids[:, PROMPT:])
+    with torch.no_grad():
+        atb.assert_close(logits, hf(ids).logits, "fp32", "one-rank TP graph vs HF")
+
+
+def test_refusals_name_what_is_wrong():
+    with pytest.raises(CapabilityError, match="tensor_parallel 2.*group of 1"):
+        lower_decoder_tp(tiny("llama"), tensor_parallel=2)
+    with pytest.raises(CapabilityError, match="mixture-of-experts"):
+        lower_decoder_tp(tiny("mixtral"))
