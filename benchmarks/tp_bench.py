@@ -30,7 +30,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "tests")]
+sys.path[:0] = [os.path.join(HERE, "..")]
 
 H, L, NH, KV, I, V = 512, 8, 8, 2, 1376, 32000
 PROMPT = 32
@@ -119,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
-    from dist_ranks import run_ranks
+    from atbcore.distributed.launch import spawn_ranks
 
-    r0, r1 = run_ranks(rank_main, (a.samples, a.steps, a.threads), world=2, timeout=1800)
+    r0, r1 = spawn_ranks(rank_main, (a.samples, a.steps, a.threads), world=2, timeout=1800,
+                         threads=a.threads)
     comm = r0["comm"]
     reduces = [b for n, b in comm if n == "all_reduce"]
     gathers = [b for n, b in comm if n == "all_gather"]

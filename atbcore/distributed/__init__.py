@@ -2,6 +2,7 @@
 Megatron sharding plan. torch.distributed is the transport underneath (gloo on CPU,
 nccl on CUDA, hccl on Ascend); atb never ships its own.
 
+:func:`.launch.spawn_ranks` starts N local processes in one group (tests, benchmarks).
 The collective ops themselves (AllReduce, AllGather, ReduceScatter, Broadcast,
 AllToAll, LinearParallel) live in :mod:`atbcore.ops.collective`.
 """

@@ -51,3 +51,12 @@ def run_graph(rank: int, world: int, xs: list, w_row: list, w_col: list, bias) -
     first = to_numpy(op.execute([to_torch(xs[rank].copy())])[0])
     again = to_numpy(op.execute([to_torch(xs[rank].copy())])[0])  # the cached plan
     return [first, again]
+
+
+def fail_on_rank_1(rank: int, world: int) -> None:
+    """Rank 1 raises; rank 0 waits for it in a barrier that never completes."""
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise ValueError("rank 1 broke on purpose")
+    dist.barrier()

@@ -15,7 +15,7 @@ from atbcore.ops.registry import get_op
 from oracle import rand
 
 sys.path.insert(0, os.path.dirname(__file__))
-from collective_workers import run_cases, run_graph  # noqa: E402
+from collective_workers import fail_on_rank_1, run_cases, run_graph  # noqa: E402
 from dist_ranks import run_ranks  # noqa: E402
 
 WORLD = 2
@@ -142,3 +142,14 @@ def test_graph_op_with_parallel_nodes():
     for r in range(WORLD):
         for y in got[r]:
             assert_close(y, want, "fp32", what=f"rank {r}")
+
+
+def test_a_failing_rank_is_reported_and_nothing_hangs():
+    import time
+
+    import atbcore as atb
+
+    t0 = time.perf_counter()
+    with pytest.raises(atb.AtbError, match="rank 1 failed(.|\n)*broke on purpose"):
+        run_ranks(fail_on_rank_1, (), timeout=60)
+    assert time.perf_counter() - t0 < 50  # rank 0, stuck in its barrier, was killed
