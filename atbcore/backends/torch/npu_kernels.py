@@ -180,3 +180,7 @@ def rope_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
         y = npu_module().npu_rotary_mul(x4, cos, sin, rotary_mode=mode)
         outs.append(_into(out, len(outs), y.reshape(x.shape)))
     return outs
+
+
+# the attention, paged-cache and w8 kernels live beside torch_npu's facts
+from ..npu import attention as _npu_attention, linear as _npu_linear  # noqa: E402,F401

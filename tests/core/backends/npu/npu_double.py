@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+from npu_double_attention import AttentionOps, ContractViolation, require as _require
 
 __all__ = ["NpuDouble", "ContractViolation", "SOC_VERSIONS"]
 
@@ -21,20 +22,13 @@ _ALL = (torch.float16, torch.bfloat16, torch.float32)
 _NO_BF16 = (torch.float16, torch.float32)
 
 
-class ContractViolation(AssertionError):
-    """A call torch_npu documents as invalid."""
+class NpuDouble(AttentionOps):
+    """torch_npu's fused ops on CPU tensors, for SoC family ``soc`` ("A2", "310P", ...);
+    ``nnal``: whether the ATB ops (``_npu_*``, NNAL's libatb.so) are there (None:
+    let :func:`atbcore.backends.npu.nnal_reason` look at the environment)."""
 
-
-def _require(ok: bool, op: str, what: str) -> None:
-    if not ok:
-        raise ContractViolation(f"{op}: {what}")
-
-
-class NpuDouble:
-    """torch_npu's fused ops on CPU tensors, for SoC family ``soc`` ("A2", "310P", ...)."""
-
-    def __init__(self, soc: str = "A2") -> None:
-        self.soc = soc
+    def __init__(self, soc: str = "A2", nnal: bool | None = True) -> None:
+        self.soc, self.nnal = soc, nnal
         self.calls: list[str] = []
         self.npu = SimpleNamespace(get_soc_version=lambda: SOC_VERSIONS[soc])
 
