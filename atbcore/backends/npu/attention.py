@@ -204,7 +204,7 @@ def paged_attention_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     why = unavailable_reason()
     if why:
         return why
-    if ins.get("q_seq_lens") is not None:
+    if ins["query"].shape[0] != ins["block_tables"].shape[0]:  # sum(q_seq_lens) > B
         return "several query tokens per sequence (q_seq_lens): the NPU paged ops decode one"
     if p.window is not None:
         return "sliding window: decode-time pre_tokens is ignored by the NPU paged ops"

@@ -124,8 +124,11 @@ def test_paged_attention_reasons(npu):
     ins16 = _paged_inputs("fp32")
     assert "fp16/bf16" in _why("PagedAttention", {}, ins16)
     assert "window" in _why("PagedAttention", {"window": 4}, _paged_inputs("fp16"))
-    qsl = {**_paged_inputs("fp16"), "q_seq_lens": np.array([1, 1, 1], np.int32)}
-    assert "q_seq_lens" in _why("PagedAttention", {}, qsl)
+    ones = {**_paged_inputs("fp16"), "q_seq_lens": np.array([1, 1, 1], np.int32)}
+    assert _why("PagedAttention", {}, ones) is None            # decode: one query per sequence
+    multi = _paged_inputs("fp16", lens=(20, 2))
+    multi.update(query=rand((3, 4, 32), "fp16"), q_seq_lens=np.array([1, 2], np.int32))
+    assert "q_seq_lens" in _why("PagedAttention", {}, multi)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
