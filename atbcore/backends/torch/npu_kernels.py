@@ -18,7 +18,8 @@ from .activation import c_activation
 from .device_kernels import device_kernel
 from .rope import _token_cos_sin, geometry
 
-__all__ = ["rms_norm_reasons", "add_rms_norm_reasons", "swiglu_reasons", "rotary_mul_reasons"]
+__all__ = ["rms_norm_reasons", "add_rms_norm_reasons", "swiglu_reasons", "rotary_mul_reasons",
+           "gated_activation_reasons"]
 
 _HALF = (torch.float16, torch.float32)
 _ALL = (torch.float16, torch.bfloat16, torch.float32)
@@ -124,6 +125,18 @@ def swiglu_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
                impl="torch_npu.npu_swiglu")
 def swiglu_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     return [_into(out, 0, npu_module().npu_swiglu(ins["x"].contiguous(), dim=-1))]
+
+
+def gated_activation_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
+    """Why ``npu_swiglu`` cannot take this Activation call (swiglu only)."""
+    if p.activation_name() != "swiglu":
+        return f"activation {p.activation_name()!r}: torch_npu's fused one here is swiglu"
+    return swiglu_reasons(p, ins)
+
+
+# models run their gated MLP as Activation(activation_type="swiglu")
+device_kernel("Activation", "npu", why_not=gated_activation_reasons, provider="torch_npu",
+              available=unavailable_reason, impl="torch_npu.npu_swiglu (swiglu)")(swiglu_npu)
 
 
 _ROPE_INS = ("q", "k", "position_ids", "cos", "sin")

@@ -2,7 +2,8 @@
 conformance double: CPU tensors stand for NPU ones (``use_npu_module(...,
 stand_in="cpu")``), so every op with an NPU kernel runs torch_npu's documented call
 (validated by the double) and the C CPU kernels step aside. The greedy tokens must
-equal the CPU backend's on the same seeded tiny Llama and Qwen2."""
+equal the CPU backend's on the same seeded tiny Llama and Qwen2 (and Mistral, whose
+sliding window the decode attention folds into its mask)."""
 
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ def _model(arch):
     return tiny(arch, seed=3).to(DTYPE)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 def test_compile_generate_through_the_double_equals_cpu(arch):
     model = _model(arch)
     ids, mask = left_padded([7, 4], seed=5)
@@ -36,7 +37,10 @@ def test_compile_generate_through_the_double_equals_cpu(arch):
         got = fast.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
     assert torch.equal(got, want)
     ran = set(npu.calls)
-    assert {"npu_rms_norm", "npu_add_rms_norm", "npu_rotary_mul", "npu_fusion_attention"} <= ran, ran
+    assert {"npu_rms_norm", "npu_add_rms_norm", "npu_rotary_mul", "npu_swiglu",
+            "npu_fusion_attention", "npu_fused_infer_attention_score"} <= ran, ran
+    # the decode plan's attention: one fused inference call per layer and step
+    assert npu.calls.count("npu_fused_infer_attention_score") == 2 * 7
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
