@@ -122,6 +122,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layo
     lens = None if seq_lens is None else seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
     if interpreting():  # the interpreter runs programs one by one: fewer, larger ones
         block_m = max(block_m, triton.next_power_of_2(sq))
+    elif sq <= 16:  # a few query rows (decode, speculation): no 64-row tiles of padding
+        block_m = 16
     _prefill_kernel[(triton.cdiv(sq, block_m), b * heads)](
         q4, k4, v4, o4, lens if lens is not None else q4, *q4.stride()[:3], *k4.stride()[:3],
         *v4.stride()[:3], *o4.stride()[:3], sq, k4.shape[2], heads, heads // kv_heads, d,

@@ -49,6 +49,7 @@ from atbcore.backends.cpu_kernels.threads import parked_torch_threads
 
 from .cache import ContiguousKVCache
 from .kernels import ROWS_MAX
+from .plan_device import device_attention
 
 __all__ = ["DecodePlan", "plan_for"]
 
@@ -310,7 +311,7 @@ class DecodePlan:
         gqa = s.num_kv_heads != s.num_heads
         scale, win, qs = blk.scale, blk.window, s.q_size
         kt, vt = kv[0].transpose(1, 2), kv[1].transpose(1, 2)            # [B, KV, cap, D]
-        on_device = None if self.static else self._device_attention(blk, q, kv)
+        on_device = None if self.static else device_attention(self, blk, q, kv)
         if on_device is not None:
             return on_device
         if self.static:
@@ -326,26 +327,6 @@ class DecodePlan:
             return F.scaled_dot_product_attention(q4, kt[:, :, lo:end], vt[:, :, lo:end],
                                                   attn_mask=m, scale=scale,
                                                   enable_gqa=gqa).view(b, qs)
-        return attend
-
-    def _device_attention(self, blk: Any, q: torch.Tensor, kv: torch.Tensor) -> Any:
-        """The step's attention as FlashAttention's device kernel (torch_npu's on an NPU)
-        over the whole cache, row lengths as ``seq_lens``, when it takes the call."""
-        from atbcore.backends.torch.device_kernels import device_kernel_takes
-
-        s, b, cache, fa = self.runner.spec, self.b, self.cache, blk.fa[True]
-        ins = {"q": q.reshape(b, 1, s.q_size), "k": kv[0].view(b, cache.capacity, s.kv_size),
-               "v": kv[1].view(b, cache.capacity, s.kv_size), "mask": None,   # BSH
-               "seq_lens": torch.ones(b, dtype=torch.long, device=q.device)}
-        ins["mask"] = None if cache.key_mask is None else cache.key_mask[:, None, None, :]
-        if not device_kernel_takes("FlashAttention", fa.p, ins):
-            return None
-
-        def attend() -> torch.Tensor:
-            ins["seq_lens"].fill_(self.t + 1)
-            m = cache.key_mask  # the mask tensor may move
-            ins["mask"] = None if m is None else m[:, None, None, :]
-            return fa(**ins)[0].view(b, s.q_size)
         return attend
 
     def _moe(self, blk: Any) -> None:
