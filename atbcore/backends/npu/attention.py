@@ -232,7 +232,7 @@ def paged_attention_npu(p: Any, ins: Mapping[str, Any], out: list | None = None)
     if _fia_paged_reason(p, ins) is None:
         lens = [int(n) for n in ins["context_lens"].tolist()]  # host ints, as the op takes them
         o, _lse = npu.npu_fused_infer_attention_score(
-            q.reshape(t, 1, h * d), kc.view(nb, bs, hkv * d), vc.view(nb, bs, hkv * d),
+            q.reshape(t, 1, h * d).contiguous(), kc.view(nb, bs, hkv * d), vc.view(nb, bs, hkv * d),
             actual_seq_lengths_kv=lens, block_table=tables, block_size=bs, num_heads=h,
             num_key_value_heads=hkv, scale=_scale(p, d), input_layout="BSH")
         return [_into(out, 0, o.view(t, h, d))]

@@ -53,17 +53,21 @@ class PagedMixin:
         """Packed new tokens ``input_ids`` [T] of ``batch.seq_ids`` (a ``PagedBatch``
         from ``cache.prepare_prefill`` / ``prepare_decode``); writes their keys and
         values into the paged ``cache`` and returns logits ``[B, V]`` of each
-        sequence's last new token (``[T, V]`` with ``all_logits``). On the CPU a step
-        of one token per sequence runs as a prebuilt plan of C kernels
-        (:mod:`.paged_plan`)."""
+        sequence's last new token (``[T, V]`` with ``all_logits``). A step of one token
+        per sequence runs as a prebuilt plan: of C kernels on the CPU
+        (:mod:`.paged_plan`), of the device kernels elsewhere, captured as a CUDA graph
+        at opt 3 (:mod:`.paged_plan_device`)."""
         if self.spec.kind != "decoder":
             raise CapabilityError("compile", "forward_paged() of an encoder", "encode()",
                                   self.spec.arch)
         pos = batch.positions.to(self.device).long()
-        if input_ids.numel() == len(batch.seq_ids) and self.device.type == "cpu":
-            from .paged_plan import paged_plan_for  # one token per sequence: a decode step
+        if input_ids.numel() == len(batch.seq_ids):  # one token per sequence: a decode step
+            from .paged_plan import paged_plan_for
+            from .paged_plan_device import device_paged_plan_for
 
-            plan = paged_plan_for(self, cache, batch)
+            plan = paged_plan_for(self, cache, batch) if self.device.type == "cpu" else None
+            if plan is None:  # the accelerator's kernels (a CUDA graph at opt 3)
+                plan = device_paged_plan_for(self, cache, batch)
             if plan is not None:
                 self.stats["plan_steps"] += 1
                 return plan.step(input_ids.reshape(-1), pos, batch).clone()
