@@ -25,7 +25,7 @@ import os
 from typing import Any, Iterator
 
 __all__ = ["npu_module", "use_npu_module", "unavailable_reason", "soc_family", "SOC_RANGES",
-           "nnal_reason", "kernel_device", "stand_in_device"]
+           "nnal_reason", "kernel_device", "stand_in_device", "into_out"]
 
 _OVERRIDE: list[Any] = []
 # the device type whose tensors stand for NPU tensors while a double is installed
@@ -111,3 +111,10 @@ def soc_family() -> str:
     fam = next((name for (lo, hi), name in SOC_RANGES if lo <= version <= hi), "unknown")
     _FAMILY["soc"] = fam
     return fam
+
+
+def into_out(out: list | None, i: int, y: Any) -> Any:
+    """``y`` as a kernel's output ``i``: copied into ``out[i]`` when the caller gave a
+    buffer there (the op's result was made by torch_npu, which writes its own)."""
+    o = None if not out or i >= len(out) else out[i]
+    return y if o is None or o is y else o.copy_(y)

@@ -28,7 +28,7 @@ import torch
 from ...ops.attention import attention_dims, split_packed
 from ...tensor import TensorDesc
 from ..torch.device_kernels import device_kernel
-from . import nnal_reason, npu_module, soc_family, unavailable_reason
+from . import into_out, nnal_reason, npu_module, soc_family, unavailable_reason
 
 __all__ = ["flash_attention_reasons", "paged_attention_reasons", "reshape_and_cache_reasons",
            "visible_mask"]
@@ -156,12 +156,8 @@ def flash_attention_npu(p: Any, ins: Mapping[str, Any], out: list | None = None)
         o = npu.npu_fusion_attention(q, k, v, dims.heads, dims.layout, atten_mask=~allow,
                                      scale=scale, sparse_mode=0)[0]
         o = _zero_unseen(o, allow, dims.layout)
-    return [_into(out, 0, o)]
+    return [into_out(out, 0, o)]
 
-
-def _into(out: list | None, i: int, y: torch.Tensor) -> torch.Tensor:
-    o = None if not out or i >= len(out) else out[i]
-    return y if o is None or o is y else o.copy_(y)
 
 
 # ----------------------------------------------------------------------------- paged
@@ -235,7 +231,7 @@ def paged_attention_npu(p: Any, ins: Mapping[str, Any], out: list | None = None)
             q.reshape(t, 1, h * d).contiguous(), kc.view(nb, bs, hkv * d), vc.view(nb, bs, hkv * d),
             actual_seq_lengths_kv=lens, block_table=tables, block_size=bs, num_heads=h,
             num_key_value_heads=hkv, scale=_scale(p, d), input_layout="BSH")
-        return [_into(out, 0, o.view(t, h, d))]
+        return [into_out(out, 0, o.view(t, h, d))]
     o = out[0] if out and out[0] is not None else torch.empty_like(q)
     npu._npu_paged_attention(query=q.contiguous(), key_cache=kc, value_cache=vc,
                              num_kv_heads=hkv, num_heads=h, scale_value=_scale(p, d),

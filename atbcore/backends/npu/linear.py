@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 
 from ..torch.device_kernels import device_kernel
-from . import npu_module, soc_family, unavailable_reason
+from . import into_out, npu_module, soc_family, unavailable_reason
 
 __all__ = ["weight_quant_reasons"]
 
@@ -57,5 +57,4 @@ def linear_w8_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> li
     y = npu_module().npu_weight_quant_batchmatmul(
         x2, w.t(), s, bias=None if b is None else b.contiguous())       # [M, N]
     y = y.reshape(*x.shape[:-1], y.shape[-1])
-    o = None if not out else out[0]
-    return [y if o is None or o is y else o.copy_(y)]
+    return [into_out(out, 0, y)]
