@@ -1,7 +1,8 @@
 """The torch backend's NPU attention kernels (registered for device ``npu``).
 
 * FlashAttention: one query token per row on A2/A3 in fp16/bf16 (decode over a
-  contiguous cache) runs ``npu_fused_infer_attention_score``; any other call
+  contiguous cache) runs ``npu_fused_infer_attention_score`` (kv lengths given on the
+  host become ``actual_seq_lengths_kv``, so only those keys are read); any other call
   ``npu_fusion_attention``. Both take atb's layouts (BSH/BNSD/BSND) as they are. A
   causal call with no other masking, Sq <= Skv, uses ``sparse_mode=3`` (bottom-right
   causal) with the compressed 2048x2048 mask; otherwise every rule of the op (kv
@@ -140,10 +141,12 @@ def flash_attention_npu(p: Any, ins: Mapping[str, Any], out: list | None = None)
     npu = npu_module()
     causal = p.causal or p.window is not None
     if _decode_fia(dims, q, mask):
+        # kv lengths held on the host (a decode plan's) bound the keys the op reads
+        host = None if lens is None or lens.device.type != "cpu" else [int(n) for n in lens.tolist()]
         allow = visible_mask(dims, causal, p.window, mask, lens, q.device)      # [B, 1, 1, Skv]
         o, _lse = npu.npu_fused_infer_attention_score(
-            q, k, v, atten_mask=~allow, num_heads=dims.heads, scale=scale,
-            input_layout=dims.layout, num_key_value_heads=dims.kv_heads)
+            q, k, v, atten_mask=~allow, actual_seq_lengths_kv=host, num_heads=dims.heads,
+            scale=scale, input_layout=dims.layout, num_key_value_heads=dims.kv_heads)
         o = _zero_unseen(o, allow, dims.layout)
     elif causal and p.window is None and mask is None and lens is None and dims.q_len <= dims.kv_len:
         o = npu.npu_fusion_attention(q, k, v, dims.heads, dims.layout,

@@ -65,7 +65,12 @@ class DevicePagedDecodePlan(DecodePlan):
         self.kc_ptr = cache.key_cache(0).data_ptr()
         self.slots = torch.zeros(batch, dtype=torch.long if graph_safe else torch.int32,
                                  device=dev)
-        self.lens = torch.ones(batch, dtype=torch.int32, device=dev)
+        # the lengths where the kernel reads them: on the device for Triton (and the
+        # graph), on the host for torch_npu's ops (host ints / a host tensor)
+        from atbcore.backends.npu import kernel_device
+
+        self.lens = torch.ones(batch, dtype=torch.int32,
+                               device="cpu" if kernel_device(dev.type) == "npu" else dev)
         self.tables = torch.zeros(batch, width, dtype=torch.int32, device=dev)
         super().__init__(runner, cache, static=False, batch=batch)
         self.captured = False

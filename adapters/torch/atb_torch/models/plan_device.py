@@ -26,7 +26,8 @@ def device_attention(plan: Any, blk: Any, q: torch.Tensor,
     ins = {"q": q.reshape(b, 1, s.q_size), "k": kv[0].view(b, cache.capacity, s.kv_size),
            "v": kv[1].view(b, cache.capacity, s.kv_size),                # BSH
            "mask": None if cache.key_mask is None else cache.key_mask[:, None, None, :],
-           "seq_lens": torch.ones(b, dtype=torch.long, device=q.device)}
+           # on the host: torch_npu's op takes kv lengths as host ints (no sync per step)
+           "seq_lens": torch.ones(b, dtype=torch.long)}
     if not device_kernel_takes("FlashAttention", fa.p, ins):
         return None
 

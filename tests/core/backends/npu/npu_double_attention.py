@@ -164,8 +164,12 @@ class AttentionOps:
             m = atten_mask.bool()
             masked = m.reshape(b, 1, 1, skv) if sq == 1 else m.reshape((1,) * (4 - m.dim()) + m.shape)
         if actual_seq_lengths_kv is not None:
-            require(isinstance(actual_seq_lengths_kv, list), op, "actual_seq_lengths_kv: host ints")
-            past = torch.arange(skv)[None] >= torch.tensor(actual_seq_lengths_kv)[:, None]
+            lens = actual_seq_lengths_kv
+            require(isinstance(lens, list) and all(type(n) is int and 0 <= n <= skv for n in lens)
+                    and (len(lens) == 1 or len(lens) >= b), op,
+                    f"actual_seq_lengths_kv: host ints in 0..{skv}, one or >= B of them")
+            lens = lens * b if len(lens) == 1 else lens[:b]
+            past = torch.arange(skv)[None] >= torch.tensor(lens)[:, None]
             masked = past[:, None, None] if masked is None else masked | past[:, None, None]
         o = _attend(q, k, v, masked, scale).to(query.dtype)
         return _from_bnsd(o, input_layout), torch.zeros(1)
