@@ -2,7 +2,8 @@
 
 * FlashAttention: one query token per row on A2/A3 in fp16/bf16 (decode over a
   contiguous cache) runs ``npu_fused_infer_attention_score`` (kv lengths given on the
-  host become ``actual_seq_lengths_kv``, so only those keys are read); any other call
+  host become ``actual_seq_lengths_kv``, so only those keys are read), on 310P in fp16
+  ``npu_incre_flash_attention``; any other call on A2/A3
   ``npu_fusion_attention``. Both take atb's layouts (BSH/BNSD/BSND) as they are. A
   causal call with no other masking, Sq <= Skv, uses ``sparse_mode=3`` (bottom-right
   causal) with the compressed 2048x2048 mask; otherwise every rule of the op (kv
@@ -59,6 +60,20 @@ def _decode_fia(dims: Any, q: torch.Tensor, mask: Any) -> bool:
             and dims.heads // dims.kv_heads <= 64 and not per_head_mask)
 
 
+def _incre_reason(dims: Any, q: torch.Tensor, mask: Any) -> str | None:
+    """Why npu_incre_flash_attention (310P: decode, fp16) cannot take this call."""
+    if dims.q_len != 1:
+        return "310P has no prefill attention op here (npu_fusion_attention is A2/A3)"
+    if q.dtype != torch.float16:
+        return f"npu_incre_flash_attention on 310P takes fp16; given {_name(q.dtype)}"
+    if dims.packed or dims.batch > 256 or dims.heads > 256 or dims.head_dim > 512 \
+            or dims.heads // dims.kv_heads > 64:
+        return "npu_incre_flash_attention on 310P takes B, N <= 256, D <= 512, N/Nkv <= 64"
+    if mask is not None and (mask.dtype != torch.bool or mask.dim() == 4 and mask.shape[1] != 1):
+        return "npu_incre_flash_attention takes one bool key mask per row (no per-head mask)"
+    return None
+
+
 def flash_attention_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     """Why neither npu_fusion_attention nor npu_fused_infer_attention_score takes
     this FlashAttention call."""
@@ -66,10 +81,12 @@ def flash_attention_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     if why:
         return why
     fam = soc_family()
-    if fam not in ("A2", "A3"):
-        return f"npu_fusion_attention is documented for A2/A3; SoC family {fam}"
     dims = attention_dims("FlashAttention", p, _descs(ins))
     q, mask = ins["q"], ins.get("mask")
+    if fam == "310P":
+        return _incre_reason(dims, q, mask)
+    if fam not in ("A2", "A3"):
+        return f"npu_fusion_attention is documented for A2/A3; SoC family {fam}"
     if q.dtype not in _FLOATS:
         return f"npu_fusion_attention takes fp16/bf16/fp32; given {_name(q.dtype)}"
     if mask is not None and mask.dtype != torch.bool:
@@ -129,7 +146,7 @@ def _zero_unseen(o: torch.Tensor, allow: torch.Tensor, layout: str) -> torch.Ten
 @device_kernel("FlashAttention", "npu", why_not=flash_attention_reasons, provider="torch_npu",
                available=unavailable_reason,
                impl="torch_npu.npu_fused_infer_attention_score (one query row, A2/A3 half) / "
-                    "npu_fusion_attention")
+                    "npu_incre_flash_attention (one query row, 310P) / npu_fusion_attention")
 def flash_attention_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     dims = attention_dims("FlashAttention", p, _descs(ins))
     q, k, v = ins["q"], ins.get("k"), ins.get("v")
@@ -147,6 +164,13 @@ def flash_attention_npu(p: Any, ins: Mapping[str, Any], out: list | None = None)
         o, _lse = npu.npu_fused_infer_attention_score(
             q, k, v, atten_mask=~allow, actual_seq_lengths_kv=host, num_heads=dims.heads,
             scale=scale, input_layout=dims.layout, num_key_value_heads=dims.kv_heads)
+        o = _zero_unseen(o, allow, dims.layout)
+    elif soc_family() == "310P":  # decode only (see _incre_reason)
+        host = None if lens is None or lens.device.type != "cpu" else [int(n) for n in lens.tolist()]
+        allow = visible_mask(dims, causal, p.window, mask, lens, q.device)      # [B, 1, 1, Skv]
+        o = npu.npu_incre_flash_attention(
+            q, k, v, atten_mask=~allow, actual_seq_lengths=host, num_heads=dims.heads,
+            scale_value=scale, input_layout=dims.layout, num_key_value_heads=dims.kv_heads)
         o = _zero_unseen(o, allow, dims.layout)
     elif causal and p.window is None and mask is None and lens is None and dims.q_len <= dims.kv_len:
         o = npu.npu_fusion_attention(q, k, v, dims.heads, dims.layout,

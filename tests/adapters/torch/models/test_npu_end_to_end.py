@@ -130,3 +130,19 @@ def test_w8_linear_runs_on_the_npu_kernel():
             ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
     assert torch.equal(got, want)
     assert "npu_weight_quant_batchmatmul" in npu.calls
+
+
+def test_compile_on_a_310p_double_falls_back_where_documented():
+    """310P: no bf16, no prefill attention op, RoPE only at head_dim 128: those run as
+    torch kernels (logged), the decode attention as npu_incre_flash_attention."""
+    model = _model("qwen2")
+    ids, mask = left_padded([5, 5], seed=9)
+    want = atb.compile(model, opt_level=2).generate(ids, attention_mask=mask, max_new_tokens=5,
+                                                    do_sample=False)
+    with use_npu_module(NpuDouble("310P"), stand_in="cpu") as npu:
+        got = atb.compile(model, opt_level=2).generate(ids, attention_mask=mask,
+                                                       max_new_tokens=5, do_sample=False)
+    assert torch.equal(got, want)
+    ran = set(npu.calls)
+    assert {"npu_rms_norm", "npu_incre_flash_attention"} <= ran, ran
+    assert not {"npu_fusion_attention", "npu_rotary_mul", "npu_fused_infer_attention_score"} & ran

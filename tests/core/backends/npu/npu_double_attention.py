@@ -174,6 +174,42 @@ class AttentionOps:
         o = _attend(q, k, v, masked, scale).to(query.dtype)
         return _from_bnsd(o, input_layout), torch.zeros(1)
 
+    def npu_incre_flash_attention(self, query, key, value, *, padding_mask=None, pse_shift=None,
+                                  atten_mask=None, actual_seq_lengths=None, block_table=None,
+                                  num_heads=1, scale_value=1.0, input_layout="BSH",
+                                  num_key_value_heads=0, block_size=0, inner_precise=1):
+        op = "npu_incre_flash_attention"
+        self.calls.append(op)
+        require(self.soc in ("A2", "310P"), op, f"not supported on {self.soc}")
+        allowed = (torch.float16,) if self.soc == "310P" else _HALF
+        require(query.dtype in allowed and key.dtype == value.dtype == query.dtype, op,
+                f"dtypes {query.dtype}/{key.dtype} on {self.soc}")
+        require(input_layout == ("BSH" if query.dim() == 3 else input_layout)
+                and input_layout in ("BSH", "BNSD", "BSND"), op, f"layout {input_layout!r}")
+        require(key.shape == value.shape and key.dim() == query.dim(), op, "k/v shapes")
+        require(padding_mask is None and pse_shift is None and block_table is None, op,
+                "not modelled")
+        nkv = num_key_value_heads or num_heads
+        require(num_heads % nkv == 0 and num_heads // nkv <= 64, op, "num_heads / kv heads")
+        q = _to_bnsd(query, input_layout, num_heads)
+        b, n, sq, d = q.shape
+        limit_b = 256 if self.soc == "310P" else 65535
+        require(sq == 1 and n == num_heads and b <= limit_b and n <= 256 and d <= 512, op,
+                "Q_S 1, B/N/D limits")
+        k, v = _to_bnsd(key, input_layout, nkv), _to_bnsd(value, input_layout, nkv)
+        skv = k.shape[2]
+        masked = None
+        if atten_mask is not None:
+            self._mask_shape(op, atten_mask, b, n, 1, skv, [(b, skv), (b, 1, skv), (b, 1, 1, skv)])
+            masked = atten_mask.bool().reshape(b, 1, 1, skv)
+        if actual_seq_lengths is not None:
+            lens = actual_seq_lengths
+            require(isinstance(lens, list) and all(type(x) is int and 0 <= x <= skv for x in lens)
+                    and len(lens) in (1, b), op, "actual_seq_lengths: host ints, 1 or B of them")
+            past = torch.arange(skv)[None] >= torch.tensor(lens * b if len(lens) == 1 else lens)[:, None]
+            masked = past[:, None, None] if masked is None else masked | past[:, None, None]
+        return _from_bnsd(_attend(q, k, v, masked, scale_value).to(query.dtype), input_layout)
+
     # ------------------------------------------------------------------ ATB ops (NNAL)
     def _npu_reshape_and_cache(self, key, value, key_cache, value_cache, slot_indices):
         op = "_npu_reshape_and_cache"

@@ -84,13 +84,28 @@ def test_flash_attention_decode_uses_fused_infer(npu, dtype):
     assert npu.calls == ["npu_fused_infer_attention_score"]
 
 
+def test_flash_attention_decode_on_310p_uses_incre():
+    b, h, hk, d, skv = 2, 4, 2, 32, 9
+    ins = {"q": rand((b, h, 1, d), "fp16", 5), "k": rand((b, hk, skv, d), "fp16", 6),
+           "v": rand((b, hk, skv, d), "fp16", 7), "seq_lens": np.array([9, 3], np.int64)}
+    with use_npu_module(NpuDouble("310P")) as double:
+        (o,), (ref,), _ = _run("FlashAttention", {"num_heads": h, "window": 2}, ins)
+        assert_close(o, ref, "fp16", what="npu decode FlashAttention (310P)")
+        assert double.calls == ["npu_incre_flash_attention"]
+        prefill = {**ins, "q": rand((b, h, 4, d), "fp16", 8), "seq_lens": None}
+        assert "310P has no prefill" in _why("FlashAttention", {"num_heads": h}, prefill)
+        bf = {n: None if x is None else x.astype(np.float32) if x.dtype != np.int64 else x
+              for n, x in ins.items()}
+        assert "takes fp16" in _why("FlashAttention", {"num_heads": h}, bf)
+
+
 def test_flash_attention_reasons(npu):
     q = rand((1, 4, 64), "fp16")
     assert "additive float mask" in _why("FlashAttention", {"num_heads": 2},
                                          {"q": q, "k": q, "v": q, "mask": rand((4, 4), "fp16")})
     big = rand((1, 2, 2 * 800), "fp16")
     assert "head_dim 1-768" in _why("FlashAttention", {"num_heads": 2}, {"q": big, "k": big, "v": big})
-    with use_npu_module(NpuDouble("310P")):
+    with use_npu_module(NpuDouble("910")):
         assert "A2/A3" in _why("FlashAttention", {"num_heads": 2}, {"q": q, "k": q, "v": q})
 
 
