@@ -131,16 +131,17 @@ def _causal_2048(device: torch.device) -> torch.Tensor:
 
 
 def _zero_unseen(o: torch.Tensor, allow: torch.Tensor, layout: str) -> torch.Tensor:
-    """``o`` with the rows that see no key set to zero (atb's definition)."""
-    seen = allow.any(-1)                                                         # [B, 1|H, Sq]
+    """``o`` with the rows that see no key set to zero (atb's definition; whatever the
+    device left there, NaN included, is replaced)."""
+    unseen = ~allow.any(-1)                                                      # [B, 1|H, Sq]
     if layout == "BNSD":
-        return o * seen[..., None].to(o.dtype)
-    seen = seen.transpose(1, 2)                                                  # [B, Sq, 1|H]
+        return o.masked_fill(unseen[..., None], 0)
+    unseen = unseen.transpose(1, 2)                                              # [B, Sq, 1|H]
     if layout == "BSND":
-        return o * seen[..., None].to(o.dtype)
+        return o.masked_fill(unseen[..., None], 0)
     b, s, hid = o.shape
-    h = seen.shape[-1]                                      # BSH: [B, Sq, h, hid/h]
-    return (o.view(b, s, h, hid // h) * seen[..., None].to(o.dtype)).view(b, s, hid)
+    h = unseen.shape[-1]                                    # BSH: [B, Sq, h, hid/h]
+    return o.view(b, s, h, hid // h).masked_fill(unseen[..., None], 0).view(b, s, hid)
 
 
 @device_kernel("FlashAttention", "npu", why_not=flash_attention_reasons, provider="torch_npu",
@@ -184,7 +185,6 @@ def flash_attention_npu(p: Any, ins: Mapping[str, Any], out: list | None = None)
                                      scale=scale, sparse_mode=0)[0]
         o = _zero_unseen(o, allow, dims.layout)
     return [into_out(out, 0, o)]
-
 
 
 # ----------------------------------------------------------------------------- paged

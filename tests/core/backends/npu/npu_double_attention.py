@@ -44,7 +44,7 @@ def _attend(q, k, v, masked, scale):
     s = q.float() @ k.transpose(-1, -2) * scale
     if masked is not None:
         s = s.masked_fill(masked, float("-inf"))
-    p = torch.softmax(s, -1).nan_to_num(0.0)  # a fully hidden row: zeros (row-invalid fix)
+    p = torch.softmax(s, -1)  # a fully hidden row: NaN (no row-invalid correction asked for)
     return p @ v
 
 
