@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..base import Kernel
-from ..npu import _STAND_IN
+from ..npu import kernel_device
 
 __all__ = ["DeviceKernel", "DEVICE_KERNELS", "device_kernel", "apply_device_kernels",
            "input_device", "device_kernel_takes"]
@@ -68,7 +68,7 @@ def input_device(ins: Mapping[str, Any]) -> str | None:
         dev = getattr(desc if desc is not None else t, "device", None)
         if dev is not None:
             kind = dev.type if hasattr(dev, "type") else str(dev).split(":")[0]
-            return "npu" if _STAND_IN and kind == _STAND_IN[-1] else kind
+            return kernel_device(kind)
     return None
 
 

@@ -33,20 +33,19 @@ def device_paged_plan_for(runner: Any, cache: Any, batch: Any) -> "DevicePagedDe
     """The plan of this decode step (one token per sequence) when the PagedAttention
     op's device kernel takes it (``runner._device_paged_decode``), built or reused;
     None otherwise (then the general path runs)."""
-    s = runner.spec
+    s, b, need = runner.spec, len(batch.seq_ids), batch.block_tables.shape[1]
+    plan = runner.__dict__.get("_paged_plan")
+    if isinstance(plan, DevicePagedDecodePlan) and plan.fits(cache, b, need):
+        return plan  # decided when it was built: same cache, batch size and kernels
     if (runner.opt_level < 2 or runner.lm_head is None or s.kind != "decoder"
             or (s.rope is not None and s.rope.rotary_dim != s.head_dim)
             or any(blk.router is not None for blk in runner.blocks)
             or not runner._device_paged_decode(cache, batch)):
         return None
-    need = batch.block_tables.shape[1]
     width = 1 << max(0, need - 1).bit_length()                     # next power of two
-    if s.rope is not None and s.rope.max_len is not None and width * cache.block_size >= s.rope.max_len:
+    if s.rope is not None and s.rope.max_len is not None \
+            and width * cache.block_size >= s.rope.max_len:
         return None
-    b = len(batch.seq_ids)
-    plan = runner.__dict__.get("_paged_plan")
-    if isinstance(plan, DevicePagedDecodePlan) and plan.fits(cache, b, need):
-        return plan
     runner._paged_plan = None                                       # the old plan's memory goes first
     graph = runner.opt_level >= 3 and runner.device.type == "cuda"
     plan = runner._paged_plan = DevicePagedDecodePlan(runner, cache, b, width, graph_safe=graph)
