@@ -158,22 +158,22 @@ def flash_attention_npu(p: Any, ins: Mapping[str, Any], out: list | None = None)
     scale = p.scale if p.scale is not None else 1.0 / math.sqrt(dims.head_dim)
     npu = npu_module()
     causal = p.causal or p.window is not None
+    # kv lengths held on the host (a decode plan's) bound the keys the decode ops read
+    host = None if lens is None or lens.device.type != "cpu" else [int(n) for n in lens.tolist()]
     if _decode_fia(dims, q, mask):
-        # kv lengths held on the host (a decode plan's) bound the keys the op reads
-        host = None if lens is None or lens.device.type != "cpu" else [int(n) for n in lens.tolist()]
         allow = visible_mask(dims, causal, p.window, mask, lens, q.device)      # [B, 1, 1, Skv]
         o, _lse = npu.npu_fused_infer_attention_score(
             q, k, v, atten_mask=~allow, actual_seq_lengths_kv=host, num_heads=dims.heads,
             scale=scale, input_layout=dims.layout, num_key_value_heads=dims.kv_heads)
         o = _zero_unseen(o, allow, dims.layout)
     elif soc_family() == "310P":  # decode only (see _incre_reason)
-        host = None if lens is None or lens.device.type != "cpu" else [int(n) for n in lens.tolist()]
         allow = visible_mask(dims, causal, p.window, mask, lens, q.device)      # [B, 1, 1, Skv]
         o = npu.npu_incre_flash_attention(
             q, k, v, atten_mask=~allow, actual_seq_lengths=host, num_heads=dims.heads,
             scale_value=scale, input_layout=dims.layout, num_key_value_heads=dims.kv_heads)
         o = _zero_unseen(o, allow, dims.layout)
-    elif causal and p.window is None and mask is None and lens is None and dims.q_len <= dims.kv_len:
+    elif (causal and p.window is None and mask is None and lens is None
+          and dims.q_len <= dims.kv_len):
         o = npu.npu_fusion_attention(q, k, v, dims.heads, dims.layout,
                                      atten_mask=_causal_2048(q.device), scale=scale,
                                      pre_tockens=_BIG, next_tockens=0, sparse_mode=3)[0]
@@ -286,7 +286,8 @@ def reshape_and_cache_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
                available=unavailable_reason, impl="torch_npu._npu_reshape_and_cache (NNAL)")
 def reshape_and_cache_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     kc, vc = ins["key_cache"], ins["value_cache"]
-    npu_module()._npu_reshape_and_cache(key=ins["key"].contiguous(), value=ins["value"].contiguous(),
+    npu_module()._npu_reshape_and_cache(key=ins["key"].contiguous(),
+                                        value=ins["value"].contiguous(),
                                         key_cache=kc, value_cache=vc,
                                         slot_indices=ins["slot_mapping"].to(torch.int32))
     return [kc, vc]

@@ -119,7 +119,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layo
     o4 = _bnsd(o, layout, heads)
     if b == 0 or sq == 0:
         return o
-    lens = None if seq_lens is None else seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
+    lens = None if seq_lens is None else \
+        seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
     if interpreting():  # the interpreter runs programs one by one: fewer, larger ones
         block_m = max(block_m, triton.next_power_of_2(sq))
     elif sq <= 16:  # a few query rows (decode, speculation): no 64-row tiles of padding

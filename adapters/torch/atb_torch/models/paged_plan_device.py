@@ -46,7 +46,7 @@ def device_paged_plan_for(runner: Any, cache: Any, batch: Any) -> "DevicePagedDe
     if s.rope is not None and s.rope.max_len is not None \
             and width * cache.block_size >= s.rope.max_len:
         return None
-    runner._paged_plan = None                                       # the old plan's memory goes first
+    runner._paged_plan = None  # the old plan's memory goes first
     graph = runner.opt_level >= 3 and runner.device.type == "cuda"
     plan = runner._paged_plan = DevicePagedDecodePlan(runner, cache, b, width, graph_safe=graph)
     runner.stats["plans_built"] += 1
