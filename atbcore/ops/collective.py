@@ -77,7 +77,10 @@ def _reduce_op(p: Params, field: str = "op") -> None:
 
 class CollectiveOp(OpDef):
     """Base of the collectives: checks ``rank_size`` against the group and turns
-    :meth:`reference_ranks` into the single-process reference."""
+    :meth:`reference_ranks` into the single-process reference. Each call talks to the
+    other ranks, so none is ever merged away (``effectful``)."""
+
+    effectful = True
 
     def ranks(self, p: Params) -> int:
         """Processes in the op's group; CapabilityError when ``rank_size`` disagrees."""
