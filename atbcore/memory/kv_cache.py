@@ -123,6 +123,17 @@ class KVCache:
             raise InputError(_OP, "seq_ids", f"distinct ids in 0..{self.max_batch - 1}", ids)
         return ids
 
+    def _rows(self, seq_ids: Sequence[int] | None) -> list[int] | slice:
+        """:meth:`_seq_ids`, as a slice for a valid unit-step ``range`` (or None: every
+        row): basic indexing of the lengths, no fancy-index copies (the decode loop's
+        case: every step reads and advances rows 0..B-1)."""
+        if seq_ids is None:
+            return slice(0, self.max_batch)
+        if type(seq_ids) is range and seq_ids.step == 1 and 0 <= seq_ids.start and \
+                seq_ids.stop <= self.max_batch:
+            return slice(seq_ids.start, max(seq_ids.start, seq_ids.stop))
+        return self._seq_ids(seq_ids, None)
+
     def _layer(self, layer: int) -> int:
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or \
                 not 0 <= layer < self.num_layers:
@@ -185,14 +196,18 @@ class KVCache:
         anything."""
         self._alive()
         lay = self._layers_of(layer)
-        ids = self._seq_ids(seq_ids, None)
+        ids = self._rows(seq_ids)
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
             raise InputError(_OP, "count", "an int >= 0", repr(count))
-        end = self._lens[lay, ids] + int(count)
-        if (end > self.max_seq_len).any():
+        cur = self._lens[lay, ids]  # a view for a row range (then updated in place)
+        top = int(cur.max(initial=0)) + int(count)
+        if top > self.max_seq_len:
             raise ShapeError(_OP, f"layer {layer} overflows max_seq_len",
-                             f"<= {self.max_seq_len} tokens", int(end.max()))
-        self._lens[lay, ids] = end
+                             f"<= {self.max_seq_len} tokens", top)
+        if type(ids) is slice:
+            cur += int(count)
+        else:
+            self._lens[lay, ids] = cur + int(count)
 
     # ------------------------------------------------------------------ reading
     def get(self, layer: int, seq_ids: Sequence[int] | None = None) -> tuple[Any, Any, Any]:
@@ -226,7 +241,7 @@ class KVCache:
         of layers gives ``[layers, rows]``)."""
         self._alive()
         lay = self.num_layers - 1 if layer is None else self._layers_of(layer)
-        return self._lens[lay, self._seq_ids(seq_ids, None)].copy()
+        return self._lens[lay, self._rows(seq_ids)].copy()
 
     def _layers_of(self, layer: int | range) -> int | slice:
         """A layer index, or a slice for a non-empty unit-step ``range`` of layers."""
