@@ -2,12 +2,12 @@
 ``atb.compile``'s decode plan on the same model: decode step time, one process.
 
 The embedded default model's sizes (hidden 512, 8 layers, 8 heads, 2 KV heads, inter
-1376, vocab 32000), fp32, batch 1, a 32-token prompt; each sample times ``--steps``
+1376, vocab 32000), fp32 (or ``--dtype bf16``), batch 1, a 32-token prompt; each sample times ``--steps``
 decode steps of one engine, the two take turns, and the best and median per-step
 times of ``--samples`` samples are reported with their ratio. Also: the graph's
 launches per step and its arena bytes.
 
-    python benchmarks/graph_decode.py [--samples 15] [--steps 16] [--threads 2]
+    python benchmarks/graph_decode.py [--samples 15] [--steps 16] [--threads 2] [--dtype bf16]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=15)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     import atb_torch as atb
@@ -42,10 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     hf = LlamaForCausalLM(LlamaConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=NH,
                                       num_key_value_heads=KV, intermediate_size=I,
                                       vocab_size=V)).eval()
+    if a.dtype == "bf16":
+        hf = hf.to(torch.bfloat16)
     ids = torch.randint(3, V, (1, 32), generator=torch.Generator().manual_seed(1))
     cap = 32 + (a.samples + 1) * a.steps + 8
     op = lower_decoder(hf)
-    cache = KVCache(L, 1, cap, KV, H // NH, dtype="fp32")
+    cache = KVCache(L, 1, cap, KV, H // NH, dtype=a.dtype)
     runner = atb.compile(hf, opt_level=2).atb_runner
     rcache = runner.new_cache(1, cap)
     tok, rtok = ids[:, -1:], ids[0, -1:]
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio_med = statistics.median(times["compile"]) / statistics.median(times["graph"])
     print(f"graph tok/s / compile tok/s: best {ratio_best:.3f}, median {ratio_med:.3f}; "
           f"graph launches per step {plan.launches}, arena {plan.memory.arena_bytes} B, "
-          f"{a.threads} threads")
+          f"{a.threads} threads, {a.dtype}")
     return 0
 
 

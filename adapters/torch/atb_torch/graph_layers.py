@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from atbcore.dtypes import Dtype
-from atbcore.graph.layers import Layer
+from atbcore.graph.layers import Layer, host_array
 
 if TYPE_CHECKING:
     from atbcore.graph.sequential import LoweringContext
@@ -34,7 +34,7 @@ class OpLayer(Layer):
         self.op, self.params, self.x_index, self.cast = op, dict(params or {}), x_index, cast
         self.kind = kind  # instance attribute: the auto-name stem
         self._order = list((weights or {}).keys())
-        self._weights = {k: np.asarray(v) for k, v in (weights or {}).items()}
+        self._weights = {k: host_array(v) for k, v in (weights or {}).items()}
 
     def _weight_names(self) -> set[str]:
         return set(self._order)

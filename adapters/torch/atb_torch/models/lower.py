@@ -35,6 +35,7 @@ import torch
 from atbcore.errors import CapabilityError
 from atbcore.graph import layers as L
 from atbcore.graph.graph_op import GraphOp
+from atbcore.graph.layers import host_array
 from atbcore.graph.layers_attention import FlashAttention, FusedFeedForward, RoPE
 
 from ..graph_layers import OpLayer
@@ -62,13 +63,14 @@ def _why_not(spec: ModelSpec) -> str:
 
 
 def _a(t: Any) -> np.ndarray | None:
-    """A weight as a host array (a view of a contiguous fp32 CPU tensor)."""
+    """A weight as a host array in the model's float dtype (fp32/fp16/bf16; a view
+    of a contiguous CPU tensor where NumPy has the dtype)."""
     if t is None:
         return None
     t = t.detach()
-    if t.dtype != torch.float32:
+    if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         t = t.float()
-    return t.cpu().contiguous().numpy()
+    return host_array(t.cpu().contiguous())
 
 
 def _base(spec: ModelSpec) -> float:

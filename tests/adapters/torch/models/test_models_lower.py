@@ -12,10 +12,10 @@ from atbcore.memory import KVCache
 from tiny_models import VOCAB, tiny
 
 
-def _cache(model, batch, length=32):
+def _cache(model, batch, length=32, dtype="fp32"):
     c = model.config
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return KVCache(c.num_hidden_layers, batch, length, c.num_key_value_heads, hd, dtype="fp32")
+    return KVCache(c.num_hidden_layers, batch, length, c.num_key_value_heads, hd, dtype=dtype)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
@@ -42,6 +42,26 @@ def test_lowered_decoder_matches_hugging_face_for_prompt_and_decode_steps(arch):
     assert len(ffns) == layers and all(f.params.norm_eps and f.params.has_residual for f in ffns)
     assert sum(1 for n in nodes if n.op == "Linear" and len(n.inputs) == 5) == layers
     assert ops.count("PagedAttention") == layers
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_a_half_model_lowers_in_its_own_dtype(dtype):
+    """The weights keep the model's dtype (no fp32 copy); logits of the prompt and of
+    decode steps within that dtype's tolerance of Hugging Face's forward."""
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    hf = tiny("llama").to(tdt)
+    op = lower_decoder(hf)
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(5))
+    cache = _cache(hf, 2, dtype=dtype)
+    with torch.no_grad():
+        want = hf(ids).logits
+        got = [op(ids[:, :6], kv_cache=cache)[0]]
+        got += [op(ids[:, t:t + 1], kv_cache=cache)[0] for t in range(6, 9)]
+    out = torch.cat(got, dim=1)
+    assert out.dtype == tdt
+    atb.assert_close(out.float(), want.float(), dtype, f"lowered {dtype} Llama vs HF")
+    from atbcore.dtypes import Dtype
+    assert {Dtype.of(w.dtype) for _, w in op.graph.weights} == {Dtype.of(dtype)}
 
 
 def test_lowered_decoder_greedy_tokens_equal_hf_generate():
