@@ -24,6 +24,9 @@ int8 per output channel for every Linear. ``enable_prefix_caching``: batch-1
 ``progress``: a display of the layers' weights being prepared, on stderr when it is a
 terminal and the compile runs past a second (None); False: never, True: on any
 stream. ``ATB_PROGRESS=0`` turns it off everywhere (:mod:`atbcore.progress`).
+``tensor_parallel=N`` (N > 1, inside a process group of N ranks): a Llama-family
+decoder sharded Megatron-style, each rank's share one core GraphOp
+(:mod:`.compile_tp`).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def _check(mode: str, opt_level: Any, quantize: Any) -> None:
 def compile(model: Any, mode: str = "infer", opt_level: int = 2,
             enable_prefix_caching: bool = False, enable_speculative: bool = False,
             dtype: Any = None, quantize: str | None = None,
-            progress: bool | None = None) -> Any:
+            progress: bool | None = None, tensor_parallel: int | None = None) -> Any:
     """Compile ``model`` for inference; see the module docstring. Unsupported
     architectures and config options raise CapabilityError naming them."""
     _check(mode, opt_level, quantize)
@@ -83,6 +86,17 @@ def compile(model: Any, mode: str = "infer", opt_level: int = 2,
     options = {"opt_level": opt_level, "enable_prefix_caching": bool(enable_prefix_caching),
                "enable_speculative": bool(enable_speculative), "dtype": tdtype,
                "quantize": quantize, "progress": progress}
+    if tensor_parallel is not None and (isinstance(tensor_parallel, bool) or not isinstance(
+            tensor_parallel, int) or tensor_parallel < 1):
+        raise ParamsError("compile", "tensor_parallel", "None or an int >= 1",
+                          repr(tensor_parallel))
+    if tensor_parallel is not None and tensor_parallel > 1:
+        if not (hasattr(model, "config") and hasattr(model.config, "model_type")):
+            raise CapabilityError("compile", "tensor_parallel for this model",
+                                  "a Hugging Face decoder", type(model).__name__)
+        from .compile_tp import compile_tensor_parallel
+
+        return compile_tensor_parallel(model, tensor_parallel, options)
     if _is_sentence_transformer(model):
         return _compile_st(model, options)
     if hasattr(model, "config") and hasattr(model.config, "model_type"):

@@ -68,3 +68,19 @@ def run_model(rank: int, world: int, cases: list) -> list:
         out.append({"logits": logits.numpy(), "greedy": seq.numpy(), "bytes": nbytes, "ops": ops,
                     "kv_heads": plan.local_kv_heads, "kv_rows": plan.kv_rows})
     return out
+
+
+def run_compiled(rank: int, world: int, arch: str, ids, steps: int) -> dict:
+    """``atb.compile(tiny(arch), tensor_parallel=world).generate``: this rank's ids, and
+    the sampled ids with a seed (every rank must draw the same tokens)."""
+    import torch
+
+    import atb_torch as atb
+    from tiny_models import tiny
+
+    fast = atb.compile(tiny(arch), tensor_parallel=world)
+    ids = torch.as_tensor(ids)
+    greedy = fast.generate(ids, max_new_tokens=steps)
+    again = fast.generate(ids[:1], max_new_tokens=steps)  # the cache reset, a smaller batch
+    sampled = fast.generate(ids, max_new_tokens=steps, do_sample=True, top_k=20, seed=7)
+    return {"greedy": greedy.numpy(), "again": again.numpy(), "sampled": sampled.numpy()}
