@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CapabilityError, PluginError
-from ..tensor import convert, framework_of, from_numpy, to_numpy
+from ..tensor import convert, copy_into, framework_of, from_numpy, to_numpy
 from .ir import Graph
 
 __all__ = ["PointRunner", "PointInfo", "ROPE_OPS"]
@@ -82,6 +82,38 @@ def _heads(x: Any, layout: str, heads: int, head_dim: int) -> Any:
     return x
 
 
+def _to_caller(t: Any, framework: str) -> tuple[Any, bool]:
+    """``t`` (a plan tensor) as the caller's framework's, and whether that is a
+    copy. Paddle crosses by copy both ways (:func:`_to_plan`): a Paddle tensor
+    over torch memory that itself wraps Paddle memory (graph inputs and outputs
+    do) deadlocks in Paddle's DLPack deleter when it is freed."""
+    if framework == "paddle" and framework_of(t) != "paddle":
+        return from_numpy(np.array(to_numpy(t), copy=True), framework), True
+    return convert(t, framework), False
+
+
+def _to_plan(t: Any, kind: str) -> Any:
+    """A plugin's tensor as the plan's ``kind`` (a copy out of Paddle, see above)."""
+    if framework_of(t) == "paddle" and kind != "paddle":
+        return from_numpy(np.array(to_numpy(t), copy=True), kind)
+    return convert(t, kind)
+
+
+def _back(outs: list, given: list, copied: list, native: list) -> list:
+    """Plugin outputs as the plan's tensors: an input handed back unchanged is the
+    plan's own tensor again (a copy the plugin may have written into is copied
+    back into it); anything else is converted."""
+    res = []
+    for o, g, c, n in zip(outs, given, copied, native):
+        if o is g:
+            if c:
+                copy_into(n, o)
+            res.append(n)
+        else:
+            res.append(_to_plan(o, framework_of(n)))
+    return res
+
+
 def _positions(past: np.ndarray, seq: int, framework: str) -> Any:
     pos = np.asarray(past, dtype=np.int64).reshape(-1, 1) + np.arange(seq, dtype=np.int64)
     return from_numpy(pos, framework)
@@ -107,8 +139,8 @@ class PointRunner:
         from ..plugin import apply_point
         from ..plugin.payloads import CacheState, PointPayload
 
-        kinds = [framework_of(t) for t in tensors]
-        fw = [convert(t, self.framework) for t in tensors]
+        fw, copied = map(list, zip(*(_to_caller(t, self.framework) for t in tensors))) \
+            if tensors else ([], [])
         where = f"{self.op.name}/{node}" if node else self.op.name
         if point == "pre_attention":
             payload = self._attention[node] = self._attention_payload(node, fw)
@@ -121,7 +153,7 @@ class PointRunner:
                                    CacheState(self.form))
         out = apply_point(point, fw, self.op._plugins.get(point, ()), node=where,
                           payload=payload)
-        return [convert(t, k) for t, k in zip(out, kinds)]
+        return _back(out, fw, copied, tensors)
 
     # ------------------------------------------------------------------ rope
     def _rope(self, node: str, tensors: list) -> list:
@@ -139,7 +171,7 @@ class PointRunner:
             return tensors
         out = apply_rope(payload, local, node=f"{self.op.name}/{node}")
         if out is not None:
-            self._rotated[node] = [None if t is None else convert(t.reshape(s), k)
+            self._rotated[node] = [None if t is None else _to_plan(t.reshape(s), k)
                                    for t, s, k in zip(out, shapes, kinds)
                                    if s is not None or t is not None]
         return tensors
@@ -162,12 +194,12 @@ class PointRunner:
         hk = None if k is None else (k.shape[-1] // hd if layout == "BSH" else k.shape[2])
         kinds = [framework_of(q), None if k is None else framework_of(k)]
         shapes = [tuple(q.shape), None if k is None else tuple(k.shape)]
-        q, k = (None if t is None else convert(t, self.framework) for t in (q, k))
+        q, k = (None if t is None else _to_caller(t, self.framework)[0] for t in (q, k))
         pos = ins.get("position_ids")
         if pos is None:
             positions = _positions(np.array([p.position_offset]), q.shape[1], self.framework)
         else:
-            positions = convert(pos, self.framework)
+            positions = _to_caller(pos, self.framework)[0]
             if len(positions.shape) == 1:
                 positions = positions.reshape((1, positions.shape[0]))
         past = tuple(int(v) for v in to_numpy(positions)[:, 0]) if positions.shape[1] else ()
