@@ -22,9 +22,16 @@ Plugin points (``register_plugin(point, plugin)``), on the graph after fusion:
   output feeds an activation (SiLU, Gelu, SwiGLU, ...) to the last Linear reachable
   from that activation: ``pre_mlp`` sees the first Linear's activation inputs,
   ``post_mlp`` the last Linear's outputs (so in LayerNorm -> Linear -> SiLU -> Linear
-  -> ResidualAdd it wraps Linear..Linear, before the residual add).
+  -> ResidualAdd it wraps Linear..Linear, before the residual add);
+* ``rope``: each RoPE node; a rope plugin (``rope(payload)`` or a global
+  ``atb_rope`` hook) replaces its rotation of q and k, in both KV-cache forms
+  (see :mod:`atbcore.plugin.rope_point`).
 
-Plugins receive and return tensors of the caller's framework (converted zero-copy).
+``preprocess`` / ``atb_preprocess`` run at the pre points only, ``postprocess`` /
+``atb_postprocess`` at the post points only. Plugins receive and return tensors of
+the caller's framework (converted zero-copy; Paddle by copy), and, when they name a
+``payload`` parameter, the point's typed payload (:mod:`atbcore.plugin.payloads`).
+With no plugin the plan runs without any point hook.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Execution points and the seed's ``Plugin`` class.
 
 A GraphOp runs plugins at named points around its attention, MLP and block
-sub-graphs and at the model's input and output::
+sub-graphs and at the model's input and output. ``preprocess`` (and the global
+``atb_preprocess``) runs at :data:`PRE_POINTS` only, ``postprocess`` (and
+``atb_postprocess``) at :data:`POST_POINTS` only; ``rope`` replaces the RoPE
+rotation (:mod:`atbcore.plugin.rope_point`)::
 
     class MyCustomPlugin(atb.Plugin):
         def preprocess(self, inputs):      # at pre_* points and model_input
