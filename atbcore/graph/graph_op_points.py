@@ -35,20 +35,20 @@ _VIEWS = frozenset({"Reshape"})  # ops a RoPE's output passes through on its way
 
 
 class PointInfo:
-    """What the points need from one (fused) graph: each point node's layer index
-    (its rank among the graph's nodes of its kind) and the RoPE feeding each
-    attention."""
+    """What the points need from one (fused) graph: the layer index of each
+    (point, node) -- the node's rank among the graph's nodes at that point, in
+    graph order -- and the RoPE feeding each attention."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, points: dict[str, tuple[str | None, str | None]]) -> None:
         self.graph = graph
         self.nodes = {n.name: n for n in graph.nodes}
-        self.layer: dict[str, int] = {}
-        counts = {"attention": 0, "rope": 0}
+        self.layers: dict[tuple[str, str], int] = {}
+        counts: dict[str, int] = {}
         for n in graph.nodes:
-            kind = "attention" if n.op in _ATTENTION else "rope" if n.op in ROPE_OPS else None
-            if kind:
-                self.layer[n.name] = counts[kind]
-                counts[kind] += 1
+            for point in dict.fromkeys(points.get(n.name, ())):
+                if point:
+                    self.layers[(point, n.name)] = counts.get(point, 0)
+                    counts[point] = counts.get(point, 0) + 1
         prod = graph.producers()
         self.rope_of: dict[str, Any] = {}
         for n in graph.nodes:
@@ -126,7 +126,7 @@ class PointRunner:
         self.op, self.plan, self.framework = op, plan, framework
         info = op._point_info
         if info is None or info.graph is not op.graph:
-            info = op._point_info = PointInfo(op.graph)
+            info = op._point_info = PointInfo(op.graph, op._points)
         self.info = info
         self.form = ("in_place" if op._cache_form is not None else
                      "concatenate" if op._kv is not None and op._kv.slots else "none")
@@ -149,7 +149,7 @@ class PointRunner:
             out = fw[0].reshape(tuple(pre.q.shape)) if pre.q is not None else fw[0]
             payload = dataclasses.replace(pre, point=point, output=out)
         else:
-            payload = PointPayload(point, where, self.info.layer.get(node),
+            payload = PointPayload(point, where, self.info.layers.get((point, node)),
                                    CacheState(self.form))
         out = apply_point(point, fw, self.op._plugins.get(point, ()), node=where,
                           payload=payload)
@@ -207,7 +207,7 @@ class PointRunner:
 
         rope = RopeParameters(float(p.base), int(p.rotary_dim or hd), int(hd), p.rotary_type,
                               int(hq), hk, int(p.position_offset))
-        payload = RopePayload("rope", f"{self.op.name}/{node}", self.info.layer.get(node),
+        payload = RopePayload("rope", f"{self.op.name}/{node}", self.info.layers.get(("rope", node)),
                               CacheState(self.form, past), q=_heads(q, layout, hq, hd),
                               k=None if k is None else _heads(k, layout, hk, hd),
                               positions=positions, rope=rope)
@@ -221,7 +221,7 @@ class PointRunner:
         ins = dict(zip(self.info.call_inputs(self.plan, node), fw))
         p = n.params
         where = f"{self.op.name}/{node}"
-        layer = self.info.layer.get(node)
+        layer = self.info.layers.get(("pre_attention", node))
         rope_node = self.info.rope_of.get(node)
         rp = rope_node.params if rope_node is not None else (p if n.op == _FUSED_ROPE else None)
         if n.op == _FUSED_ROPE:

@@ -59,8 +59,9 @@ class CacheState:
 @dataclass(frozen=True)
 class PointPayload:
     """Common to every point: ``point``, ``node`` (GraphOp/node name), ``layer``
-    (index of the node among the block's nodes of its kind, in graph order: the
-    model layer for decoders; ``None`` at block-level points) and ``cache``."""
+    (index of the node among the block's nodes at the same point, in graph
+    order: the model layer for decoders; ``None`` at ``pre_block`` /
+    ``post_block``) and ``cache``."""
 
     point: str
     node: str

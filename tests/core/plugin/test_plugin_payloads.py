@@ -69,7 +69,7 @@ def test_pre_and_post_run_where_documented_with_attention_payloads(plugin_env):
     post = [p for kind, p in rec.calls if p.point == "post_attention"][1]
     assert post.output.shape == (2, 1, H, D) and post.q is not None
     mlp = [p for kind, p in rec.calls if p.point == "pre_mlp"]
-    assert [p.layer for p in mlp] == [None, None] and mlp[0].cache.form == "concatenate"
+    assert [p.layer for p in mlp] == [0, 1] and mlp[0].cache.form == "concatenate"
 
 
 def test_in_place_cache_payload_reads_the_cache_rows(plugin_env):
@@ -106,7 +106,7 @@ def test_old_style_hooks_keep_working_next_to_payload_hooks(plugin_env):
     op = _block(layers=1, kv_cache=False)
     op(_x())
     assert got["old"] == ["post_attention", "post_mlp", "post_block"]
-    assert got["new"] == [("pre_block", None), ("pre_attention", 0), ("pre_mlp", None)]
+    assert got["new"] == [("pre_block", None), ("pre_attention", 0), ("pre_mlp", 0)]
 
 
 @pytest.mark.parametrize("late", [False, True], ids=["before first call", "after"])
