@@ -97,12 +97,36 @@ def rotate_np(x: np.ndarray, positions: np.ndarray, base: float, rotary_dim: int
     return out
 
 
+def _rotate_torch(x: Any, positions: Any, base: float, rotary_dim: int,
+                  rotary_type: str) -> Any:
+    # rotate_np in torch, float64 on x's device (CUDA tensors stay there)
+    import torch
+
+    rd, xf = rotary_dim, x.to(torch.float64)
+    inv = base ** (-torch.arange(0, rd, 2, dtype=torch.float64, device=x.device) / rd)
+    ang = positions.to(x.device, torch.float64)[..., None, None] * inv
+    cos, sin = ang.cos(), ang.sin()
+    out = xf.clone()
+    if rotary_type == "half":
+        a, b = xf[..., : rd // 2], xf[..., rd // 2: rd]
+        out[..., : rd // 2], out[..., rd // 2: rd] = a * cos - b * sin, b * cos + a * sin
+    else:
+        a, b = xf[..., 0:rd:2], xf[..., 1:rd:2]
+        out[..., 0:rd:2], out[..., 1:rd:2] = a * cos - b * sin, b * cos + a * sin
+    return out.to(x.dtype)
+
+
 def builtin_rope(payload: RopePayload) -> list:
     """The built-in rotation of ``payload`` (its ``rope`` parameters at its
     ``positions``), as ``[q_rot, k_rot]`` in the payload's framework and dtypes.
-    Computed in float64 NumPy: a reference to build plugins on, not a kernel."""
+    Computed in float64 (torch on the tensors' device, NumPy for the other
+    frameworks): a reference to build plugins on, not a kernel."""
     p = payload.rope
     assert p is not None
+    if framework_of(payload.q) == "torch":
+        return [None if x is None else _rotate_torch(x, payload.positions, p.base, p.rotary_dim,
+                                                     p.rotary_type)
+                for x in (payload.q, payload.k)]
     pos = to_numpy(payload.positions)
     out = []
     for x in (payload.q, payload.k):

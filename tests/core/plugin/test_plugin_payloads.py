@@ -150,3 +150,26 @@ def test_no_plugin_means_no_hook_and_the_bound_program(plugin_env):
     assert pm.execution_hooks_active() and op._plugins_active()
     pm.unregister(name="p")
     assert not pm.execution_hooks_active()
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize("rotary_type", ["half", "interleave"])
+def test_builtin_rope_through_the_point_equals_the_rope_node(plugin_env, framework, rotary_type):
+    """The built-in RoPE is one implementation of the rope point: a plugin that
+    answers with builtin_rope gives the RoPE node's own result, in the concatenating
+    form's incremental steps too (partial rotary, half and interleaved pairs)."""
+    from atbcore.tensor import from_numpy, to_numpy
+
+    def block():
+        return GraphOp([L.Linear("qkv", out_features=3 * H * D, bias=False, seed=4),
+                        RoPE("rope", rotary_dim=D // 2, rotary_type=rotary_type, base=500.0),
+                        FlashAttention("attn", num_heads=H, causal=True, kv_cache=True)])
+
+    x = from_numpy(_x(s=6, seed=8), framework)
+    want, _ = block()(x, kv_cache=None)
+    op, calls = block(), []
+    op.register_plugin("rope", lambda p: calls.append(p) or builtin_rope(p))
+    _, kv = op(x[:, :4], kv_cache=None)
+    step, _ = op(x[:, 4:6], kv_cache=kv)
+    assert len(calls) == 2 and calls[1].rope.rotary_dim == D // 2
+    assert_close(to_numpy(step), to_numpy(want)[:, 4:6], "fp32", what="builtin_rope via the point")
