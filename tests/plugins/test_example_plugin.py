@@ -122,6 +122,28 @@ def _block(w: dict):
 
 
 FRAMEWORKS = [f for f in ("torch", "mindspore", "paddle") if importlib.util.find_spec(f)]
+FRONT_ENDS = {"torch": "atb_torch", "mindspore": "atb_mindspore", "paddle": "atb_paddle"}
+
+
+def _front_end_block(framework: str, w: dict):
+    """The block as the front-end's own GraphOp (an nn.Module, a Cell, a Layer)."""
+    fe = importlib.import_module(FRONT_ENDS[framework])
+    if framework != "torch":  # Cell / Layer wrappers take the core layers
+        return fe.GraphOp(_block(w)._layers, name="block")
+    import torch
+
+    op = fe.GraphOp([fe.Linear(HID, 3 * H * D, bias=False), fe.RoPE(),
+                     fe.FlashAttention(num_heads=H, head_dim=D, causal=True, kv_cache=True, packed=True),
+                     fe.Linear(H * D, HID, bias=False),
+                     fe.FusedFeedForward(intermediate_size=INTER, activation_type="squareplus",
+                                         hidden_size=HID)], name="block")
+    named = {"layers.linear.weight": "qkv", "layers.linear_1.weight": "o",
+             "layers.ffn.up_proj.weight": "up", "layers.ffn.down_proj.weight": "down"}
+    params = dict(op.named_parameters())
+    with torch.no_grad():
+        for name, key in named.items():
+            params[name].copy_(torch.from_numpy(w[key]))
+    return op
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -129,14 +151,12 @@ def test_custom_rope_and_activation_full_and_incremental(example, framework):
     from atbcore.memory import KVCache
     from atbcore.ops import activation as registry
 
-    importlib.import_module({"torch": "atb_torch", "mindspore": "atb_mindspore",
-                             "paddle": "atb_paddle"}[framework])
     registry.unregister_activation("squareplus")  # found again through the hook alone
     w = _weights()
     x = np.random.default_rng(9).standard_normal((B, S, HID)).astype(np.float32)
     want = hand_block(x, w).astype(np.float32)
     t = lambda a: from_numpy(np.ascontiguousarray(a), framework)  # noqa: E731
-    op = _block(w)
+    op = _front_end_block(framework, w)
 
     full, _ = op(t(x), kv_cache=None)  # full recompute (concatenating form, empty past)
     assert framework_of(full) == framework
