@@ -33,8 +33,6 @@ from typing import Any, Callable
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..")]
 
-import numpy as np  # noqa: E402
-
 
 def _ratio(a: Callable[[], Any], b: Callable[[], Any], samples: int,
            budget_s: float = 0.02) -> dict[str, float]:
@@ -136,11 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     get_plugin_manager()  # loaded as in any process that has used atb
     res = {"mlp_1row": _mlp(args.samples)}
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        pass
-    else:
+    import importlib.util
+
+    if importlib.util.find_spec("transformers"):
         res.update(_llama(args.samples))
     for name, r in res.items():
         print(f"{name:18s} ratio {r['ratio']:.3f} (q1 {r['q1']:.3f}, q3 {r['q3']:.3f})  "

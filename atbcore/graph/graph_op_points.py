@@ -215,7 +215,7 @@ class PointRunner:
 
     # ------------------------------------------------------------------ attention
     def _attention_payload(self, node: str, fw: list) -> Any:
-        from ..plugin.payloads import AttentionPayload, CacheState, RopeParameters
+        from ..plugin.payloads import AttentionPayload, CacheState
 
         n = self.info.nodes[node]
         ins = dict(zip(self.info.call_inputs(self.plan, node), fw))
@@ -258,7 +258,6 @@ class PointRunner:
     def _paged_payload(self, n: Any, ins: dict, where: str, layer: Any, rp: Any) -> Any:
         from ..plugin.payloads import AttentionPayload, CacheState
 
-        p = n.params
         q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
         lens = to_numpy(ins["context_lens"]).astype(np.int64).reshape(-1)
         qlens = (to_numpy(ins["q_seq_lens"]).astype(np.int64).reshape(-1)

@@ -20,7 +20,7 @@ from tiny_models import VOCAB, tiny  # noqa: E402
 
 from atbcore.memory import KVCache  # noqa: E402
 from atbcore.numerics import assert_close  # noqa: E402
-from test_example_plugin import example  # noqa: E402,F401  (fixture)
+from test_example_plugin import example  # noqa: E402,F401,F811  (fixture)
 
 STEPS = 32
 
@@ -72,8 +72,8 @@ def _hf_greedy(hf, ids):
     return logits, torch.cat(toks, 1)
 
 
-def test_rope_plugin_changes_a_lowered_llama_as_the_rotation_written_into_hf(example,
-                                                                              monkeypatch):
+def test_rope_plugin_changes_a_lowered_llama_as_the_rotation_written_into_hf(  # noqa: F811
+        example, monkeypatch):
     import transformers.models.llama.modeling_llama as modeling
     from atb_torch.models.lower import lower_decoder
 
