@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CapabilityError, PluginError
+from ..errors import AtbError, CapabilityError, PluginError
+from ..log import logger
 from ..tensor import convert, copy_into, framework_of, from_numpy, to_numpy
 from .ir import Graph
 
@@ -114,6 +115,14 @@ def _back(outs: list, given: list, copied: list, native: list) -> list:
     return res
 
 
+def _output_heads(o: Any, q: Any, layout: str) -> Any:
+    """The attention output as ``[B, S, H, D]`` like the payload's ``q`` (BNSD
+    outputs are swapped, BSH and token-major ones reshaped)."""
+    if layout == "BNSD":
+        return o.permute(0, 2, 1, 3) if framework_of(o) == "torch" else o.transpose((0, 2, 1, 3))
+    return o.reshape(tuple(q.shape))
+
+
 def _positions(past: np.ndarray, seq: int, framework: str) -> Any:
     pos = np.asarray(past, dtype=np.int64).reshape(-1, 1) + np.arange(seq, dtype=np.int64)
     return from_numpy(pos, framework)
@@ -132,6 +141,7 @@ class PointRunner:
                      "concatenate" if op._kv is not None and op._kv.slots else "none")
         self._rotated: dict[str, Any] = {}   # RoPE node -> plugin outputs (None: built-in)
         self._attention: dict[str, Any] = {}  # attention node -> its pre_attention payload
+        self._layout: dict[str, str] = {}  # attention node -> its q/output layout
 
     def __call__(self, point: str, node: str, tensors: list) -> list:
         if point == "rope":
@@ -142,18 +152,40 @@ class PointRunner:
         fw, copied = map(list, zip(*(_to_caller(t, self.framework) for t in tensors))) \
             if tensors else ([], [])
         where = f"{self.op.name}/{node}" if node else self.op.name
+        payload = None
         if point == "pre_attention":
-            payload = self._attention[node] = self._attention_payload(node, fw)
-        elif point == "post_attention" and node in self._attention:
+            self._check_unfused(node, where)
+            payload = self._attention[node] = self._guarded(self._attention_payload, node, fw)
+        elif point == "post_attention" and self._attention.get(node) is not None:
             pre = self._attention.pop(node)
-            out = fw[0].reshape(tuple(pre.q.shape)) if pre.q is not None else fw[0]
-            payload = dataclasses.replace(pre, point=point, output=out)
-        else:
+            layout = self._layout.get(node, "BSH")
+            payload = self._guarded(lambda _, o: dataclasses.replace(
+                pre, point=point, output=_output_heads(o[0], pre.q, layout)), node, fw)
+        if payload is None:
             payload = PointPayload(point, where, self.info.layers.get((point, node)),
                                    CacheState(self.form))
         out = apply_point(point, fw, self.op._plugins.get(point, ()), node=where,
                           payload=payload)
         return _back(out, fw, copied, tensors)
+
+    def _guarded(self, build: Any, node: str, fw: list) -> Any:
+        """A payload, or None (the plain PointPayload then) for an attention whose
+        layout the payload cannot describe: plugins that only read the tensors
+        keep working on every graph."""
+        try:
+            return build(node, fw)
+        except (AtbError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            logger.debug("%s/%s: no attention payload (%s)", self.op.name, node, e)
+            return None
+
+    def _check_unfused(self, node: str, where: str) -> None:
+        from ..plugin.rope_point import rope_plugins_present
+
+        op = self.info.nodes[node].op
+        if op == _FUSED_ROPE and rope_plugins_present(self.op._plugins.get("rope", ())):
+            raise PluginError(where, "a rope plugin was registered after this GraphOp fused RoPE "
+                              "into the attention", "rope plugins registered before the first "
+                              "call (or fusion_config={'enable_rope_fusion': False})", op)
 
     # ------------------------------------------------------------------ rope
     def _rope(self, node: str, tensors: list) -> list:
@@ -224,19 +256,11 @@ class PointRunner:
         layer = self.info.layers.get(("pre_attention", node))
         rope_node = self.info.rope_of.get(node)
         rp = rope_node.params if rope_node is not None else (p if n.op == _FUSED_ROPE else None)
-        if n.op == _FUSED_ROPE:
-            from ..plugin.rope_point import rope_plugins_present
-
-            if rope_plugins_present(self.op._plugins.get("rope", ())):
-                raise PluginError(where, "a rope plugin was registered after this GraphOp "
-                                  "fused RoPE into the attention",
-                                  "rope plugins registered before the first call (or "
-                                  "fusion_config={'enable_rope_fusion': False})", n.op)
         if n.op == "PagedAttention":
             return self._paged_payload(n, ins, where, layer, rp)
         q, k, v = ins.get("q"), ins.get("k"), ins.get("v")
         h = p.num_heads
-        layout = p.layout or ("BSH" if len(q.shape) == 3 else "BNSD")
+        layout = self._layout[node] = p.layout or ("BSH" if len(q.shape) == 3 else "BNSD")
         if k is None:  # packed [B, S, (H + 2 Hkv) * D]
             hkv = p.num_kv_heads or h
             d = q.shape[-1] // (h + 2 * hkv)

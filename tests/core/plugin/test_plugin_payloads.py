@@ -173,3 +173,25 @@ def test_builtin_rope_through_the_point_equals_the_rope_node(plugin_env, framewo
     step, _ = op(x[:, 4:6], kv_cache=kv)
     assert len(calls) == 2 and calls[1].rope.rotary_dim == D // 2
     assert_close(to_numpy(step), to_numpy(want)[:, 4:6], "fp32", what="builtin_rope via the point")
+
+
+def test_bnsd_attention_payload_is_head_split_per_token(plugin_env):
+    """A hand-built BNSD attention: the payload shows q/k/v and the output as
+    [B, S, H, D] (the tensors the plugin gets stay [B, H, S, D])."""
+    from atbcore.graph.builder import GraphBuilder
+    from atbcore.tensor import TensorDesc
+
+    b = GraphBuilder("bnsd")
+    q, k, v = (b.add_input(n, TensorDesc([1, H, 3, D], "fp32")) for n in "qkv")
+    (o,) = b.add_node("FlashAttention", [q, k, v], {"num_heads": H, "layout": "BNSD"}, name="attn")
+    b.mark_output(o)
+    op, rec = GraphOp(b.build()), Recorder()
+    op.register_plugin("post_attention", rec)
+    xs = [np.random.default_rng(i).standard_normal((1, H, 3, D)).astype(np.float32)
+          for i in range(3)]
+    y = op(*xs)
+    (_, p), = rec.calls
+    assert p.layer == 0 and p.cache.form == "none"
+    np.testing.assert_array_equal(np.asarray(p.q), xs[0].transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(np.asarray(p.output), np.asarray(y).transpose(0, 2, 1, 3))
+    assert np.asarray(p.positions).tolist() == [[0, 1, 2]]
