@@ -9,10 +9,13 @@
 The model becomes a list of atb layers (embedding; per block RmsNorm, the merged QKV
 Linear, RoPE, FlashAttention with a KV cache, the output projection, a residual
 add, RmsNorm, the gated FFN, a residual add; final RmsNorm and LM head) lowered and
-fused by the one pass pipeline (the norms go into the matmuls that follow them, the
-residual add into the next norm, the FFN's residual into its down projection), and
-run with an ``atb.KVCache`` in the in-place cache form (the cache written by the
-plan, one bound program per decode step). ``explain()`` shows what it became.
+fused by the one pass pipeline: each norm goes into the matmul that follows it (QKV,
+the FFN's gate|up, the LM head), the attention's residual add into the output
+projection's GEMM and the FFN's into its down projection, RoPE and the KV cache write
+become one kernel writing the paged rows, and q/k/v are views of the QKV output. It
+runs with an ``atb.KVCache`` in the in-place cache form (the cache written by the
+plan, one bound program per decode step; 58 launches for the default model's step).
+``explain()`` shows what it became.
 
 Covered: pre-norm RmsNorm decoders with default RoPE (full rotary), gated SiLU MLPs,
 GQA, q/k/v biases and sliding windows (Llama, Qwen2, Mistral); anything else raises
