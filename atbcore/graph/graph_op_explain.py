@@ -11,6 +11,7 @@ from ..tensor import convert, framework_of
 from .ir import Graph, Node
 
 __all__ = ["plugin_points", "explain_text", "ATTENTION_OPS", "FFN_OPS", "ACTIVATION_OPS",
+           "ROPE_NODES", "FUSED_ROPE_OPS",
            "GraphOpPlugins", "GraphOpViews"]
 
 ATTENTION_OPS = frozenset({"FlashAttention", "PagedAttention", "RopeFlashAttention"})
@@ -18,6 +19,10 @@ FFN_OPS = frozenset({"FusedFeedForward", "MoE"})
 ACTIVATION_OPS = frozenset({"SiLU", "Gelu", "QuickGelu", "Relu", "SwiGLU", "GeGLU",
                             "Activation"})
 _LINEAR_OPS = frozenset({"Linear"})
+#: nodes that rotate q and k: RoPE, and RoPE fused with the cache write (the rope point
+#: refuses a late rope plugin there) or into the attention (which has its own points)
+ROPE_NODES = frozenset({"RoPE", "RopeKVCache"})
+FUSED_ROPE_OPS = frozenset({"RopeFlashAttention", "RopeKVCache"})
 
 
 def plugin_points(graph: Graph) -> dict[str, tuple[str | None, str | None]]:
@@ -34,7 +39,7 @@ def plugin_points(graph: Graph) -> dict[str, tuple[str | None, str | None]]:
     for n in graph.nodes:
         if n.op in ATTENTION_OPS:
             put(n.name, "pre_attention", "post_attention")
-        elif n.op == "RoPE":  # before it the rope plugins rotate, after it their result stands
+        elif n.op in ROPE_NODES:  # rope plugins rotate before it; their result stands after
             put(n.name, "rope", "rope")
         elif n.op in FFN_OPS:
             put(n.name, "pre_mlp", "post_mlp")
@@ -200,8 +205,9 @@ class GraphOpPlugins:
         return cfg
 
     def _unfuse_rope(self) -> None:
-        # a rope plugin arrived after RoPE was fused into an attention: build again
-        if self.graph is None or not any(n.op == "RopeFlashAttention" for n in self.graph.nodes):
+        # a rope plugin arrived after RoPE was fused (here or in the in-place cache form)
+        forms = [self.graph] + ([self._in_place.graph] if self._in_place else [])
+        if not any(g is not None and any(n.op in FUSED_ROPE_OPS for n in g.nodes) for g in forms):
             return
         with self._lock:
             if self._in_place:

@@ -29,8 +29,9 @@ from .ir import Graph
 
 __all__ = ["PointRunner", "PointInfo", "ROPE_OPS"]
 
-ROPE_OPS = frozenset({"RoPE"})
+ROPE_OPS = frozenset({"RoPE", "RopeKVCache"})  # nodes whose params are RoPE's
 _FUSED_ROPE = "RopeFlashAttention"
+_ROPE_WITH_CACHE = "RopeKVCache"
 _ATTENTION = frozenset({"FlashAttention", "PagedAttention", _FUSED_ROPE})
 _VIEWS = frozenset({"Reshape"})  # ops a RoPE's output passes through on its way to attention
 
@@ -182,10 +183,11 @@ class PointRunner:
         from ..plugin.rope_point import rope_plugins_present
 
         op = self.info.nodes[node].op
-        if op == _FUSED_ROPE and rope_plugins_present(self.op._plugins.get("rope", ())):
-            raise PluginError(where, "a rope plugin was registered after this GraphOp fused RoPE "
-                              "into the attention", "rope plugins registered before the first "
-                              "call (or fusion_config={'enable_rope_fusion': False})", op)
+        if op in (_FUSED_ROPE, _ROPE_WITH_CACHE) and rope_plugins_present(
+                self.op._plugins.get("rope", ())):
+            raise PluginError(where, f"a rope plugin was registered after this GraphOp fused "
+                              f"RoPE into {op}", "rope plugins registered before the first call "
+                              "(or fusion_config={'enable_rope_fusion': False})", op)
 
     # ------------------------------------------------------------------ rope
     def _rope(self, node: str, tensors: list) -> list:
@@ -198,6 +200,7 @@ class PointRunner:
         self._rotated[node] = None
         if not rope_plugins_present(local):
             return tensors
+        self._check_unfused(node, f"{self.op.name}/{node}")
         payload, kinds, shapes = self._rope_payload(node, tensors)
         if payload is None:
             return tensors

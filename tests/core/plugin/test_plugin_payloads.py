@@ -195,3 +195,35 @@ def test_bnsd_attention_payload_is_head_split_per_token(plugin_env):
     np.testing.assert_array_equal(np.asarray(p.q), xs[0].transpose(0, 2, 1, 3))
     np.testing.assert_array_equal(np.asarray(p.output), np.asarray(y).transpose(0, 2, 1, 3))
     assert np.asarray(p.positions).tolist() == [[0, 1, 2]]
+
+
+def test_rope_fused_with_the_cache_write(plugin_env):
+    """In the in-place cache form RoPE fuses with the cache write (RopeKVCache): the
+    attention payload still names the rotation; a global rope plugin arriving late
+    is refused by name; a local one rebuilds the block unfused and rotates."""
+    from atbcore.errors import PluginError
+
+    x = _x(s=5, seed=6)
+    want = _block(layers=1, base=100.0)(x, kv_cache=None)[0]
+    op, rec = _block(layers=1), Recorder()
+    op.register_plugin("pre_attention", rec)
+    op(x[:, :4], kv_cache=KVCache(1, 2, 16, H, D, dtype="fp32"))
+    assert "RopeKVCache" in [n.op for n in op._in_place.graph.nodes]
+    assert rec.calls[0][1].rope.base == 10000.0
+
+    class Late:
+        @hookimpl
+        def atb_rope(self, payload):
+            return None
+
+    get_plugin_manager().register(Late(), name="late")
+    with pytest.raises(PluginError, match="RopeKVCache"):
+        op(x[:, :4], kv_cache=KVCache(1, 2, 16, H, D, dtype="fp32"))
+    get_plugin_manager().unregister(name="late")
+
+    op.register_plugin("rope", lambda p: builtin_rope(replace(p, rope=replace(p.rope, base=100.0))))
+    cache = KVCache(1, 2, 16, H, D, dtype="fp32")
+    first, _ = op(x[:, :4], kv_cache=cache)
+    last, _ = op(x[:, 4:5], kv_cache=cache)
+    assert "RopeKVCache" not in [n.op for n in op._in_place.graph.nodes]
+    assert_close(np.concatenate([first, last], 1), want, "fp32", what="rope plugin, in place")
