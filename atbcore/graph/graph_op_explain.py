@@ -7,7 +7,6 @@ import os
 from typing import Any, Mapping
 
 from ..errors import GraphError, ParamsError
-from ..tensor import convert, framework_of
 from .ir import Graph, Node
 
 __all__ = ["plugin_points", "explain_text", "ATTENTION_OPS", "FFN_OPS", "ACTIVATION_OPS",
