@@ -128,6 +128,17 @@ def atb_preprocess(point: str, tensors: list, node: str,
         def atb_preprocess(point, tensors):
             if point == "pre_mlp":
                 return [t.clamp(-50, 50) for t in tensors]    # torch tensors
+
+    Example, at ``pre_block``: the GraphOp's own inputs, before anything runs
+    (``payload.node`` is the GraphOp's name, ``payload.layer`` is ``None``)::
+
+        @hookimpl
+        def atb_preprocess(point, tensors, payload):
+            if point == "pre_block" and payload.cache.form == "in_place":
+                log.info("%s: %d inputs", payload.node, len(tensors))
+
+    ``model_input`` / ``model_output`` are part of the contract for whole-model
+    runners; GraphOps (and models lowered to them) do not call them.
     """
 
 
@@ -146,6 +157,16 @@ def atb_postprocess(point: str, tensors: list, node: str,
             if point == "post_attention":
                 seen[payload.layer] = payload.positions
             # None: the outputs stay as they are
+
+    Example, at ``post_mlp`` / ``post_block``: scale the MLP output of layer 1,
+    round the block's outputs::
+
+        @hookimpl
+        def atb_postprocess(point, tensors, payload):
+            if point == "post_mlp" and payload.layer == 1:
+                return [t * 0.5 for t in tensors]
+            if point == "post_block":
+                return [t.round(decimals=4) for t in tensors]   # torch tensors
     """
 
 
