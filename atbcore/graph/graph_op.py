@@ -22,9 +22,16 @@ Plugin points (``register_plugin(point, plugin)``), on the graph after fusion:
   output feeds an activation (SiLU, Gelu, SwiGLU, ...) to the last Linear reachable
   from that activation: ``pre_mlp`` sees the first Linear's activation inputs,
   ``post_mlp`` the last Linear's outputs (so in LayerNorm -> Linear -> SiLU -> Linear
-  -> ResidualAdd it wraps Linear..Linear, before the residual add).
+  -> ResidualAdd it wraps Linear..Linear, before the residual add);
+* ``rope``: each RoPE node; a rope plugin (``rope(payload)`` or a global
+  ``atb_rope`` hook) replaces its rotation of q and k, in both KV-cache forms
+  (see :mod:`atbcore.plugin.rope_point`).
 
-Plugins receive and return tensors of the caller's framework (converted zero-copy).
+``preprocess`` / ``atb_preprocess`` run at the pre points only, ``postprocess`` /
+``atb_postprocess`` at the post points only. Plugins receive and return tensors of
+the caller's framework (converted zero-copy; Paddle by copy), and, when they name a
+``payload`` parameter, the point's typed payload (:mod:`atbcore.plugin.payloads`).
+With no plugin the plan runs without any point hook.
 """
 
 from __future__ import annotations
@@ -106,6 +113,7 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
         self._weights: dict[tuple[str, str, str], Any] = {}
         self._captured: dict[tuple, Any] = {}
         self._points: dict[str, tuple[str | None, str | None]] = {}
+        self._point_info: Any = None  # graph_op_points.PointInfo of self.graph
         self._kv: KVBinder | None = None
         self._destroyed = False
         # Plan lookup and building are serialised; runs hold their plan's own lock.
@@ -143,7 +151,7 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
                                                   kv_cache_desc=cache_desc, batch=batch)
         from ..passes.pipeline import run_pipeline
 
-        self.graph, self.pass_reports = run_pipeline(self.graph_unfused, self.fusion_config)
+        self.graph, self.pass_reports = run_pipeline(self.graph_unfused, self._fusion_for_plugins())
         self._points = plugin_points(self.graph)
         self._kv = KVBinder(self.graph, f"{self.name}@{id(self):x}")
         # The cache must not keep this GraphOp alive (its finalizer releases the cache).
@@ -242,7 +250,7 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
         if outputs is not None:
             self._check_outputs(outputs, [exact[o] for o in plan.graph.outputs])
         framework = framework_of(inputs[0])
-        hook = self._hook(framework) if self._plugins_active() else None
+        hook = self._hook(framework, plan) if self._plugins_active() else None
         if hook is not None:
             inputs = hook("pre_block", "", inputs)
         native = {k: convert(x, plan.entry_native)

@@ -7,17 +7,21 @@ import os
 from typing import Any, Mapping
 
 from ..errors import GraphError, ParamsError
-from ..tensor import convert, framework_of
 from .ir import Graph, Node
 
 __all__ = ["plugin_points", "explain_text", "ATTENTION_OPS", "FFN_OPS", "ACTIVATION_OPS",
+           "ROPE_NODES", "FUSED_ROPE_OPS",
            "GraphOpPlugins", "GraphOpViews"]
 
-ATTENTION_OPS = frozenset({"FlashAttention", "PagedAttention"})
+ATTENTION_OPS = frozenset({"FlashAttention", "PagedAttention", "RopeFlashAttention"})
 FFN_OPS = frozenset({"FusedFeedForward", "MoE"})
 ACTIVATION_OPS = frozenset({"SiLU", "Gelu", "QuickGelu", "Relu", "SwiGLU", "GeGLU",
                             "Activation"})
 _LINEAR_OPS = frozenset({"Linear"})
+#: nodes that rotate q and k: RoPE, and RoPE fused with the cache write (the rope point
+#: refuses a late rope plugin there) or into the attention (which has its own points)
+ROPE_NODES = frozenset({"RoPE", "RopeKVCache"})
+FUSED_ROPE_OPS = frozenset({"RopeFlashAttention", "RopeKVCache"})
 
 
 def plugin_points(graph: Graph) -> dict[str, tuple[str | None, str | None]]:
@@ -34,6 +38,8 @@ def plugin_points(graph: Graph) -> dict[str, tuple[str | None, str | None]]:
     for n in graph.nodes:
         if n.op in ATTENTION_OPS:
             put(n.name, "pre_attention", "post_attention")
+        elif n.op in ROPE_NODES:  # rope plugins rotate before it; their result stands after
+            put(n.name, "rope", "rope")
         elif n.op in FFN_OPS:
             put(n.name, "pre_mlp", "post_mlp")
     if not any(n.op in FFN_OPS for n in graph.nodes):
@@ -158,37 +164,56 @@ class GraphOpPlugins:
     """GraphOp's plugin points (a mixin: state lives in the GraphOp)."""
 
     def register_plugin(self, point: str, plugin: Any) -> Any:
-        """Run ``plugin`` at ``point`` (one of ``atbcore.plugin.POINTS``)."""
+        """Run ``plugin`` at ``point`` (one of ``atbcore.plugin.POINTS``): a
+        :class:`~atbcore.plugin.Plugin` at the pre/post points, an object with
+        ``rope(payload)`` (or a callable) at ``rope``."""
         from ..plugin import POINTS
 
         if point not in POINTS:
             raise ParamsError(self.name, "plugin point", list(POINTS), repr(point))
         self._plugins.setdefault(point, []).append(plugin)
         self._captured.clear()  # a captured graph cannot run Python plugins
+        if point == "rope":
+            self._unfuse_rope()
         return self
 
     def _plugins_active(self) -> bool:
         if any(self._plugins.values()):
             return True
         try:
-            hook = _plugin_manager()().hook
-            return bool(hook.atb_preprocess.get_hookimpls() or
-                        hook.atb_postprocess.get_hookimpls())
+            return _plugin_manager()().execution_hooks_active()
         except (ImportError, NotImplementedError, AttributeError):
             return False
 
-    def _hook(self, framework: str) -> Any:
-        from ..plugin import apply_point
+    def _hook(self, framework: str, plan: Any) -> Any:
+        from .graph_op_points import PointRunner
 
-        def hook(point: str, node: str, tensors: list) -> list:
-            kinds = [framework_of(t) for t in tensors]
-            fw = [convert(t, framework) for t in tensors]
-            where = f"{self.name}/{node}" if node else self.name
-            out = apply_point(point, fw, self._plugins.get(point, ()), node=where)
-            return [convert(t, k) for t, k in zip(out, kinds)]
+        return PointRunner(self, plan, framework)
 
-        return hook
+    def _fusion_for_plugins(self) -> Any:
+        """The fusion config to build with: RoPE stays its own node (not fused
+        into the attention) while a rope plugin is present, so the plugin rotates."""
+        from ..plugin.rope_point import rope_plugins_present
 
+        cfg = self.fusion_config
+        if getattr(cfg, "enable_rope_fusion", False) and rope_plugins_present(
+                self._plugins.get("rope", ())):
+            import dataclasses
+
+            cfg = dataclasses.replace(cfg, enable_rope_fusion=False)
+        return cfg
+
+    def _unfuse_rope(self) -> None:
+        # a rope plugin arrived after RoPE was fused (here or in the in-place cache form)
+        forms = [self.graph] + ([self._in_place.graph] if self._in_place else [])
+        if not any(g is not None and any(n.op in FUSED_ROPE_OPS for n in g.nodes) for g in forms):
+            return
+        with self._lock:
+            if self._in_place:
+                self._in_place.destroy()
+            if self._cache is not None:
+                self._cache.clear()
+            self._reset_state()
 
 
 class GraphOpViews:

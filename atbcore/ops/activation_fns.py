@@ -98,7 +98,9 @@ def get_activation(name: Any, op: str = "activation") -> ActivationFn:
     """The activation ``name``; ParamsError naming ``op`` when nobody registered it.
 
     On a miss the plugin manager is started once (a no-op when it already runs),
-    so activations that entry-point plugins register are found without setup."""
+    so activations that entry-point plugins register are found without setup;
+    then the ``atb_activation`` hook is asked, and its answer registered: a
+    plugin implementing that hook alone is enough."""
     entry = _REGISTRY.get(_key(name))
     if entry is None:
         try:
@@ -106,12 +108,38 @@ def get_activation(name: Any, op: str = "activation") -> ActivationFn:
         except ImportError:  # pluggy missing: only built-ins
             pass
         else:
-            get_plugin_manager()
-            entry = _REGISTRY.get(_key(name))
+            pm = get_plugin_manager()
+            entry = _REGISTRY.get(_key(name)) or _from_hook(pm, name)
     if entry is None:
         raise ParamsError(op, f"unknown activation {name!r}", f"one of {list_activations()}",
                           repr(name))
     return entry
+
+
+def _from_hook(pm: Any, name: Any) -> ActivationFn | None:
+    """Register what ``atb_activation(name)`` answers (None when nobody does)."""
+    from ..plugin.resolve import resolve_activation
+    from ..errors import CapabilityError
+
+    if not pm.hook.atb_activation.get_hookimpls():
+        return None
+    try:
+        spec = resolve_activation(str(name))
+    except CapabilityError:
+        return None
+    torch_fn = spec.torch_fn or _torch_via_numpy(spec.numpy_fn)
+    return register_activation(str(name), spec.numpy_fn, torch_fn, gated=spec.gated)
+
+
+def _torch_via_numpy(numpy_fn: Fn) -> Fn:
+    # a plugin gave only the NumPy form: torch kernels round-trip through it
+    def torch_fn(x: Any) -> Any:
+        import torch
+
+        y = np.asarray(numpy_fn(x.detach().to("cpu", torch.float64).numpy()))
+        return torch.from_numpy(np.ascontiguousarray(y)).to(x.device, x.dtype)
+
+    return torch_fn
 
 
 # --------------------------------------------------------------------------- built-ins

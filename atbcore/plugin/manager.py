@@ -27,11 +27,13 @@ from .isolation import guarded_hookexec, plugin_error
 from .markers import PROJECT
 
 __all__ = ["AtbPluginManager", "PluginRecord", "get_plugin_manager", "reset_plugin_manager",
-           "SETUP_HOOKS"]
+           "SETUP_HOOKS", "EXECUTION_HOOKS"]
 
 #: hooks run once per plugin when it is registered, in this order
 SETUP_HOOKS = ("atb_configure", "atb_register_ops", "atb_register_backends",
                "atb_register_adapters", "atb_register_fusion_rules")
+#: hooks a GraphOp calls while it runs; with none implemented it runs its bound program
+EXECUTION_HOOKS = ("atb_preprocess", "atb_postprocess", "atb_rope")
 
 
 @dataclass
@@ -71,6 +73,7 @@ class AtbPluginManager(pluggy.PluginManager):
         self.fusion_rules: list[tuple[str, Any]] = []
         self._undo: list[Any] = []  # undo callables (e.g. hook-call monitoring)
         self.trace_records: Any = None  # set by the tracing plugin when tracing is on
+        self._executing: bool | None = None  # execution_hooks_active(), until (un)register
 
     # ------------------------------------------------------------------ registration
     def register(self, plugin: Any, name: str | None = None, *, source: str = "runtime",
@@ -86,6 +89,7 @@ class AtbPluginManager(pluggy.PluginManager):
                 super().unregister(plugin)
             raise plugin_error(name or self.get_canonical_name(plugin),
                                f"invalid hook implementation: {e}") from e
+        self._executing = None
         if registered is None:
             return None
         rec = record or PluginRecord(registered, "loaded", source)
@@ -136,6 +140,7 @@ class AtbPluginManager(pluggy.PluginManager):
         if name is None and plugin is not None:
             name = self.get_name(plugin)
         out = super().unregister(plugin, name)
+        self._executing = None
         if name is not None:
             self.fusion_rules = [(n, r) for n, r in self.fusion_rules if n != name]
             self.records.pop(name, None)
@@ -145,6 +150,16 @@ class AtbPluginManager(pluggy.PluginManager):
         return out
 
     # ------------------------------------------------------------------ queries
+    def execution_hooks_active(self) -> bool:
+        """True when some plugin implements an execution hook (``atb_preprocess``,
+        ``atb_postprocess``, ``atb_rope``); remembered until the next (un)register,
+        so a GraphOp asks it per call for the price of an attribute read."""
+        active = self._executing
+        if active is None:
+            active = self._executing = any(getattr(self.hook, h).get_hookimpls()
+                                           for h in EXECUTION_HOOKS)
+        return active
+
     def hooks_of(self, plugin: Any) -> list[str]:
         """Names of the atb hooks ``plugin`` implements (sorted)."""
         return sorted({c.name for c in (self.get_hookcallers(plugin) or [])})

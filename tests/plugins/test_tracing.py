@@ -49,7 +49,7 @@ def test_traces_every_hook_call_with_duration(builtins, monkeypatch, caplog):
     assert failed.error == "PluginError"
     pre = [r for r in recs if r.hook == "atb_preprocess"]
     assert len(pre) == 1 and pre[0].plugins == ("slow",)
-    assert pre[0].args == ("point", "tensors", "node")
+    assert pre[0].args == ("point", "tensors", "node", "payload")
     log = caplog.text
     assert "hook atb_activation(name) [slow, " in log and " ms" in log
     assert "raised PluginError" in log

@@ -106,7 +106,7 @@ def test_hookspecs_are_prefixed_documented_and_firstresult_where_one_answer():
         caller = getattr(pm.hook, n)
         assert caller.spec is not None and (getattr(hookspecs, n).__doc__ or "").strip(), n
     first = {n for n in names if getattr(pm.hook, n).spec.opts["firstresult"]}
-    assert first == {"atb_activation", "atb_rope_frequencies", "atb_model_architecture"}
+    assert first == {"atb_activation", "atb_rope_frequencies", "atb_model_architecture", "atb_rope"}
     required = {"atb_register_ops", "atb_register_backends", "atb_register_fusion_rules",
                 "atb_register_adapters", "atb_graph_after_build", "atb_graph_before_plan",
                 "atb_preprocess", "atb_postprocess"}

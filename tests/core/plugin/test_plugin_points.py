@@ -9,6 +9,7 @@ import pytest
 
 from atbcore.errors import ParamsError
 from atbcore.plugin import POINTS, Plugin, apply_point, get_plugin_manager, hookimpl
+from atbcore.plugin.points import POST_POINTS, PRE_POINTS
 from atbcore.tensor import framework_of, to_numpy
 
 
@@ -24,10 +25,18 @@ class Doubler(Plugin):
 
 def test_points_are_the_contract():
     assert POINTS == ("pre_attention", "post_attention", "pre_mlp", "post_mlp", "pre_block",
-                      "post_block", "model_input", "model_output")
+                      "post_block", "model_input", "model_output", "rope")
+    # postprocess never runs at a pre point, nor preprocess at a post point
+    assert PRE_POINTS == {"pre_attention", "pre_mlp", "pre_block", "model_input"}
+    assert POST_POINTS == {"post_attention", "post_mlp", "post_block", "model_output"}
 
 
-@pytest.mark.parametrize("point", POINTS)
+def test_rope_is_not_a_pre_or_post_point(plugin_env):
+    with pytest.raises(ParamsError, match="replaces a computation"):
+        apply_point("rope", [np.ones(1)], [Doubler()], node="block0")
+
+
+@pytest.mark.parametrize("point", sorted(PRE_POINTS | POST_POINTS))
 def test_preprocess_at_pre_points_postprocess_at_post_points(plugin_env, point):
     x = np.array([[1.0, -3.0]], np.float32)
     (y,) = apply_point(point, [x], [Doubler()])

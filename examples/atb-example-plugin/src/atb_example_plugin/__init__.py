@@ -1,13 +1,18 @@
 """An example third-party atb plugin (entry point ``atb_example`` in group ``atb``).
 
-* ``squareplus`` activation: ``(x + sqrt(x**2 + 4)) / 2`` — by name through
-  ``atb_activation`` and, when the core has one, the activation registry.
-* a pre-attention RoPE variant (``atb_preprocess`` at ``pre_attention``):
-  interleaved pairs ``(2i, 2i+1)`` of each head turned by ``pos * theta**(-2i/d)``,
-  ``pos`` the index on axis -2; applied to the query and key (the first two
-  tensors entering attention, or the only one). Works on torch, MindSpore,
-  Paddle and NumPy tensors alike: it computes in NumPy and hands the result
-  back in the caller's framework and dtype.
+* ``squareplus`` activation: ``(x + sqrt(x**2 + 4)) / 2``, by name through the
+  ``atb_activation`` hook alone (atb registers what the hook answers).
+* a custom RoPE at the ``rope`` point (``atb_rope``): a *partial, position-scaled,
+  interleaved* rotation. Of each head only the first ``fraction * head_dim`` dims
+  turn, in GPT-J pairs ``(2i, 2i+1)``, by ``(pos / factor) * base**(-2i/rd)``
+  (``rd`` the rotated width, ``base`` the model's own unless ``theta`` is set);
+  the other dims pass through. It rotates q and k only (v is never touched),
+  at the absolute positions atb hands it (the KV-cache offset included), so
+  incremental decoding equals a full recompute. It works on torch, MindSpore,
+  Paddle and NumPy tensors alike: it computes in NumPy float64 and hands the
+  result back in the caller's framework and dtype.
+
+``configure(fraction=..., factor=..., theta=..., enabled=...)`` changes the settings.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 from atbcore.plugin import ActivationSpec, hookimpl
 
 __all__ = ["squareplus", "SQUAREPLUS", "RopeSettings", "configure", "settings",
-           "rotate_interleaved", "atb_activation", "atb_register_ops", "atb_preprocess"]
+           "rotate_partial", "atb_activation", "atb_rope"]
 
 
 # --------------------------------------------------------------------------- activation
@@ -46,32 +51,25 @@ def atb_activation(name: str) -> ActivationSpec | None:
     return SQUAREPLUS if name.lower() == "squareplus" else None
 
 
-@hookimpl
-def atb_register_ops() -> None:
-    """Add ``squareplus`` to the core's activation registry (if the core has one)."""
-    try:
-        from atbcore.ops.activation import register_activation
-    except ImportError:
-        return
-    register_activation("squareplus", SQUAREPLUS.numpy_fn, SQUAREPLUS.torch_fn, gated=False)
-
-
-# --------------------------------------------------------------------------- RoPE variant
+# --------------------------------------------------------------------------- RoPE
 @dataclass(frozen=True)
 class RopeSettings:
-    """``theta``: frequency base; ``head_dim``: width of one rotated head (``None``:
-    the whole last axis); ``inputs``: indices of the tensors to rotate."""
+    """``fraction``: share of each head that rotates (rounded down to an even
+    width); ``factor``: positions are divided by it (linear scaling);
+    ``theta``: frequency base (``None``: the model's); ``enabled``: rotate at all
+    (off: atb's built-in RoPE runs)."""
 
-    theta: float = 10000.0
-    head_dim: int | None = None
-    inputs: tuple[int, ...] = (0, 1)
+    fraction: float = 0.5
+    factor: float = 2.0
+    theta: float | None = None
+    enabled: bool = True
 
 
 _settings = RopeSettings()
 
 
 def configure(**changes: Any) -> RopeSettings:
-    """Change the RoPE settings (``theta``, ``head_dim``, ``inputs``); returns them."""
+    """Change the RoPE settings; returns them."""
     global _settings
     _settings = replace(_settings, **changes)
     return _settings
@@ -82,39 +80,38 @@ def settings() -> RopeSettings:
     return _settings
 
 
-def rotate_interleaved(x: np.ndarray, theta: float, head_dim: int | None) -> np.ndarray:
-    """Interleaved RoPE of ``x`` ``[..., S, F]`` in float64 (the reference)."""
+def rotate_partial(x: np.ndarray, positions: np.ndarray, base: float,
+                   st: RopeSettings) -> np.ndarray:
+    """The rotation of ``x`` ``[B, S, H, D]`` at ``positions`` ``[B | 1, S]``, float64."""
     x = np.asarray(x, dtype=np.float64)
-    s, f = x.shape[-2], x.shape[-1]
-    d = head_dim or f
-    heads = x.reshape(*x.shape[:-1], f // d, d)  # [..., S, F] -> [..., S, H, d]
-    inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2]
-    ang = np.arange(s, dtype=np.float64)[:, None] * inv[None, :]  # [S, d/2]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]  # [S, 1, d/2]
-    even, odd = heads[..., 0::2], heads[..., 1::2]
-    out = np.empty_like(heads)
-    out[..., 0::2] = even * cos - odd * sin
-    out[..., 1::2] = even * sin + odd * cos
-    return out.reshape(x.shape)
+    d = x.shape[-1]
+    rd = int(d * st.fraction) // 2 * 2
+    inv = (st.theta or base) ** (-np.arange(0, rd, 2, dtype=np.float64) / rd)  # [rd/2]
+    pos = np.asarray(positions, dtype=np.float64) / st.factor                  # [B|1, S]
+    ang = pos[..., None, None] * inv                                            # [B|1, S, 1, rd/2]
+    cos, sin = np.cos(ang), np.sin(ang)
+    even, odd = x[..., 0:rd:2], x[..., 1:rd:2]
+    out = x.copy()
+    out[..., 0:rd:2] = even * cos - odd * sin
+    out[..., 1:rd:2] = even * sin + odd * cos
+    return out
 
 
-def _rotate_native(t: Any, st: RopeSettings) -> Any:
+def _native(t: Any, positions: np.ndarray, base: float, st: RopeSettings) -> Any:
     from atbcore.tensor import describe, framework_of, from_numpy, to_numpy
 
-    desc = describe(t)
-    y = rotate_interleaved(np.array(to_numpy(t), dtype=np.float64), st.theta, st.head_dim)
-    return from_numpy(np.ascontiguousarray(y.astype(desc.dtype.numpy)), framework_of(t))
+    y = rotate_partial(np.array(to_numpy(t), dtype=np.float64), positions, base, st)
+    return from_numpy(np.ascontiguousarray(y.astype(describe(t).dtype.numpy)), framework_of(t))
 
 
 @hookimpl
-def atb_preprocess(point: str, tensors: list, node: str) -> list | None:
-    """Rotate query and key entering attention; other points are left alone."""
-    if point != "pre_attention":
-        return None
+def atb_rope(payload: Any) -> list | None:
+    """Rotate q and k of every RoPE node (see the module docstring)."""
     st = _settings
-    idx = [i for i in st.inputs if i < len(tensors)] or [0]
-    out = list(tensors)
-    for i in idx:
-        if out[i] is not None:
-            out[i] = _rotate_native(out[i], st)
-    return out
+    if not st.enabled:
+        return None
+    from atbcore.tensor import to_numpy
+
+    pos = np.asarray(to_numpy(payload.positions))
+    base = payload.rope.base
+    return [None if t is None else _native(t, pos, base, st) for t in (payload.q, payload.k)]

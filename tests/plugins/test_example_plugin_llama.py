@@ -1,0 +1,106 @@
+"""Acceptance of the rope point in a compiled model: the example plugin, installed
+as a package (entry point group ``atb``), changes the logits of a Llama lowered to
+a GraphOp (``lower_decoder``, the engine ``compile()`` is moving to) exactly as the
+same rotation written into the Hugging Face model by hand does, for the prompt and
+for 32 greedy decode steps."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adapters" / "torch" / "models"))
+
+from tiny_models import VOCAB, tiny  # noqa: E402
+
+from atbcore.memory import KVCache  # noqa: E402
+from atbcore.numerics import assert_close  # noqa: E402
+from test_example_plugin import example  # noqa: E402,F401,F811  (fixture)
+
+STEPS = 32
+
+
+class HandRotary(torch.nn.Module):
+    """The example's rotation as Hugging Face cos/sin tables, by hand: the first
+    half of each head turns in (2i, 2i+1) pairs by (pos / 2) * base^(-2i / rd);
+    cos = 1, sin = 0 on the dims that pass through."""
+
+    def __init__(self, head_dim: int, base: float) -> None:
+        super().__init__()
+        self.d, self.base = head_dim, base
+
+    def forward(self, x, position_ids):
+        rd = self.d // 2
+        inv = self.base ** (-torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+        ang = (position_ids.double() / 2.0)[..., None] * inv          # [B, S, rd/2]
+        cos = torch.ones(*position_ids.shape, self.d, dtype=torch.float64)
+        sin = torch.zeros_like(cos)
+        for j in (0, 1):
+            cos[..., j:rd:2], sin[..., j:rd:2] = ang.cos(), ang.sin()
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def hand_apply_rotary(q, k, cos, sin, unsqueeze_dim=1):
+    """Interleaved rotation: (e, o) -> (e cos - o sin, o cos + e sin)."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+
+    def turn(x):
+        out = torch.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = -x[..., 1::2], x[..., 0::2]
+        return out
+
+    return q * cos + turn(q) * sin, k * cos + turn(k) * sin
+
+
+def _hf_greedy(hf, ids):
+    """Prompt logits, then STEPS greedy steps with HF's own cache: (logits per step, tokens)."""
+    with torch.no_grad():
+        out = hf(ids, use_cache=True)
+        logits, past = [out.logits], out.past_key_values
+        toks = []
+        for _ in range(STEPS):
+            tok = logits[-1][:, -1].argmax(-1, keepdim=True)
+            toks.append(tok)
+            out = hf(tok, cache=past, use_cache=True)
+            logits.append(out.logits)
+            past = out.past_key_values
+    return logits, torch.cat(toks, 1)
+
+
+def test_rope_plugin_changes_a_lowered_llama_as_the_rotation_written_into_hf(  # noqa: F811
+        example, monkeypatch):
+    import transformers.models.llama.modeling_llama as modeling
+    from atb_torch.models.lower import lower_decoder
+
+    from atbcore.plugin import get_plugin_manager
+
+    hf = tiny("llama")
+    assert get_plugin_manager().records["atb_example"].status == "loaded"
+    op = lower_decoder(hf)  # the example's atb_rope hook is installed: every RoPE node asks it
+    ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    plain, _ = _hf_greedy(hf, ids)
+
+    c = hf.config
+    head_dim = c.hidden_size // c.num_attention_heads
+    base = float(c.rope_parameters["rope_theta"])
+    monkeypatch.setattr(hf.model, "rotary_emb", HandRotary(head_dim, base))
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", hand_apply_rotary)
+    want, want_tokens = _hf_greedy(hf, ids)
+    assert (want[0] - plain[0]).abs().max() > 1e-3  # the hand rotation is a different model
+
+    cache = KVCache(c.num_hidden_layers, 1, 64, c.num_key_value_heads, head_dim, dtype="fp32")
+    with torch.no_grad():
+        got, _ = op(ids, kv_cache=cache)
+        assert_close(got, want[0], "fp32", what="prefill logits")
+        tokens = []
+        for step in range(STEPS):
+            tok = got[:, -1].argmax(-1, keepdim=True)
+            tokens.append(tok)
+            got, _ = op(tok, kv_cache=cache)
+            assert_close(got, want[step + 1], "fp32", what=f"decode step {step}")
+    assert torch.equal(torch.cat(tokens, 1), want_tokens)
