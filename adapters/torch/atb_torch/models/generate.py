@@ -12,8 +12,9 @@ forced/suppressed tokens, stop strings, EOS handling, user processors) keeps the
 decode plan's speed, and the tokens are Hugging Face's. Sampling draws what
 ``torch.multinomial(softmax(scores), 1)`` draws, once per step, as Hugging Face's
 loop does, so a seeded run gives Hugging Face's tokens. The costly pieces on a large
-vocabulary (top-p, min length, the draw itself) run as bit-identical faster
-equivalents (:mod:`.processors`, :mod:`.sampler`).
+vocabulary (temperature/top-k/top-p with the draw, penalties, min length) run as
+bit-identical faster equivalents (:mod:`.sample_step`, :mod:`.processors`,
+:mod:`.sampler`).
 
 What it cannot run returns None (logged once per reason) and Hugging Face's loop
 runs over the compiled ``forward``: dict outputs (``return_dict_in_generate``),
@@ -42,8 +43,8 @@ from .kernels import ROWS_MAX
 from .hf_compat import CACHE_NAMES, cache_kwarg, log_once
 from atbcore.backends.cpu_kernels.threads import parked_torch_threads
 
-from .processors import accelerate, thread_invariant
-from .sampler import sample
+from .processors import thread_invariant
+from .sample_step import token_picker
 
 __all__ = ["atb_sample", "speculative_kwargs"]
 
@@ -132,7 +133,7 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
     logits = r.prefill(ids[:, start:], kv, attention_mask=mask, position_ids=pos[:, start:])
     next_pos = pos[:, -1] + 1
     # Hugging Face's _sample, step for step (processors see fp32 logits and all ids so far)
-    processors = accelerate(logits_processor)
+    pick = token_picker(logits_processor, bool(gc.do_sample))
     pad = gc._pad_token_tensor
     has_eos = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     unfinished = torch.ones(b, dtype=torch.bool, device=r.device)
@@ -143,8 +144,8 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
     parked = parked_torch_threads() if r.device.type == "cpu" and b <= ROWS_MAX and \
         thread_invariant(logits_processor) else contextlib.nullcontext()
     with parked:
-        ids = _steps(r, kv, ids, logits, next_pos, processors, stopping_criteria, gc, pad,
-                     has_eos, unfinished, streamer)
+        ids = _steps(r, kv, ids, logits, next_pos, pick, stopping_criteria, pad, has_eos,
+                     unfinished, streamer)
     if streamer is not None:
         streamer.end()
     if model.atb_options.get("enable_prefix_caching") and b == 1 and mask is None:
@@ -153,17 +154,12 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
 
 
 def _steps(r: Any, kv: Any, ids: torch.Tensor, logits: torch.Tensor, next_pos: torch.Tensor,
-           processors: list, stopping_criteria: Any, gc: Any, pad: Any, has_eos: bool,
+           pick: Any, stopping_criteria: Any, pad: Any, has_eos: bool,
            unfinished: torch.Tensor, streamer: Any) -> torch.Tensor:
     """The decoding steps after the prefill: ids with the new tokens."""
     while True:
-        scores = logits.to(dtype=torch.float32, copy=True)              # [B, V]
-        for proc in processors:
-            scores = proc(ids, scores)
-        if gc.do_sample:
-            tok = sample(torch.softmax(scores, dim=-1))                  # = torch.multinomial
-        else:
-            tok = scores.argmax(dim=-1)                                  # [B]
+        # a private fp32 copy: the processors may write into it
+        tok = pick(ids, logits.to(dtype=torch.float32, copy=True))      # [B]
         if has_eos:
             tok = torch.where(unfinished, tok, pad.to(tok.device))
         ids = torch.cat([ids, tok[:, None]], dim=-1)
