@@ -1,8 +1,9 @@
-"""torch's CPU generator stepped by the C kernels: :func:`mt19937_uniforms`.
+"""torch's CPU generator stepped by the C kernels: :func:`mt19937_uniforms`, and the
+sampling step that draws with it, :func:`sample_top_k`.
 
 torch's CPU generator is an MT19937 whose state ``get_state()`` exposes (624 words
-and the count of words left in the current block); ``uniform_()`` on a float64
-tensor takes two words per draw. :func:`mt19937_uniforms` makes ``n`` such draws in
+and the count of words left in the current block, read and written in C by
+``csrc/mt19937.h``); ``uniform_()`` on a float64 tensor takes two words per draw. :func:`mt19937_uniforms` makes ``n`` such draws in
 C (``csrc/mt19937.c``), returns the ones asked for, and writes the advanced state
 back: the generator ends where ``torch.empty(n, dtype=torch.float64).uniform_()``
 would leave it. The layout it reads is torch's, not a public contract, so callers
@@ -20,14 +21,27 @@ import torch
 
 from .bindings import entry, unavailable_reason
 
-__all__ = ["mt19937_uniforms"]
+__all__ = ["mt19937_uniforms", "sample_top_k", "TOPK_MAX"]
 
-_ARGS = struct.Struct("<6q")
-_STATE_BYTES = 5056   # CPUGeneratorImplState
-_N = 624              # words per MT19937 block
-# byte offsets in the state: int32 words left, uint64 next index, uint64 words[624]
-_LEFT, _NEXT, _WORDS = 8, 16, 24
-_CALL: list[Callable[[bytes], int]] = []
+_ARGS = struct.Struct("<5q")
+_SAMPLE = struct.Struct("<9q2d")
+_STATE_BYTES = 5056   # torch's CPUGeneratorImplState; csrc/mt19937.h reads its fields
+TOPK_MAX = 1024       # sample.c's largest k
+_CALLS: dict[str, Callable[[bytes], int]] = {}
+
+
+def _call(name: str, args: bytes) -> int:
+    if name not in _CALLS:
+        _CALLS[name] = entry(name)
+    return _CALLS[name](args)
+
+
+def _state(generator: Any) -> tuple[Any, torch.Tensor] | None:
+    if unavailable_reason() is not None:
+        return None
+    gen = torch.default_generator if generator is None else generator
+    state = gen.get_state()
+    return (gen, state) if state.numel() == _STATE_BYTES else None
 
 
 def mt19937_uniforms(n: int, want: np.ndarray, generator: Any = None) -> np.ndarray | None:
@@ -35,31 +49,40 @@ def mt19937_uniforms(n: int, want: np.ndarray, generator: Any = None) -> np.ndar
     of its next ``n`` draws from ``generator`` (default: torch's), moving the
     generator past all ``n``; None (generator untouched) when the C kernels or the
     state layout are not there."""
-    if unavailable_reason() is not None:
+    got = _state(generator)
+    if got is None:
         return None
-    gen = torch.default_generator if generator is None else generator
-    state = gen.get_state()
-    raw = state.numpy()
-    if raw.size != _STATE_BYTES:
-        return None
-    left = int(raw[_LEFT:_LEFT + 4].view(np.int32)[0])
-    if not 1 <= left <= _N:
-        return None
-    words = raw[_WORDS:_WORDS + 8 * _N].view(np.uint64)
-    if int(words.max()) >= 1 << 32:
-        return None
-    key = words.astype(np.uint32)
-    pos = np.array([_N + 1 - left], dtype=np.int64)
+    gen, state = got
     want = np.ascontiguousarray(want, dtype=np.int64)
     out = np.empty(len(want))
-    if not _CALL:
-        _CALL.append(entry("mt19937_uniforms"))
-    status = _CALL[0](_ARGS.pack(key.ctypes.data, pos.ctypes.data, int(n), want.ctypes.data,
-                                 len(want), out.ctypes.data))
-    if status != 0:
+    if _call("mt19937_uniforms", _ARGS.pack(state.data_ptr(), int(n), want.ctypes.data,
+                                            len(want), out.ctypes.data)):
         return None
-    words[:] = key
-    raw[_LEFT:_LEFT + 4].view(np.int32)[0] = _N + 1 - int(pos[0])
-    raw[_NEXT:_NEXT + 8].view(np.uint64)[0] = int(pos[0])
+    gen.set_state(state)
+    return out
+
+
+def sample_top_k(scores: torch.Tensor, k: int, temperature: float, temp_mode: int,
+                 limit: float, keep: int, generator: Any = None) -> torch.Tensor | None:
+    """The tokens ``[B]`` that [temperature,] top-k ``k`` [, top-p], softmax and
+    ``torch.multinomial`` give for CPU float32 ``scores`` ``[B, V]`` (last dim
+    contiguous), moving ``generator`` as that draw does (``csrc/sample.c``); None
+    (generator untouched) where it cannot be sure or cannot run.
+
+    ``temp_mode``: 0 no temperature, 1 ``x / float32(t)`` (the caller checks that
+    this is torch's division); ``limit``: top-p's float32 ``1 - top_p`` (< 0: no
+    top-p); ``keep``: its ``min_tokens_to_keep``."""
+    b, v = scores.shape
+    if not 1 <= k < v or k > TOPK_MAX or scores.stride(-1) != 1:
+        return None
+    got = _state(generator)
+    if got is None:
+        return None
+    gen, state = got
+    out = torch.empty(b, dtype=torch.long)
+    if _call("sample_top_k", _SAMPLE.pack(scores.data_ptr(), b, v, scores.stride(0), k,
+                                          temp_mode, keep, state.data_ptr(), out.data_ptr(),
+                                          float(temperature), float(limit))):
+        return None
     gen.set_state(state)
     return out

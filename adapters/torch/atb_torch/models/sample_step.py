@@ -16,6 +16,13 @@ writes a vocabulary-sized row:
    (:func:`.sampler.draw_at`): the same token and generator state as
    ``torch.multinomial``.
 
+The three run first as one C call (``csrc/sample.c``): after a decode step has
+streamed the weights through the caches, each torch or NumPy call of the steps
+above starts cold, and their count, not their arithmetic, is what a step costs.
+The C step computes the softmax and top-p's sums in double and decides only when
+the result holds for any rounding torch's float32 could make (a margin on top-p's
+cut and between the best two draws); otherwise, rarely, the steps above decide.
+
 Anything else (other warpers after top-p, a fill other than -inf, non-CPU or
 non-fp32 scores, a row the fast path cannot decide) runs the processors
 (:func:`.processors.accelerate`) and then softmax and :func:`.sampler.sample`.
@@ -32,6 +39,7 @@ import torch
 from .processors import Processor, accelerate, accelerate_tracked
 from .sampler import draw_at, sample, verified
 from .top_p import ALIGN, plain, top_k_kept, top_p_kept_counts
+from atbcore.backends.cpu_kernels.torch_random import TOPK_MAX, sample_top_k
 
 __all__ = ["softmax_at", "token_picker"]
 
@@ -88,19 +96,37 @@ def softmax_at(vals: np.ndarray, cols: np.ndarray, v: int) -> np.ndarray:
     return _softmax_full(vals, cols, v)
 
 
+def _divides_as_torch(temperature: Any) -> bool:
+    """Whether Hugging Face's temperature warper gives ``x / float32(t)`` (the C
+    step's division) on a probe row."""
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 20
+    return np.array_equal(temperature(None, x).numpy(),
+                          x.numpy() / np.float32(temperature.temperature))
+
+
 class _CandidateSampler:
     """The fused tail (module docstring): ``(ids, scores) -> tokens``, or None where
-    the general path must run."""
+    the general path must run. The whole step runs as one C call
+    (:func:`atbcore.backends.cpu_kernels.torch_random.sample_top_k`) where it can
+    be sure of Hugging Face's token, else as the NumPy/torch steps here."""
 
     def __init__(self, temperature: Any, k_proc: Any, p_proc: Any) -> None:
         self.k = int(k_proc.top_k)
         self.temperature = temperature
         self.top_p = p_proc
+        self.limit, self.keep = np.float32(-1), 1
         if p_proc is not None:
             self.limit = np.float32(1 - float(p_proc.top_p))
             self.keep = int(p_proc.min_tokens_to_keep)
+        self.in_c = self.k <= TOPK_MAX and (temperature is None or _divides_as_torch(temperature))
+        self.c_args = (self.k, 0.0 if temperature is None else float(temperature.temperature),
+                       int(temperature is not None), float(self.limit), self.keep)
 
     def __call__(self, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor | None:
+        if self.in_c and scores.is_contiguous():
+            tok = sample_top_k(scores, *self.c_args)
+            if tok is not None:
+                return tok
         then = None if self.temperature is None else (lambda x: self.temperature(ids, x))
         kept = top_k_kept(scores, self.k, then)
         if kept is None:
