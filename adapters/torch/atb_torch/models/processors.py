@@ -16,8 +16,9 @@ the logits, so the simple processors here write into it in place:
 * ``MinLengthLogitsProcessor`` / ``MinNewTokensLengthLogitsProcessor``: Hugging Face
   builds an EOS mask over the vocabulary every step; here the EOS columns are set to
   -inf while the length is short, and the scores pass through after.
-* ``RepetitionPenaltyLogitsProcessor``: one gather and one in-place scatter of the
-  seen tokens' scores (Hugging Face also pads and copies the whole row).
+* ``RepetitionPenaltyLogitsProcessor``: one C call over the seen tokens' scores
+  (:func:`atbcore.backends.cpu_kernels.torch_sampling.repetition_penalty_`), or
+  one gather and one in-place scatter (Hugging Face also pads and copies the row).
 
 An in-place processor placed after one that is not from this module clones first:
 a foreign processor may return a tensor it still holds. Top-k and top-p are in
@@ -29,7 +30,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import numpy as np
 import torch
+
+from atbcore.backends.cpu_kernels.torch_sampling import repetition_penalty_
 
 from .top_p import Processor, plain, top_k, top_k_top_p, top_p
 
@@ -75,20 +79,32 @@ def _min_new(proc: Any) -> Processor:
                        < proc.min_new_tokens)
 
 
+def _same_ops_as_torch(penalty: float) -> bool:
+    """Whether torch's ``s * penalty`` and ``s / penalty`` (a Python float) are the
+    float32 ops with ``float32(penalty)`` the C penalty uses, on a probe row."""
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 20
+    p = np.float32(penalty)
+    return np.array_equal((x * penalty).numpy(), x.numpy() * p) and \
+        np.array_equal((x / penalty).numpy(), x.numpy() / p)
+
+
 def _repetition(proc: Any) -> Processor:
+    in_c = isinstance(proc.penalty, float) and _same_ops_as_torch(proc.penalty)
+
     def call(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         skip = getattr(proc, "prompt_ignore_length", None)
         if not plain(scores) or ids.dim() != 2 or ids.shape[0] != scores.shape[0] \
                 or not (skip is None or isinstance(skip, int)) \
                 or getattr(proc, "logits_indices", None) is not None:
             return proc(ids, scores)
-        if skip:
-            ids = ids[:, skip:]
-        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= scores.shape[-1]:
+        seen = ids[:, skip:] if skip else ids
+        if in_c and repetition_penalty_(scores, seen, proc.penalty):
+            return scores  # one C call (ids outside the vocabulary: False, untouched)
+        if seen.numel() == 0 or int(seen.min()) < 0 or int(seen.max()) >= scores.shape[-1]:
             return proc(ids, scores)  # ids past the vocabulary: each release has its rule
-        score = torch.gather(scores, 1, ids)
+        score = torch.gather(scores, 1, seen)
         score = torch.where(score < 0, score * proc.penalty, score / proc.penalty)
-        return scores.scatter_(1, ids, score)  # duplicates write the same value
+        return scores.scatter_(1, seen, score)  # duplicates write the same value
 
     return _in_place(call)
 

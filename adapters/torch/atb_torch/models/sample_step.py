@@ -39,7 +39,7 @@ import torch
 from .processors import Processor, accelerate, accelerate_tracked
 from .sampler import draw_at, sample, verified
 from .top_p import ALIGN, plain, top_k_kept, top_p_kept_counts
-from atbcore.backends.cpu_kernels.torch_random import TOPK_MAX, sample_top_k
+from atbcore.backends.cpu_kernels.torch_sampling import TOPK_MAX, sample_top_k
 
 __all__ = ["softmax_at", "token_picker"]
 
@@ -107,7 +107,7 @@ def _divides_as_torch(temperature: Any) -> bool:
 class _CandidateSampler:
     """The fused tail (module docstring): ``(ids, scores) -> tokens``, or None where
     the general path must run. The whole step runs as one C call
-    (:func:`atbcore.backends.cpu_kernels.torch_random.sample_top_k`) where it can
+    (:func:`atbcore.backends.cpu_kernels.torch_sampling.sample_top_k`) where it can
     be sure of Hugging Face's token, else as the NumPy/torch steps here."""
 
     def __init__(self, temperature: Any, k_proc: Any, p_proc: Any) -> None:

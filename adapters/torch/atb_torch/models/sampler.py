@@ -9,7 +9,7 @@ Only entries with ``probs > 0`` (what top-k/top-p kept) can win the argmax, so h
 same uniforms are drawn (the same numbers, the same generator state afterwards) and
 the logarithm is taken only where ``probs > 0``: the same token. The uniforms come
 from the C kernels' MT19937 stepped over torch's generator state
-(:func:`atbcore.backends.cpu_kernels.torch_random.mt19937_uniforms`: only the kept
+(:func:`atbcore.backends.cpu_kernels.torch_sampling.mt19937_uniforms`: only the kept
 draws are tempered, the state twist is vectorised), or without the C kernels from
 ``uniform_`` on a float64 buffer a cache-sized chunk at a time (the same generator
 calls in the same order).
@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from atbcore.backends.cpu_kernels.torch_random import mt19937_uniforms
+from atbcore.backends.cpu_kernels.torch_sampling import mt19937_uniforms
 
 from .hf_compat import log_once
 

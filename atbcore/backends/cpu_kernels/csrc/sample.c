@@ -163,3 +163,44 @@ ATB_API int64_t atb_sample_top_k(const void *args) {
     atb_mt_store((uint8_t *)P(a.state), key, pos);
     return 0;
 }
+
+/* Hugging Face's RepetitionPenaltyLogitsProcessor in place: every token id seen
+ * in a row has its score s replaced by s < 0 ? s * p : s / p (float32, p =
+ * (float)penalty, as torch's ops with a Python float), once however often it was
+ * seen (all scores are read before any is written). ATB_ERR_ARGS for an id
+ * outside [0, v) (the caller leaves those to Hugging Face). */
+typedef struct {
+    int64_t x, rows, v, x_stride;  /* float32 [rows, v] scores, updated */
+    int64_t ids, n, ids_stride;    /* int64 [rows, n] */
+    double penalty;
+} PenaltyArgs;
+
+#define PENALTY_MAX_IDS 65536
+
+ATB_API int64_t atb_repetition_penalty(const void *args) {
+    PenaltyArgs a;
+    memcpy(&a, args, sizeof a);
+    if (!a.x || !a.ids || a.rows < 0 || a.n < 0 || a.n > PENALTY_MAX_IDS || a.v < 1 ||
+        a.x_stride < a.v || a.ids_stride < a.n || !(a.penalty > 0))
+        return ATB_ERR_ARGS;
+    const float p = (float)a.penalty;
+    float *seen = malloc(sizeof(float) * (size_t)(a.n ? a.n : 1));
+    if (!seen) return ATB_ERR_NOMEM;
+    for (int64_t r = 0; r < a.rows; ++r) {
+        const int64_t *ids = (const int64_t *)P(a.ids) + r * a.ids_stride;
+        for (int64_t j = 0; j < a.n; ++j) {
+            if (ids[j] < 0 || ids[j] >= a.v) {
+                free(seen);
+                return ATB_ERR_ARGS;  /* checked before any row is written */
+            }
+        }
+    }
+    for (int64_t r = 0; r < a.rows; ++r) {
+        float *x = (float *)P(a.x) + r * a.x_stride;
+        const int64_t *ids = (const int64_t *)P(a.ids) + r * a.ids_stride;
+        for (int64_t j = 0; j < a.n; ++j) seen[j] = x[ids[j]];
+        for (int64_t j = 0; j < a.n; ++j) x[ids[j]] = seen[j] < 0 ? seen[j] * p : seen[j] / p;
+    }
+    free(seen);
+    return 0;
+}

@@ -13,7 +13,7 @@ from transformers.generation import logits_process as lp
 
 from atb_torch.models import sample_step
 from atb_torch.models.processors import accelerate
-from atbcore.backends.cpu_kernels.torch_random import mt19937_uniforms
+from atbcore.backends.cpu_kernels.torch_sampling import mt19937_uniforms
 
 
 def _hf_token(procs, ids, scores, do_sample):
@@ -58,9 +58,20 @@ TAILS = {
 @pytest.mark.parametrize("tail", list(TAILS))
 @pytest.mark.parametrize("kind", ["random", "ties", "peaked"])
 @pytest.mark.parametrize("b,v", [(1, 32000), (3, 50257), (2, 4096)])
-def test_fused_sampling_step_draws_hf_tokens(monkeypatch, tail, kind, b, v):
-    """Random rows take the fused step (the general sampler is disabled to prove it);
-    tied rows may step aside, and then give Hugging Face's token too."""
+@pytest.mark.parametrize("c_step", [True, False])
+def test_fused_sampling_step_draws_hf_tokens(monkeypatch, tail, kind, b, v, c_step):
+    """Random rows take the fused step (the general sampler is disabled to prove it):
+    the C step, or with it off the NumPy/torch one; tied rows may step aside, and
+    then give Hugging Face's token too."""
+    decided = []
+    c_call = sample_step.sample_top_k
+
+    def counted(*args):
+        tok = c_call(*args) if c_step else None
+        decided.append(tok is not None)
+        return tok
+
+    monkeypatch.setattr(sample_step, "sample_top_k", counted)
     procs = TAILS[tail]()
     picker = sample_step.token_picker(procs, do_sample=True)
     ids = torch.randint(0, v, (b, 12), generator=torch.Generator().manual_seed(1))
@@ -69,6 +80,27 @@ def test_fused_sampling_step_draws_hf_tokens(monkeypatch, tail, kind, b, v):
     for seed in range(6):
         x = _logits(b, v, seed, kind)
         assert _same_draws(picker, procs, ids, x, seed), (tail, kind, seed)
+    if c_step and kind == "random":
+        assert sum(decided) >= 4, "the C step hardly ever decided"
+
+
+def test_c_step_agrees_with_hf_over_many_draws():
+    """The C step's margins: over many rows it decides almost all and is never wrong."""
+    from atbcore.backends.cpu_kernels.torch_sampling import sample_top_k
+
+    procs = TAILS["temp_topk_topp"]()
+    undecided = 0
+    for seed in range(300):
+        x = _logits(2, 32000, seed) * (0.5 + seed % 7)
+        torch.manual_seed(seed)
+        ref, ref_next = _hf_token(procs, None, x.clone(), True), torch.rand(2)
+        torch.manual_seed(seed)
+        out = sample_top_k(x, 50, 0.8, 1, float(np.float32(1 - 0.9)), 1)
+        if out is None:
+            undecided += 1
+            continue
+        assert torch.equal(out, ref) and torch.equal(torch.rand(2), ref_next), seed
+    assert undecided < 30
 
 
 @pytest.mark.parametrize("case", ["nan", "inf", "few finite", "p fill", "k >= vocab"])
@@ -139,7 +171,12 @@ def test_softmax_at_scattered_columns_is_the_full_rows(v):
         assert np.array_equal(sample_step.softmax_at(vals, cols, v), ref), trial
 
 
-def test_in_place_processors_as_hf():
+@pytest.mark.parametrize("c_kernels", [True, False])
+def test_in_place_processors_as_hf(monkeypatch, c_kernels):
+    if not c_kernels:
+        from atb_torch.models import processors
+
+        monkeypatch.setattr(processors, "repetition_penalty_", lambda *a: False)
     v = 5000
     ids = torch.randint(0, v, (3, 40), generator=torch.Generator().manual_seed(2))
     ids[:, 5] = ids[:, 6]  # a repeated token: scattered twice
@@ -156,17 +193,18 @@ def test_in_place_processors_as_hf():
             ref = hf(ids, x.clone())
             assert torch.equal(fast(ids, x.clone()), ref), (type(hf), seed)
     big = ids.clone()
-    big[0, 0] = v + 1  # an id past the vocabulary: the installed release's own rule
-    hf = lp.RepetitionPenaltyLogitsProcessor(1.3)
-    x = _logits(3, v, 0)
-    (fast,) = accelerate([hf])
-    try:
-        ref = hf(big, x.clone())
-    except (RuntimeError, IndexError):
-        with pytest.raises((RuntimeError, IndexError)):
-            fast(big, x.clone())
-    else:
-        assert torch.equal(fast(big, x.clone()), ref)
+    big[0, 33] = v + 1  # an id past the vocabulary: the installed release's own rule
+    for hf in (lp.RepetitionPenaltyLogitsProcessor(1.3),
+               lp.RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=30)):
+        x = _logits(3, v, 0)
+        (fast,) = accelerate([hf])
+        try:
+            ref = hf(big, x.clone())
+        except (RuntimeError, IndexError):
+            with pytest.raises((RuntimeError, IndexError)):
+                fast(big, x.clone())
+        else:
+            assert torch.equal(fast(big, x.clone()), ref)
 
 
 def test_in_place_after_a_foreign_processor_clones():

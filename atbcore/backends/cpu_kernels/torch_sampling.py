@@ -1,11 +1,14 @@
-"""torch's CPU generator stepped by the C kernels: :func:`mt19937_uniforms`, and the
-sampling step that draws with it, :func:`sample_top_k`.
+"""The decoding loop's sampling pieces in C: torch's CPU generator stepped by the C
+kernels (:func:`mt19937_uniforms`), the sampling step that draws with it
+(:func:`sample_top_k`) and the repetition penalty in place
+(:func:`repetition_penalty_`). After a decode step has streamed the weights through
+the caches each torch or NumPy call starts cold: one C call replaces several.
 
 torch's CPU generator is an MT19937 whose state ``get_state()`` exposes (624 words
 and the count of words left in the current block, read and written in C by
-``csrc/mt19937.h``); ``uniform_()`` on a float64 tensor takes two words per draw. :func:`mt19937_uniforms` makes ``n`` such draws in
-C (``csrc/mt19937.c``), returns the ones asked for, and writes the advanced state
-back: the generator ends where ``torch.empty(n, dtype=torch.float64).uniform_()``
+``csrc/mt19937.h``); ``uniform_()`` on a float64 tensor takes two words per draw.
+:func:`mt19937_uniforms` makes ``n`` such draws in C (``csrc/mt19937.c``), returns
+the ones asked for, and writes the advanced state back: the generator ends where ``torch.empty(n, dtype=torch.float64).uniform_()``
 would leave it. The layout it reads is torch's, not a public contract, so callers
 check the result against torch's own draws once (the sampler does) and the
 function returns None on any state it does not recognise.
@@ -21,7 +24,7 @@ import torch
 
 from .bindings import entry, unavailable_reason
 
-__all__ = ["mt19937_uniforms", "sample_top_k", "TOPK_MAX"]
+__all__ = ["mt19937_uniforms", "repetition_penalty_", "sample_top_k", "TOPK_MAX"]
 
 _ARGS = struct.Struct("<5q")
 _SAMPLE = struct.Struct("<9q2d")
@@ -86,3 +89,21 @@ def sample_top_k(scores: torch.Tensor, k: int, temperature: float, temp_mode: in
         return None
     gen.set_state(state)
     return out
+
+
+_PENALTY = struct.Struct("<7qd")
+
+
+def repetition_penalty_(scores: torch.Tensor, ids: torch.Tensor, penalty: float) -> bool:
+    """Hugging Face's repetition penalty written into CPU float32 ``scores`` ``[B, V]``
+    for the int64 token ids ``ids`` ``[B, n]`` (each seen id once: ``s * p`` where
+    ``s < 0``, else ``s / p``, with ``p`` the float32 penalty, as torch computes
+    them); False (scores untouched) when the C kernels are not there or an id is
+    outside the vocabulary."""
+    if unavailable_reason() is not None or scores.stride(-1) != 1 or ids.stride(-1) != 1 \
+            or ids.dtype != torch.long:
+        return False
+    b, v = scores.shape
+    return _call("repetition_penalty", _PENALTY.pack(
+        scores.data_ptr(), b, v, scores.stride(0), ids.data_ptr(), ids.shape[1], ids.stride(0),
+        float(penalty))) == 0
