@@ -153,22 +153,57 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
     return ids
 
 
+def _stopper(criteria: Any) -> Any:
+    """``stop(ids, tok) -> rows done [B] or None (none)`` for a criteria list of only
+    Hugging Face's max-length and EOS criteria (their answers, from Python ints: each
+    criterion is several small tensor ops a step, and a decode step leaves them cold);
+    None for any other list (the list itself runs)."""
+    from transformers.generation import stopping_criteria as sc
+
+    lengths, eos = [], set()
+    for c in criteria:
+        if type(c) is sc.MaxLengthCriteria:
+            lengths.append(c)
+        elif type(c) is sc.EosTokenCriteria:
+            eos.update(torch.as_tensor(c.eos_token_id).reshape(-1).tolist())
+        else:
+            return None
+
+    def stop(ids: torch.Tensor, tok: torch.Tensor) -> torch.Tensor | None:
+        n = ids.shape[-1]
+        for c in lengths:
+            if n >= c.max_length:
+                return torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+            mpe = getattr(c, "max_position_embeddings", None)
+            if mpe is not None and n > mpe:
+                c(ids, None)  # its once-only warning
+        rows = [t in eos for t in tok.tolist()] if eos else []
+        return torch.tensor(rows, device=ids.device) if any(rows) else None
+
+    return stop
+
+
 def _steps(r: Any, kv: Any, ids: torch.Tensor, logits: torch.Tensor, next_pos: torch.Tensor,
            pick: Any, stopping_criteria: Any, pad: Any, has_eos: bool,
            unfinished: torch.Tensor, streamer: Any) -> torch.Tensor:
     """The decoding steps after the prefill: ids with the new tokens."""
+    stop = _stopper(stopping_criteria)
+    every_row_on = stop is not None  # known without a tensor op only with the fast criteria
     while True:
         # a private fp32 copy: the processors may write into it
         tok = pick(ids, logits.to(dtype=torch.float32, copy=True))      # [B]
-        if has_eos:
+        if has_eos and not every_row_on:
             tok = torch.where(unfinished, tok, pad.to(tok.device))
         ids = torch.cat([ids, tok[:, None]], dim=-1)
         r.stats["loop_tokens"] = r.stats.get("loop_tokens", 0) + 1
         if streamer is not None:
             streamer.put(tok.cpu())
-        unfinished &= ~stopping_criteria(ids, None)
-        if not bool(unfinished.any()):
-            break
+        done = stopping_criteria(ids, None) if stop is None else stop(ids, tok)
+        if done is not None:
+            unfinished &= ~done
+            every_row_on = False
+            if not bool(unfinished.any()):
+                break
         logits = r.decode(tok, kv, positions=next_pos)
         next_pos = next_pos + 1
     return ids
