@@ -14,7 +14,8 @@ decode plan's speed, and the tokens are Hugging Face's. Sampling draws what
 loop does, so a seeded run gives Hugging Face's tokens. The costly pieces on a large
 vocabulary (temperature/top-k/top-p with the draw, penalties, min length) run as
 bit-identical faster equivalents (:mod:`.sample_step`, :mod:`.processors`,
-:mod:`.sampler`).
+:mod:`.sampler`), and the usual stopping criteria (max length, EOS) are answered
+from Python ints (:func:`_stopper`).
 
 What it cannot run returns None (logged once per reason) and Hugging Face's loop
 runs over the compiled ``forward``: dict outputs (``return_dict_in_generate``),
