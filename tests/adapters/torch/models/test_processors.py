@@ -107,9 +107,14 @@ def test_unknown_and_subclassed_processors_kept():
 
 @pytest.mark.parametrize("shape,kept", [((1, 32000), 0.002), ((3, 5000), 0.5), ((2, 700), 1.0),
                                         ((3, 12000), 0.01)])  # draws in chunks across rows
-def test_sampler_draws_what_multinomial_draws(shape, kept):
-    """Same token and the same generator state after (the next draw agrees too)."""
+@pytest.mark.parametrize("c_mt", [True, False])
+def test_sampler_draws_what_multinomial_draws(monkeypatch, shape, kept, c_mt):
+    """Same token and the same generator state after (the next draw agrees too), with
+    the uniforms from the C MT19937 or from torch's uniform_."""
     from atb_torch.models import sampler
+
+    if not c_mt:
+        monkeypatch.setattr(sampler, "mt19937_uniforms", lambda n, want: None)
 
     g = torch.Generator().manual_seed(1)
     probs = torch.softmax(torch.randn(*shape, generator=g) * 3, -1)
