@@ -11,6 +11,7 @@ from rich.table import Table
 
 from .._version import __version__
 from ..runtime.config import check_compatibility, package_version
+from .info_npu import npu_line, npu_runtime
 
 _FRAMEWORKS = [("numpy", "numpy"), ("torch", "torch"), ("torch_npu", "torch_npu"),
                ("mindspore", "mindspore"), ("paddle", "paddlepaddle"),
@@ -37,6 +38,7 @@ def collect() -> dict:
                      "reason": why or "", "devices": devs})
     info["backends"] = rows
     info["cpu"] = _cpu_runtime()
+    info["npu"] = npu_runtime()
     info["compatibility"] = check_compatibility()
     return info
 
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     cpu = data["cpu"]
     con.print(f"CPU C kernels: {'yes' if cpu['c_kernels'] else 'no'} ({cpu['c_kernels_detail']})")
     con.print(f"CPU huge pages: {'yes' if cpu['huge_pages'] else 'no'} ({cpu['huge_pages_detail']})")
+    con.print(npu_line(data["npu"]))
     c = data["compatibility"]
     con.print(f"check_compatibility(): {'compatible' if c['compatible'] else 'INCOMPATIBLE'}")
     for prob in c["problems"]:

@@ -1,9 +1,11 @@
 """Graphs spelled from primitive ops that ``atb verify`` fuses to check every
 fusion rule: a LLaMA decoder layer (RMSNorm written out, separate q/k/v, RoPE,
 attention as MatMul/Softmax/MatMul, gated MLP) and a BERT-style MLP block
-(Linear + bias add, exact GELU, residual + LayerNorm), and a FusedFeedForward on
-separate gate/up weights. Between them every
-built-in rule fires; :func:`rule_graphs` says which graph exercises which rule.
+(Linear + bias add, exact GELU, residual + LayerNorm), a FusedFeedForward on
+separate gate/up weights, adds feeding norms (no Linear before them to take the
+residual) and a RoPE whose k a ReshapeAndCache writes into a paged cache (the
+cache a constant the graph writes in place). Between them every built-in rule
+fires; ``atb verify`` reports which graph exercised which rule.
 
 Weights are drawn in float64, rounded once to the dtype, and the same rounded
 values build a float32 twin of the graph: the twin's NumPy run is the golden
@@ -90,12 +92,66 @@ def ffn_weights(rng: np.random.Generator, dt: Dtype) -> dict[str, np.ndarray]:
     return _weights(rng, {"wg": (INTER, HID), "wu": (INTER, HID), "wd": (HID, INTER)}, dt)
 
 
+def add_norm_block(dt: Dtype, w: dict[str, np.ndarray]) -> Graph:
+    """x + GELU(x) -> LayerNorm; that + GELU(x) -> RmsNorm (the add+norm fusions)."""
+    b = GraphBuilder("verify_add_norm_block")
+    x = b.add_input("x", TensorDesc((B, S, HID), dt))
+    ids = {k: b.add_weight(k, v.astype(dt.numpy)) for k, v in w.items()}
+    h, = b.add_node("Gelu", [x], name="gelu")
+    r, = b.add_node("Elewise", [x, h], {"elewise_type": "add"}, name="add1")
+    a, = b.add_node("LayerNorm", [r, ids["ln_w"], ids["ln_b"]], name="ln")
+    r2, = b.add_node("ResidualAdd", [a, h], name="add2")
+    out, = b.add_node("RmsNorm", [r2, ids["rms_w"]], {"eps": 1e-6}, name="rms")
+    b.mark_output(out)
+    return b.build()
+
+
+def add_norm_weights(rng: np.random.Generator, dt: Dtype) -> dict[str, np.ndarray]:
+    w = _weights(rng, {"ln_b": (HID,)}, dt)
+    for k in ("ln_w", "rms_w"):
+        w[k] = (1 + 0.1 * rng.standard_normal(HID)).astype(dt.numpy).astype(np.float32)
+    return w
+
+
+def rope_cache_block(dt: Dtype, w: dict[str, np.ndarray]) -> Graph:
+    """q/k/v projections, RoPE, k and v written into a paged cache (slots a permutation
+    of its rows); out = rotated q + the cache read back in token order."""
+    d = HID // HEADS
+    b = GraphBuilder("verify_rope_cache_block")
+    x = b.add_input("x", TensorDesc((B, S, HID), dt))
+    ids = {k: b.add_weight(k, v.astype(dt.numpy)) for k, v in w.items() if k[0] == "w"}
+    zeros = np.zeros((B, S, HEADS, d), dt.numpy)  # B blocks of S rows
+    kc, vc = b.add_weight("key_cache", zeros), b.add_weight("value_cache", zeros.copy())
+    pos = b.add_weight("pos", np.tile(np.arange(S, dtype=np.int64), (B, 1)))
+    slots = b.add_weight("slots", np.random.default_rng(7).permutation(B * S).astype(np.int32))
+    q, = b.add_node("Linear", [x, ids["wq"]], name="q")
+    k, = b.add_node("Linear", [x, ids["wk"]], name="k")
+    v, = b.add_node("Linear", [x, ids["wv"]], name="v")
+    qr, kr = b.add_node("RoPE", [q, k, pos], {"num_heads": HEADS, "head_dim": d}, name="rope")
+    kh, = b.add_node("Reshape", [kr], {"shape": (-1, HEADS, d)}, name="k_heads")
+    vh, = b.add_node("Reshape", [v], {"shape": (-1, HEADS, d)}, name="v_heads")
+    kc2, _ = b.add_node("ReshapeAndCache", [kh, vh, kc, vc, slots], name="write")
+    flat, = b.add_node("Reshape", [kc2], {"shape": (B * S, HEADS, d)}, name="rows")
+    back, = b.add_node("Gather", [flat, slots], name="read")          # token order
+    out, = b.add_node("Elewise", [qr, b.add_node("Reshape", [back], {"shape": (B, S, HID)},
+                                                 name="back")[0]],
+                      {"elewise_type": "add"}, name="out")
+    b.mark_output(out)
+    return b.build()
+
+
+def rope_cache_weights(rng: np.random.Generator, dt: Dtype) -> dict[str, np.ndarray]:
+    return _weights(rng, {"wq": (HID, HID), "wk": (HID, HID), "wv": (HID, HID)}, dt)
+
+
 # name -> (graph builder, weights, fusion level that exercises its rules)
 GRAPHS: dict[str, tuple[Callable[[Dtype, dict], Graph], Callable[..., dict], str]] = {
     "llama_layer": (llama_layer, llama_weights, "standard"),
     "mlp_block": (mlp_block, mlp_weights, "standard"),
     "mlp_block_aggressive": (mlp_block, mlp_weights, "aggressive"),
     "ffn_block": (ffn_block, ffn_weights, "standard"),
+    "add_norm_block": (add_norm_block, add_norm_weights, "standard"),
+    "rope_cache_block": (rope_cache_block, rope_cache_weights, "standard"),
 }
 
 

@@ -194,6 +194,8 @@ class OpDef:
     inputs: ClassVar[tuple[str, ...]] = ()
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     inplace: ClassVar[Mapping[int, int]] = {}
+    # every call must happen (communication between ranks): never merged by CSE
+    effectful: ClassVar[bool] = False
     doc: ClassVar[str] = ""
 
     # ---------------------------------------------------------------- params

@@ -8,6 +8,8 @@ gated, ``gate_up_merged``    ``x, gate_up_w [2I, H] (gate rows first), down_w [H
 not gated (gelu, relu ...)   ``x, up_w [I, H], down_w [H, I]``
 then, with ``bias=True``     one bias per weight, same order (``[I]``/``[2I]``/``[H]``)
 then, ``has_residual``       ``residual [..., H]`` added to ``y``
+then, ``norm_eps`` set       ``norm_weight [H]``: x is RmsNorm'd first (the
+                             ``norm_ffn`` fusion: the norm inside the first matmul)
 ===========================  ==========================================================
 
 Weights follow nn.Linear (``[out, in]``). A weight given ``[in, out]`` (the seed
@@ -37,7 +39,10 @@ __all__ = ["FusedFeedForwardParams", "FfnLayout", "ffn_layout", "ffn_input_names
 class FusedFeedForwardParams(Params):
     """``hidden_size`` / ``intermediate_size`` (None = from the weights),
     ``activation_type`` (any registered activation; gated ones take gate and up),
-    ``gate_up_merged``, ``has_residual``, ``bias`` (alias ``has_bias``), ``dtype``."""
+    ``gate_up_merged``, ``has_residual``, ``bias`` (alias ``has_bias``), ``dtype``;
+    ``norm_eps`` (None: no norm) RmsNorms x over its last dim with the
+    ``norm_weight`` input first, rounded to x's dtype as the RmsNorm op stores it
+    (the residual is added unnormed)."""
 
     ALIASES = {"ffn_hidden_size": "intermediate_size", "inter_size": "intermediate_size",
                "merged_gate_up": "gate_up_merged"}
@@ -48,8 +53,13 @@ class FusedFeedForwardParams(Params):
     has_residual: bool = False
     bias: bool = False
     dtype: Dtype | None = None
+    norm_eps: float | None = None
 
     def validate(self) -> None:
+        e = self.norm_eps
+        if e is not None and (isinstance(e, bool) or not isinstance(e, (int, float, np.floating))
+                              or not 0 < float(e) < float("inf")):
+            self.fail("norm_eps", "None or a finite float > 0", repr(e))
         for f in ("hidden_size", "intermediate_size"):
             v = getattr(self, f)
             bad = not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0
@@ -76,6 +86,8 @@ def ffn_input_names(p: FusedFeedForwardParams) -> list[str]:
         names += [w[:-1] + "b" for w in ws]
     if p.has_residual:
         names.append("residual")
+    if p.norm_eps is not None:
+        names.append("norm_weight")
     return names
 
 
@@ -131,7 +143,7 @@ class FusedFeedForward(OpDef):
     aliases = ("FFN", "FusedFFN", "FeedForward", "Mlp")
     Params = FusedFeedForwardParams
     inputs = ("x", "gate_w?", "up_w?", "gate_up_w?", "down_w", "gate_b?", "up_b?", "gate_up_b?",
-              "down_b?", "residual?")
+              "down_b?", "residual?", "norm_weight?")
     outputs = ("y",)
 
     def bind(self, p, items):
@@ -159,6 +171,9 @@ class FusedFeedForward(OpDef):
         for n, d in present.items():
             if n != "x":
                 expect_same_dtype(self.name, "x", x, n, d)
+        nw = present.pop("norm_weight", None)
+        if nw is not None:
+            expect_shape(self.name, "norm_weight", nw, tuple(x.shape[-1:]))
         lay = ffn_layout(self.name, p, {n: d.shape for n, d in present.items()})
         mult = 2 if p.gate_up_merged else 1
         sizes = {"gate_b": lay.inter, "up_b": lay.inter, "gate_up_b": mult * lay.inter,
@@ -174,6 +189,12 @@ class FusedFeedForward(OpDef):
         x = ins["x"]
         lay = ffn_layout(self.name, p, {n: np.shape(a) for n, a in ins.items() if a is not None})
         act = p.activation
+        xin = x
+        if p.norm_eps is not None:  # rounded to x's dtype, as the RmsNorm op stores it
+            from .norm import ref_rms_norm
+
+            xin = ref_rms_norm(x, ins["norm_weight"], p.norm_eps, 0.0,
+                               (np.asarray(x).ndim - 1,)).astype(np.asarray(x).dtype)
 
         def proj(a: np.ndarray, w: str) -> np.ndarray:
             wt = f64(ins[w]) if lay.transposed[w] else f64(ins[w]).T         # [in, out]
@@ -181,7 +202,7 @@ class FusedFeedForward(OpDef):
             b = ins.get(w[:-1] + "b")
             return y if b is None else y + f64(b)
 
-        x2 = f64(x).reshape(-1, lay.hidden)                                   # [T, H]
+        x2 = f64(xin).reshape(-1, lay.hidden)                                 # [T, H]
         if p.gate_up_merged or not act.gated:
             h = act.numpy(proj(x2, "gate_up_w" if p.gate_up_merged else "up_w"))
         else:

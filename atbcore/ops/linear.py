@@ -104,6 +104,7 @@ class LinearParams(Params):
 
 def _check_linear(op: str, p: LinearParams, ins) -> TensorDesc:
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
+    r = ins.get("residual")
     expect_dtype(op, "x", x, FLOAT_DTYPES)
     expect_param_dtype(op, p, "x", x)
     if x.rank < 2:
@@ -145,12 +146,17 @@ def _check_linear(op: str, p: LinearParams, ins) -> TensorDesc:
         expect_dtype(op, "scale", s, FLOAT_DTYPES)
         if tuple(s.shape) != (out_f,):
             raise ShapeError(op, "input 'scale' shape (one per output channel)", [out_f], list(s.shape))
+    if r is not None:
+        expect_same_dtype(op, "x", x, "residual", r)
+        if tuple(r.shape) != (*x.shape[:-1], out_f):
+            raise ShapeError(op, "input 'residual' shape (the output's)",
+                             [*x.shape[:-1], out_f], list(r.shape))
     return TensorDesc((*x.shape[:-1], out_f), x.dtype, device=x.device)
 
 
 def ref_linear(p: LinearParams, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-               s: np.ndarray | None) -> np.ndarray:
-    """float64 ``x @ W.T + b`` (W dequantized for w8)."""
+               s: np.ndarray | None, r: np.ndarray | None = None) -> np.ndarray:
+    """float64 ``x @ W.T + b [+ r]`` (W dequantized for w8)."""
     if p.quant == "w8":   # one scale per output channel: rows of [out, in], columns of [in, out]
         wf = dequantize_w8(w, s) if p.transpose_weight else dequantize_w8(w.T, s)
     else:
@@ -158,6 +164,8 @@ def ref_linear(p: LinearParams, x: np.ndarray, w: np.ndarray, b: np.ndarray | No
     y = f64(x) @ wf.T
     if b is not None:
         y = y + f64(b)
+    if r is not None:
+        y = y + f64(r)
     return y
 
 
@@ -166,12 +174,14 @@ class Linear(OpDef):
     name = "Linear"
     aliases = ("LinearOperation", "FullyConnected")
     Params = LinearParams
-    inputs = ("x", "weight", "bias?", "scale?")
+    inputs = ("x", "weight", "bias?", "scale?", "residual?")
     outputs = ("y",)
 
     def bind(self, p: Params, items: Sequence[Any]) -> dict[str, Any]:
         """With ``quant="w8"``, three inputs are (x, weight, scale) unless
-        ``bias=True``; four are (x, weight, bias, scale)."""
+        ``bias=True``; four are (x, weight, bias, scale). ``residual`` (shaped and
+        typed as the output) is added to it: ``y = x @ W.T + bias + residual``, one
+        rounding where the kernel fuses it (the ``linear_residual`` fusion)."""
         if p.quant == "w8" and len(items) == 3 and p.bias is not True:
             return {"x": items[0], "weight": items[1], "bias": None, "scale": items[2]}
         return super().bind(p, items)
@@ -181,7 +191,8 @@ class Linear(OpDef):
 
     def reference(self, p, ins):
         x = ins["x"]
-        y = ref_linear(p, x, ins["weight"], ins.get("bias"), ins.get("scale"))
+        y = ref_linear(p, x, ins["weight"], ins.get("bias"), ins.get("scale"),
+                       ins.get("residual"))
         return [y.astype(np.asarray(x).dtype)]
 
 

@@ -4,7 +4,8 @@ The fusion ``norm_linear`` (:mod:`atbcore.passes.rules_norm`) makes it from an R
 whose only reader is a Linear: the projections of a LLaMA-style block read the
 normed rows once, in the matmul. The normed rows are rounded to x's dtype before the
 matmul, exactly as the separate RmsNorm stores them, so the fused op gives the
-unfused graph's values. Params: the Linear's, plus the norm's ``eps``.
+unfused graph's values. Params: the Linear's, plus the norm's ``eps``; an optional
+``residual`` is added to the output as in Linear.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class RmsNormLinear(OpDef):
     name = "RmsNormLinear"
     aliases = ("NormLinear",)
     Params = RmsNormLinearParams
-    inputs = ("x", "norm_weight", "weight", "bias?", "scale?")
+    inputs = ("x", "norm_weight", "weight", "bias?", "scale?", "residual?")
     outputs = ("y",)
 
     def bind(self, p, items):
@@ -65,5 +66,6 @@ class RmsNormLinear(OpDef):
         x = ins["x"]
         n = ref_rms_norm(x, ins["norm_weight"], p.eps, 0.0, (np.asarray(x).ndim - 1,))
         n = n.astype(np.asarray(x).dtype)  # rounded as the RmsNorm op stores it
-        y = ref_linear(p, n, ins["weight"], ins.get("bias"), ins.get("scale"))
+        y = ref_linear(p, n, ins["weight"], ins.get("bias"), ins.get("scale"),
+                       ins.get("residual"))
         return [y.astype(np.asarray(x).dtype)]

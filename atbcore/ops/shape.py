@@ -1,4 +1,5 @@
-"""Shape ops: Transpose, Reshape (a view), Split, Concat, Slice.
+"""Shape ops: Transpose, Reshape (a view), Split (views of the input on torch, as
+torch.split makes them), Concat, Slice.
 
 Only ``Reshape`` aliases its input (the memory planner lists it in ``VIEW_OPS``);
 the others produce fresh, contiguous tensors so a planned buffer never hides

@@ -2,8 +2,8 @@
 
 Two nodes applying the same op with equal params to the same input ids compute
 the same tensors; the later one is dropped and its readers read the first one's
-outputs. Kept apart: ops with effects beyond their outputs (``inplace`` writes,
-collectives) and nodes whose outputs are graph outputs (their ids are part of
+outputs. Kept apart: ops with effects beyond their outputs (``inplace`` writes, and
+``effectful`` ops: the collectives, which talk to the other ranks) and nodes whose outputs are graph outputs (their ids are part of
 the graph's interface). Identical weights (same id) are one tensor already.
 """
 
@@ -13,10 +13,7 @@ from ..graph.analysis import canonical_op, opdef_of
 from ..graph.ir import Graph
 from .ids import resolve, substitute_inputs
 
-__all__ = ["common_subexpression_elimination", "NO_CSE_OPS"]
-
-# Ops whose calls must each happen: communication between ranks.
-NO_CSE_OPS = frozenset({"AllReduce"})
+__all__ = ["common_subexpression_elimination"]
 
 
 def common_subexpression_elimination(graph: Graph) -> Graph:
@@ -29,7 +26,8 @@ def common_subexpression_elimination(graph: Graph) -> Graph:
     drop: set[str] = set()
     for n in topo_order(graph):
         op = canonical_op(n.op)
-        if op in NO_CSE_OPS or opdef_of(graph, n).inplace:
+        opdef = opdef_of(graph, n)
+        if opdef.inplace or getattr(opdef, "effectful", False):
             continue
         key = (op, n.params, tuple(resolve(mapping, t) if t else t for t in n.inputs),
                len(n.outputs))

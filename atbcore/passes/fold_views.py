@@ -87,9 +87,8 @@ def _fold_once(graph: Graph) -> Graph:
                 mapping[n.outputs[0]] = x
                 changed = True
                 continue
-            if x != n.inputs[0]:
-                shape = dy.shape if dy is not None and -1 not in dy.shape else n.params.shape
-                new = n.replace(inputs=(x,), params=n.params.replace(shape=tuple(shape)))
+            if x != n.inputs[0]:  # the outer shape as written (a -1 stays symbolic: the
+                new = n.replace(inputs=(x,))  # graph may run at other sizes than its descs)
         elif op == "MatMul":
             ins, p = list(n.inputs), n.params
             for i, flag in ((0, "transpose_a"), (1, "transpose_b")):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..errors import GraphError
 from . import rules_aggressive as agg
 from . import rules_attention as att
+from . import rules_cache as cache
 from . import rules_ffn as ffn
 from . import rules_linear as lin
 from . import rules_norm as norm
@@ -29,6 +30,21 @@ FUSION_RULES: list[FusionRule] = [
                lin.linear_bias_rewrite, doc="Linear + bias add -> Linear with bias"),
     FusionRule("rmsnorm", "enable_norm_fusion", norm.RMSNORM_PRIMITIVES, norm.rmsnorm_rewrite,
                doc="x * rsqrt(mean(x*x) + eps) * w -> RmsNorm"),
+    FusionRule("ffn", "enable_ffn_fusion", ffn.FFN_PATTERN, ffn.ffn_rewrite,
+               requires=("FusedFeedForward",),
+               doc="gate/up Linears + act + mul + down Linear -> FusedFeedForward (gate|up merged)"),
+    FusionRule("ffn_gate_up", "enable_ffn_fusion", ffn.FFN_GATE_UP_PATTERN,
+               ffn.ffn_gate_up_rewrite, requires=("FusedFeedForward",),
+               doc="gated FusedFeedForward on separate gate/up weights -> one gate|up weight"),
+    FusionRule("ffn_residual", "enable_ffn_fusion", ffn.FFN_RESIDUAL_PATTERN,
+               ffn.ffn_residual_rewrite, requires=("FusedFeedForward",),
+               doc="FusedFeedForward + residual add -> FusedFeedForward(has_residual)"),
+    FusionRule("linear_residual", "enable_linear_act_fusion", lin.LINEAR_RESIDUAL_PATTERN,
+               lin.linear_residual_rewrite,
+               doc="Linear + same-shape residual add -> Linear(residual) (add in the GEMM)"),
+    FusionRule("norm_ffn", "enable_norm_fusion", ffn.NORM_FFN_PATTERN, ffn.norm_ffn_rewrite,
+               requires=("FusedFeedForward",),
+               doc="RmsNorm read only by a FusedFeedForward -> the FFN RmsNorming its input"),
     FusionRule("add_rmsnorm", "enable_add_ln_fusion", norm.ADD_RMSNORM_PATTERN,
                norm.add_rmsnorm_rewrite, doc="Add + RmsNorm -> AddRmsNorm"),
     FusionRule("add_layernorm", "enable_add_ln_fusion", norm.ADD_LAYERNORM_PATTERN,
@@ -49,15 +65,9 @@ FUSION_RULES: list[FusionRule] = [
                doc="RoPE(q, k) -> FlashAttention -> RopeFlashAttention"),
     FusionRule("packed_qkv", "enable_qkv_fusion", att.PACKED_QKV_PATTERN, att.packed_qkv_rewrite,
                doc="Split -> attention(q, k, v) -> attention(packed qkv)"),
-    FusionRule("ffn", "enable_ffn_fusion", ffn.FFN_PATTERN, ffn.ffn_rewrite,
-               requires=("FusedFeedForward",),
-               doc="gate/up Linears + act + mul + down Linear -> FusedFeedForward (gate|up merged)"),
-    FusionRule("ffn_gate_up", "enable_ffn_fusion", ffn.FFN_GATE_UP_PATTERN,
-               ffn.ffn_gate_up_rewrite, requires=("FusedFeedForward",),
-               doc="gated FusedFeedForward on separate gate/up weights -> one gate|up weight"),
-    FusionRule("ffn_residual", "enable_ffn_fusion", ffn.FFN_RESIDUAL_PATTERN,
-               ffn.ffn_residual_rewrite, requires=("FusedFeedForward",),
-               doc="FusedFeedForward + residual add -> FusedFeedForward(has_residual)"),
+    FusionRule("rope_cache", "enable_rope_fusion", cache.ROPE_CACHE_PATTERN,
+               cache.rope_cache_rewrite, requires=("RopeKVCache",),
+               doc="RoPE(q, k) -> ReshapeAndCache(k, v) -> RopeKVCache (one kernel, paged rows)"),
     FusionRule("linear_activation", "enable_linear_act_fusion", lin.LINEAR_ACT_PATTERN,
                lin.linear_activation_rewrite, requires=("LinearActivation",),
                doc="Linear + activation -> LinearActivation"),

@@ -11,7 +11,10 @@
   ``has_residual`` and ``r`` as its last input;
 * ``ffn_gate_up``: a gated ``FusedFeedForward`` given separate constant gate and up
   weights (e.g. the ``FusedFeedForward`` layer) -> the same op on one ``gate_up_w``
-  concatenated once at build time (one matmul reads x once for both).
+  concatenated once at build time (one matmul reads x once for both);
+* ``norm_ffn``: an ``RmsNorm`` over the last dim read only by a ``FusedFeedForward``
+  (as its x) -> the FFN with ``norm_eps`` and the norm's weight: the first matmul
+  RmsNorms the rows it reads (as ``RmsNormLinear`` does for a Linear).
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from __future__ import annotations
 from ..graph.analysis import canonical_op
 from ..graph.ir import Node
 from .pattern import Alt, Match, Op, elewise
-from .rewrite import Rewrite, concat_weights
+from .rewrite import Rewrite, concat_weights, in_consumers_only
 from ..ops.ffn import ffn_input_names
 from .rules_linear import ACTIVATION_OPS, activation_name, plain_linear
 
 __all__ = ["FFN_PATTERN", "ffn_rewrite", "FFN_RESIDUAL_PATTERN", "ffn_residual_rewrite",
-           "GATED", "FFN_GATE_UP_PATTERN", "ffn_gate_up_rewrite"]
+           "GATED", "FFN_GATE_UP_PATTERN", "ffn_gate_up_rewrite", "NORM_FFN_PATTERN",
+           "norm_ffn_rewrite"]
 
 GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_tanh": "geglu_tanh"}
 
@@ -132,3 +136,27 @@ def ffn_gate_up_rewrite(m: Match) -> Rewrite | None:
     new = tuple(merged[n] for n in ffn_input_names(params))
     node = Node(ffn.name, canonical_op(ffn.op), params, new, ffn.outputs)
     return Rewrite(add=(node,), weights=tuple(weights))
+
+
+NORM_FFN_PATTERN = Op("FusedFeedForward", (Op("RmsNorm", ("x", "nw"), name="norm"),),
+                      name="ffn", partial=True, where=lambda n: n.params.norm_eps is None)
+
+
+def norm_ffn_rewrite(m: Match) -> Rewrite | None:
+    """``FusedFeedForward(RmsNorm(x, nw), ...)`` -> ``FusedFeedForward(x, ..., nw)``
+    with ``norm_eps``, when the norm is over the last dim with no weight offset and
+    its output is read by this FFN alone, as its x only."""
+    ctx, norm, ffn = m.ctx, m["norm"], m["ffn"]
+    p, normed = norm.params, norm.outputs[0]
+    if p.weight_offset or (p.normalized_shape is not None and len(p.normalized_shape) != 1):
+        return None
+    if not in_consumers_only(ctx, normed, {ffn.name}) or ffn.inputs.count(normed) != 1:
+        return None
+    dx, dw = ctx.desc(m["x"]), ctx.desc(m["nw"])
+    if dx is None or dw is None or tuple(dw.shape) != tuple(dx.shape[-1:]):
+        return None
+    params = ffn.params.replace(norm_eps=float(p.eps))
+    ins = dict(zip(ffn_input_names(ffn.params), ffn.inputs), x=m["x"], norm_weight=m["nw"])
+    node = Node(ffn.name, canonical_op(ffn.op), params,
+                tuple(ins.get(n) or "" for n in ffn_input_names(params)), ffn.outputs)
+    return Rewrite(add=(node,))

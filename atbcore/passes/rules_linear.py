@@ -6,7 +6,13 @@
 * ``linear_bias``: ``Linear(x, w) + b`` with ``b`` of shape ``[out]`` ->
   ``Linear(x, w, b)`` (the bias is added inside the GEMM);
 * ``linear_activation``: an activation whose only input is a Linear's output ->
-  ``LinearActivation``.
+  ``LinearActivation``;
+* ``linear_residual``: ``Linear(...) + r`` (or ``RmsNormLinear``), ``r`` shaped and
+  typed as the Linear's output -> the Linear with ``r`` as its ``residual`` input
+  (the residual stream's add rides in the GEMM's epilogue: on the CPU the C matmul
+  adds ``r`` as it stores each output, one rounding). It runs before the add+norm
+  fusions, so a block's residual adds go into its output projections and the norms
+  that follow stay plain and fold into the next matmul (``norm_linear``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from .rewrite import Rewrite, RewriteContext, concat_weights
 
 __all__ = ["QKV_PATTERN", "qkv_rewrite", "LINEAR_BIAS_PATTERN", "linear_bias_rewrite",
            "LINEAR_ACT_PATTERN", "linear_activation_rewrite", "ACTIVATION_OPS",
-           "activation_name", "plain_linear"]
+           "activation_name", "plain_linear", "LINEAR_RESIDUAL_PATTERN",
+           "linear_residual_rewrite"]
 
 # ops computing one elementwise activation of one input
 ACTIVATION_OPS = ("SiLU", "Gelu", "QuickGelu", "Relu", "Activation")
@@ -108,9 +115,33 @@ def linear_activation_rewrite(m: Match) -> Rewrite | None:
     """``act(Linear(...))`` -> ``LinearActivation(...)``."""
     lin, act = m["lin"], m["act"]
     name = activation_name(act)
-    if name is None:
+    if name is None or len(lin.inputs) > 4:  # act(x @ W + residual) has no fused op
         return None
     fields = {f: getattr(lin.params, f) for f in ("in_features", "out_features", "bias",
                                                   "transpose_weight", "quant", "dtype")}
     params = m.ctx.params("LinearActivation", activation_type=name, **fields)
     return Rewrite(add=(Node(act.name, "LinearActivation", params, lin.inputs, act.outputs),))
+
+
+_ANY_LINEAR = Op(("Linear", "RmsNormLinear"), name="lin", partial=True)
+LINEAR_RESIDUAL_PATTERN = Alt(
+    Op("Elewise", (_ANY_LINEAR, "r"), where=elewise("add"), commutative=True, name="add"),
+    Op("ResidualAdd", (_ANY_LINEAR, "r"), commutative=True, name="add"))
+
+
+def linear_residual_rewrite(m: Match) -> Rewrite | None:
+    """``Linear(...) + r`` -> ``Linear(..., residual=r)`` (see the module docstring)."""
+    from ..ops.registry import get_op
+
+    ctx, lin, add = m.ctx, m["lin"], m["add"]
+    names = get_op(lin.op).input_names
+    at = names.index("residual")
+    ins = list(lin.inputs) + [""] * (len(names) - len(lin.inputs))
+    if ins[at] or m["r"] in lin.outputs:
+        return None  # already carries one, or y + y
+    dy, dr = ctx.desc(lin.outputs[0]), ctx.desc(m["r"])
+    if dy is None or dr is None or tuple(dy.shape) != tuple(dr.shape) or dy.dtype != dr.dtype:
+        return None
+    ins[at] = m["r"]
+    node = Node(lin.name, canonical_op(lin.op), lin.params, tuple(ins[:at + 1]), add.outputs)
+    return Rewrite(add=(node,))

@@ -3,8 +3,9 @@
 1. Walk the linear schedule (levels flattened); each tensor gets a liveness interval
    ``[step of its producer, step of its last reader]`` (inclusive, so an op's inputs
    and outputs are live together and never share bytes).
-2. Aliases join their root buffer instead of getting one: a ``Reshape`` output is a
-   view of its input, and an output an op declares ``inplace`` (``OpDef.inplace``
+2. Aliases join their root buffer instead of getting one: a ``Reshape`` output and
+   every part of a ``Split`` are views of the input, and an output an op declares
+   ``inplace`` (``OpDef.inplace``
    maps output index -> input index) is its input. The root's interval is widened
    to cover every alias's readers.
 3. Graph inputs, weights and graph outputs (and anything aliasing them) are not
@@ -34,8 +35,9 @@ from .scheduler import flatten
 __all__ = ["MemoryPlan", "plan_memory", "ALIGNMENT", "VIEW_OPS", "workspace_id"]
 
 ALIGNMENT = 64
-# Ops whose (single) output is a view of their first input.
-VIEW_OPS = frozenset({"Reshape"})
+# Ops whose outputs are views of their first input (a kernel may still copy: the
+# input's bytes then merely stay reserved while the parts are read).
+VIEW_OPS = frozenset({"Reshape", "Split"})
 
 
 def _align(n: int, a: int = ALIGNMENT) -> int:
@@ -97,8 +99,8 @@ def _inplace_map(op: str) -> Mapping[int, int]:
 def _alias_edges(node: Node) -> dict[str, str]:
     """Output id -> input id for outputs that reuse an input's memory."""
     out: dict[str, str] = {}
-    if node.op in VIEW_OPS and node.inputs and node.inputs[0] and node.outputs:
-        out[node.outputs[0]] = node.inputs[0]
+    if node.op in VIEW_OPS and node.inputs and node.inputs[0]:
+        out.update((o, node.inputs[0]) for o in node.outputs if o)
     for o, i in _inplace_map(node.op).items():
         if o < len(node.outputs) and i < len(node.inputs) and node.inputs[i]:
             out[node.outputs[o]] = node.inputs[i]

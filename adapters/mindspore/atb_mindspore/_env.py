@@ -15,10 +15,13 @@ import io
 import threading
 from typing import Any
 
-__all__ = ["mindspore", "device_name", "on_ascend"]
+__all__ = ["mindspore", "device_name", "on_ascend", "use_ascend_ops", "ascend_ops"]
 
 _LOCK = threading.Lock()
 _READY = False
+# stand-ins for MindSpore's Ascend ops (a test's conformance double): while one is
+# installed, CPU tensors stand for Ascend ones and the fused branches call the double
+_ASCEND_OPS: list[Any] = []
 
 
 def mindspore() -> Any:
@@ -53,5 +56,24 @@ def device_name(t: Any) -> str:
 
 
 def on_ascend(t: Any) -> bool:
-    """True for a tensor on an Ascend NPU (where MindSpore's fused kernels exist)."""
-    return device_name(t).startswith("npu")
+    """True for a tensor on an Ascend NPU (where MindSpore's fused kernels exist), or
+    a CPU tensor standing for one while :func:`use_ascend_ops` is active."""
+    name = device_name(t)
+    return name.startswith("npu") or (bool(_ASCEND_OPS) and name == "cpu")
+
+
+def ascend_ops() -> Any:
+    """``mindspore.ops``, or the installed stand-in (which forwards what it does not
+    define to ``mindspore.ops``)."""
+    return _ASCEND_OPS[-1] if _ASCEND_OPS else mindspore().ops
+
+
+@contextlib.contextmanager
+def use_ascend_ops(double: Any) -> Any:
+    """Tests: run the Ascend branches of the MindSpore kernels against ``double`` (a
+    conformance double of ``ops.rms_norm`` & co.), CPU tensors standing for Ascend ones."""
+    _ASCEND_OPS.append(double)
+    try:
+        yield double
+    finally:
+        _ASCEND_OPS.remove(double)

@@ -207,12 +207,14 @@ def layer_norm_steps(x: NativeView, w: NativeView | None, b: NativeView | None,
 def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: NativeView, *,
                  scale: NativeView | None = None, accumulate: bool = False,
                  norm_weight: NativeView | None = None,
-                 norm_eps: float | None = None) -> list[Step]:
+                 norm_eps: float | None = None,
+                 residual: NativeView | None = None) -> list[Step]:
     """``y (+)= x @ w.T * scale + bias`` for ``x`` [..., K] and a row-major ``w`` [N, K]
     (its rows may be any stride apart); fp32 sums, one rounding into ``y`` [..., N]
     (``y``'s dtype may differ from x's: fp32 intermediates). With ``norm_eps`` the
     rows of x are RmsNorm'd first (weight ``norm_weight`` [K], optional), rounded to
-    x's dtype as the RmsNorm kernel would store them."""
+    x's dtype as the RmsNorm kernel would store them. ``residual`` (shaped as ``y``,
+    contiguous; not with ``accumulate``) is added to the result, one rounding."""
     op = "linear_rows"
     xdt = _float(op, "x", x)
     wdt = _float(op, "w", w, WEIGHT_CODES)
@@ -238,12 +240,21 @@ def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: Nativ
     if norm_eps is None and norm_weight is not None:
         raise InputError(op, "norm_eps", "a number when norm_weight is given", "None")
     nwp, nwdt = _vector(op, "norm_weight", norm_weight, k)
+    res = (0, 0, 0)
+    if residual is not None:
+        if accumulate:
+            raise InputError(op, "residual", "None with accumulate=True (one addend)",
+                             "a tensor")
+        _contiguous(op, "residual", residual)
+        if residual.shape != y.shape:
+            raise ShapeError(op, "'residual' shape", list(y.shape), list(residual.shape))
+        res = (residual.address, _float(op, "residual", residual), n)
     if rows == 0 or n == 0:
         return []
     head = (x.address, w.address, sp, bp, y.address, xdt, wdt, bdt, ydt, rows, k, n, k,
             w.strides[0] if n > 1 else k, n)
     tail = (THREADS, int(accumulate), int(norm_eps is not None), nwp, nwdt,
-            float(norm_eps or 0.0), 0.0, 0)
+            float(norm_eps or 0.0), 0.0, 0, *res)
     return [Step("linear_rows", LINEAR, (*head, *tail))]
 
 

@@ -24,7 +24,7 @@ from .native_ops import Step, TableTooShort
 
 __all__ = ["RopeSpec", "TableTooShort", "rope_tables", "MAX_TABLE_LEN", "MAX_ROTARY_DIM"]
 
-ROPE = struct.Struct("<44q")  # RopeArgs (rope.c)
+ROPE = struct.Struct("<46q")  # RopeArgs (rope.c)
 MAX_ROTARY_DIM = 1024         # ATB_ROPE_MAX_RD in rope.c
 MAX_TABLE_LEN = 1 << 20       # positions past it: the framework's path (no huge tables)
 
@@ -123,7 +123,7 @@ class RopeSpec:
             g.batch, g.seq, hd, g.rotary_dim, g.q_heads, g.k_heads or 0,
             *_bshd(q, lay, hd), *_bshd(qo, lay, hd),
             *(z3 if k is None else _bshd(k, lay, hd)), *(z3 if ko is None else _bshd(ko, lay, hd)),
-            *z3, *z3, cs_sb, cos.strides[-2], n, tab_offset, pos_sb, 0, start)
+            *z3, *z3, cs_sb, cos.strides[-2], n, tab_offset, pos_sb, 0, start, 0, 0)
         if q.numel == 0 and (k is None or k.numel == 0):
             return []
         return [Step("rope", ROPE, fields, keep=(cos.owner, sin.owner))]  # tables live on

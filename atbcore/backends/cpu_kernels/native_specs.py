@@ -16,7 +16,7 @@ from ...dtypes import Dtype
 from ...ops.activation import get_activation
 from ...ops.ffn import ffn_layout
 from .native import CACHE, DTYPE_CODES, NativeView
-from .native_ops import (Step, activation_steps, copy_step, layer_norm_steps, linear_steps,
+from .native_ops import (Step, activation_steps, layer_norm_steps, linear_steps,
                          rms_norm_steps, softmax_steps)
 from .native_rope import RopeSpec
 
@@ -135,7 +135,7 @@ class LinearSpec(_Spec):
 
     def why_not(self, p: Any, views: Mapping[str, NativeView]) -> str | None:
         x, w, s = views["x"], views["weight"], views.get("scale")
-        why = _floats(views, ("x", "bias", "norm_weight"))
+        why = _floats(views, ("x", "bias", "norm_weight", "residual"))
         if why:
             return why
         if not p.transpose_weight:
@@ -158,7 +158,8 @@ class LinearSpec(_Spec):
         return linear_steps(views["x"], views["weight"], views.get("bias"), outs[0],
                             scale=views.get("scale") if p.quant == "w8" else None,
                             norm_weight=views.get("norm_weight"),
-                            norm_eps=float(p.eps) if self.norm else None)
+                            norm_eps=float(p.eps) if self.norm else None,
+                            residual=views.get("residual"))
 
 
 class ActivationSpec(_Spec):
@@ -270,28 +271,28 @@ class FfnSpec(_Spec):
 
         x2 = NativeView(x.address, (rows, hid), (hid, 1), x.dtype)               # [T, H]
         act = c_activation(p.activation_type)[0]
+        norm = {} if p.norm_eps is None else {"norm_weight": views["norm_weight"],
+                                              "norm_eps": float(p.norm_eps)}
         steps: list = []
         if p.gate_up_merged:
             gu, h = buf(0, 2 * inter), buf(2 * inter, inter)                       # [T, 2I], [T, I]
-            steps += linear_steps(x2, views["gate_up_w"], views.get("gate_up_b"), gu)
+            steps += linear_steps(x2, views["gate_up_w"], views.get("gate_up_b"), gu, **norm)
             steps += activation_steps(gu, act, h, split=True)
         elif p.activation.gated:
             g, u = buf(0, inter), buf(inter, inter)
-            steps += linear_steps(x2, views["gate_w"], views.get("gate_b"), g)
-            steps += linear_steps(x2, views["up_w"], views.get("up_b"), u)
+            steps += linear_steps(x2, views["gate_w"], views.get("gate_b"), g, **norm)
+            steps += linear_steps(x2, views["up_w"], views.get("up_b"), u, **norm)
             steps += activation_steps(g, act, g, up=u)                             # h = g, in place
             h = g
         else:
             h = buf(0, inter)
-            steps += linear_steps(x2, views["up_w"], views.get("up_b"), h)
+            steps += linear_steps(x2, views["up_w"], views.get("up_b"), h, **norm)
             steps += activation_steps(h, act, h)                                   # in place
         y2 = NativeView(y.address, (rows, hid), (hid, 1), y.dtype)                 # [T, H]
         r = views.get("residual")
-        if r is not None:
-            steps.append(copy_step(y2, NativeView(r.address, (rows, hid), (hid, 1), r.dtype),
-                                   "FusedFeedForward"))
-        steps += linear_steps(h, views["down_w"], views.get("down_b"), y2,
-                              accumulate=r is not None)
+        steps += linear_steps(h, views["down_w"], views.get("down_b"), y2, residual=None
+                              if r is None else NativeView(r.address, (rows, hid), (hid, 1),
+                                                           r.dtype))
         return steps
 
 

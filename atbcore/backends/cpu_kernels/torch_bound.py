@@ -71,16 +71,20 @@ def rope_packed(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin:
                 pos: torch.Tensor | None = None, tab_offset: int = 0,
                 q_out: torch.Tensor | None = None, k_out: torch.Tensor | None = None,
                 v: torch.Tensor | None = None, v_out: torch.Tensor | None = None,
-                cache_len: int = 0, cache_offset: int = 0) -> Callable[[], int]:
+                cache_len: int = 0, cache_offset: int = 0,
+                slot: torch.Tensor | None = None) -> Callable[[], int]:
     """:func:`rope` checked and packed now: ``call()`` runs it (the positions read then,
     so a plan that rewrites its position tensor in place reuses the call) and returns
-    what :func:`rope` returns. The tensors must stay alive and in place."""
+    what :func:`rope` returns. The tensors must stay alive and in place. ``slot``
+    (int32/int64, one per token, read per call like the positions): k and v go to
+    rows ``slot[b * seq + s]`` of ``k_out`` / ``v_out`` given as ``[1, cache_len, Hk,
+    D]`` (paged blocks seen flat), not to their position rows."""
     chk.check_rope("rope", q, k, cos, sin, layout=layout, head_dim=head_dim,
                    rotary_dim=rotary_dim, q_heads=q_heads, k_heads=k_heads, batch=batch,
                    seq=seq, table_len=table_len, pos=pos, tab_offset=tab_offset, q_out=q_out,
                    k_out=k_out,
                    v=v, v_out=v_out, cache_len=cache_len, cache_offset=cache_offset,
-                   max_rotary_dim=MAX_ROTARY_DIM)
+                   max_rotary_dim=MAX_ROTARY_DIM, slot=slot)
     if q.numel() == 0 and (k is None or k.numel() == 0):
         return lambda: 0
     fields, keep = _rope_fields(q, k, cos, sin, layout=layout, head_dim=head_dim,
@@ -88,9 +92,10 @@ def rope_packed(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin:
                                 interleave=interleave, batch=batch, seq=seq,
                                 table_len=table_len, pos=pos, tab_offset=tab_offset,
                                 q_out=q_out, k_out=k_out, v=v, v_out=v_out, cache_len=cache_len)
-    args, fn = _ROPE.pack(*fields, cache_offset), _fn("rope")
+    sp = (0, 0) if slot is None else (slot.data_ptr(), int(slot.dtype == torch.int32))
+    args, fn = _ROPE.pack(*fields, cache_offset, *sp), _fn("rope")
 
     def call() -> int:
         return _rope_status(fn(args), cache_len)
-    call.keep = keep  # type: ignore[attr-defined]  # the packed addresses stay valid
+    call.keep = (*keep, slot)  # type: ignore[attr-defined]  # the packed addresses stay valid
     return call

@@ -184,10 +184,12 @@ def _bshd_shape(layout: str, batch: int, seq: int, heads: int, head_dim: int) ->
 def check_rope(op: str, q: Any, k: Any, cos: Any, sin: Any, *, layout: Any, head_dim: Any,
                rotary_dim: Any, q_heads: Any, k_heads: Any, batch: Any, seq: Any,
                table_len: Any, pos: Any, tab_offset: Any, q_out: Any, k_out: Any, v: Any,
-               v_out: Any, cache_len: Any, cache_offset: Any, max_rotary_dim: int) -> None:
+               v_out: Any, cache_len: Any, cache_offset: Any, max_rotary_dim: int,
+               slot: Any = None) -> None:
     """Every tensor of a RoPE call against the geometry it claims (layout, heads,
     head_dim, batch, seq), the tables against ``table_len``, the caches against
-    ``cache_len``: the kernel addresses rows from these numbers alone."""
+    ``cache_len`` (``[1, cache_len, Hk, D]`` with per-token ``slot`` rows): the kernel
+    addresses rows from these numbers alone."""
     layout = choice(op, "layout", layout, ("BSH", "BSND", "BNSD"))
     hd = integer(op, "head_dim", head_dim, 1)
     rd = integer(op, "rotary_dim", rotary_dim, 2, min(hd, max_rotary_dim))
@@ -216,7 +218,13 @@ def check_rope(op: str, q: Any, k: Any, cos: Any, sin: Any, *, layout: Any, head
                              list(kwant), list(k.shape))
         if k_out is None:
             raise InputError(op, "k_out", "a tensor when k is given", "None")
-        cwant = (b, cl, hk, hd) if cl else kwant
+        if slot is not None:
+            tensor(op, "slot", slot, (torch.int32, torch.int64))
+            if not cl or slot.numel() != b * s or not slot.is_contiguous():
+                raise ShapeError(op, "'slot' (a cache row per token, with cache_len)",
+                                 f"{b * s} contiguous ids, cache_len > 0",
+                                 f"{list(slot.shape)}, cache_len {cl}")
+        cwant = ((1 if slot is not None else b), cl, hk, hd) if cl else kwant
         output(op, "k_out", k_out, cwant, (q.dtype,))
         if v is not None:
             tensor(op, "v", v, (q.dtype,))

@@ -250,7 +250,7 @@ def _rope_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, cos: t
         if cap and (type(slot) is not int or not 0 <= slot < cap):
             raise chk.PositionError(op, "slot (the cache row)", f"an int in [0, cache length "
                                     f"{cap})", repr(slot))
-        _rope_status(fn(pack(*fields, slot)), cap)
+        _rope_status(fn(pack(*fields, slot, 0, 0)), cap)
         return None
     call.keep = keep  # type: ignore[attr-defined]
     return call

@@ -60,9 +60,12 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
                 accumulate: bool = False, threads: int | None = None,
                 rms_norm_eps: float | None = None,
                 rms_norm_weight: torch.Tensor | None = None,
-                panels: torch.Tensor | None = None) -> torch.Tensor:
+                panels: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w.T * scale + bias`` for few rows of ``x`` [..., K] (``w`` [N, K]); with
-    ``accumulate`` the result is added into ``out``. fp32 sums, one rounding. ``threads``
+    ``accumulate`` the result is added into ``out``, with ``residual`` (shaped as the
+    output, contiguous; not with ``accumulate``) that tensor is added (it may be
+    ``out`` itself). fp32 sums, one rounding. ``threads``
     (default torch's intra-op count) is the most pool threads the weight rows split over.
     With ``rms_norm_eps``, ``x`` is RmsNorm'd first (``rms_norm_weight`` optional), rounded
     to x's dtype exactly as the separate RmsNorm kernel would store it. ``panels``:
@@ -71,7 +74,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
     row count: more than 64 rows run in 64-row blocks on torch's OpenMP team.
     An int8 ``w`` needs ``scale`` (fp32 [N]); ``bias`` is [N]."""
     _linear_check("linear_rows", x, w, scale, bias, out, accumulate, rms_norm_eps,
-                  rms_norm_weight, panels)
+                  rms_norm_weight, panels, residual)
     if threads is not None:
         chk.integer("linear_rows", "threads", threads, 1, 1 << 16)
     k, n = x.shape[-1], w.shape[0]
@@ -79,7 +82,8 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
     if x.numel() == 0 or n == 0:  # no rows or no outputs: the C kernel has nothing to do
         if accumulate:
             return out
-        return out if out is not None else torch.empty(shape, dtype=x.dtype)
+        y = out if out is not None else torch.empty(shape, dtype=x.dtype)
+        return y.copy_(residual) if residual is not None else y
     x2, rows, xs = _rows(x, k)
     y = out if (out is not None and out.shape == shape and out.dtype in DTYPE_CODES
                 and out.is_contiguous()) else None
@@ -97,12 +101,13 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
     head, tail = _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, rms_norm_eps,
-                                rms_norm_weight, panels)
+                                rms_norm_weight, panels, residual)
     _check(_fn("linear_rows")(head + _Q.pack(threads or pool_threads()) + tail), "linear_rows")
     return _deliver(out, y)
 
 
-def _linear_check(op: str, x, w, scale, bias, out, accumulate, eps, nw, panels) -> None:
+def _linear_check(op: str, x, w, scale, bias, out, accumulate, eps, nw, panels,
+                  residual=None) -> None:
     """Every tensor of a few-row matmul against ``x`` [..., K] and ``w`` [N, K]."""
     chk.tensor(op, "x", x, dims=tuple(range(1, 65)))
     # with panels, w only gives the shape and dtype (it may be a meta tensor)
@@ -121,6 +126,14 @@ def _linear_check(op: str, x, w, scale, bias, out, accumulate, eps, nw, panels) 
     chk.output(op, "out", out, (*x.shape[:-1], n))
     if accumulate and out is None:
         raise InputError(op, "out", "a tensor to accumulate into (accumulate=True)", "None")
+    if residual is not None:
+        if accumulate:
+            raise InputError(op, "residual", "None with accumulate=True (one addend)",
+                             "a tensor")
+        chk.tensor(op, "residual", residual, DTYPE_CODES)
+        if residual.shape != (*x.shape[:-1], n) or not residual.is_contiguous():
+            raise ShapeError(op, "'residual'", f"a contiguous {[*x.shape[:-1], n]} tensor",
+                             f"{list(residual.shape)}, strides {list(residual.stride())}")
     if eps is not None:
         chk.real(op, "rms_norm_eps", eps)
     elif nw is not None:
@@ -145,7 +158,8 @@ _LINEAR_HEAD = native.LINEAR_HEAD  # LinArgs up to threads
 _LINEAR_TAIL = native.LINEAR_TAIL  # after threads
 
 
-def _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, panels) -> tuple:
+def _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, panels,
+                   residual=None) -> tuple:
     """LinArgs packed around its threads field: (before, after)."""
     k, n = x2.shape[-1], w.shape[0]
     head = _LINEAR_HEAD.pack(
@@ -157,15 +171,23 @@ def _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, panels)
     tail = _LINEAR_TAIL.pack(
         int(accumulate), int(eps is not None), 0 if nw is None else nw.data_ptr(),
         0 if nw is None else DTYPE_CODES[nw.dtype], float(eps or 0.0), 0.0,
-        int(panels is not None))
+        int(panels is not None), *_residual_fields(residual, n))
     return head, tail
+
+
+def _residual_fields(residual: torch.Tensor | None, n: int) -> tuple[int, int, int]:
+    """LinArgs' res, res_dt, res_stride (rows ``n`` apart, checked contiguous)."""
+    if residual is None:
+        return 0, 0, 0
+    return residual.data_ptr(), DTYPE_CODES[residual.dtype], n
 
 
 def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
                       scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                       accumulate: bool = False, rms_norm_eps: float | None = None,
                       rms_norm_weight: torch.Tensor | None = None,
-                      panels: torch.Tensor | None = None) -> Callable[[], None] | None:
+                      panels: torch.Tensor | None = None,
+                      residual: torch.Tensor | None = None) -> Callable[[], None] | None:
     """:func:`linear_rows` of these very buffers, its arguments packed once: the
     returned ``call()`` reruns it (the pool's thread count read per call), for a
     prebuilt decode plan whose ``x`` and ``out`` are fixed. None when the buffers are
@@ -173,7 +195,7 @@ def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     kernel dtype, w contiguous or given as panels): then call :func:`linear_rows`.
     Bad arguments raise as in :func:`linear_rows`, here at bind time."""
     _linear_check("linear_rows_bound", x, w, scale, bias, out, accumulate, rms_norm_eps,
-                  rms_norm_weight, panels)
+                  rms_norm_weight, panels, residual)
     k, n = x.shape[-1], w.shape[0]
     if x.numel() == 0 or n == 0:
         return None
@@ -186,8 +208,8 @@ def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
             or (panels is not None and not _panels_fit(panels, w))):
         return None
     head, tail = _linear_fields(x, x.numel() // k, k, w, scale, bias, out, accumulate,
-                                rms_norm_eps, rms_norm_weight, panels)
-    fn, keep = _fn("linear_rows"), (x, w, out, scale, bias, rms_norm_weight, panels)
+                                rms_norm_eps, rms_norm_weight, panels, residual)
+    fn, keep = _fn("linear_rows"), (x, w, out, scale, bias, rms_norm_weight, panels, residual)
 
     def call() -> None:
         _check(fn(head + _Q.pack(pool_threads()) + tail), "linear_rows")
@@ -224,35 +246,54 @@ def linear_rows_bound_io(x_like: torch.Tensor, w: torch.Tensor, out_like: torch.
                          scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                          accumulate: bool = False, rms_norm_eps: float | None = None,
                          rms_norm_weight: torch.Tensor | None = None,
-                         panels: torch.Tensor | None = None
-                         ) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
+                         panels: torch.Tensor | None = None,
+                         residual_like: torch.Tensor | None = None
+                         ) -> Callable[..., None] | None:
     """:func:`linear_rows_bound` for an input and an output that change per call (a
     plan's input and fresh output): ``call(x, out)`` checks only that each is a
     contiguous CPU tensor shaped and typed like ``x_like`` / ``out_like`` (checked
-    fully now) and packs their addresses. None where :func:`linear_rows_bound` would
-    be None."""
+    fully now) and packs their addresses. With ``residual_like`` the call is
+    ``call(x, out, residual)``, the residual checked and packed the same way. None
+    where :func:`linear_rows_bound` would be None."""
     if linear_rows_bound(x_like, w, out_like, scale=scale, bias=bias, accumulate=accumulate,
                          rms_norm_eps=rms_norm_eps, rms_norm_weight=rms_norm_weight,
-                         panels=panels) is None:
+                         panels=panels, residual=residual_like) is None:
         return None
     k = x_like.shape[-1]
     head, tail = _linear_fields(x_like, x_like.numel() // k, k, w, scale, bias, out_like,
-                                accumulate, rms_norm_eps, rms_norm_weight, panels)
+                                accumulate, rms_norm_eps, rms_norm_weight, panels,
+                                residual_like)
     fields = _LINEAR_HEAD.unpack(head)
     mid, after = _LINEAR_W.pack(*fields[1:4]), _LINEAR_REST.pack(*fields[5:])
-    xshape, xdtype = x_like.shape, x_like.dtype
-    shape, dtype, fn, q = out_like.shape, out_like.dtype, _fn("linear_rows"), _Q.pack
+    tail_pre, tail_res = tail[:_TAIL_RES], tail[_TAIL_RES + 8:]  # the residual's address cut out
+    want = [("x", x_like.shape, x_like.dtype), ("out", out_like.shape, out_like.dtype)]
+    if residual_like is not None:
+        want.append(("residual", residual_like.shape, residual_like.dtype))
+    fn, q = _fn("linear_rows"), _Q.pack
     keep = (w, scale, bias, rms_norm_weight, panels)
 
-    def call(x: torch.Tensor, out: torch.Tensor) -> None:
-        for name, t, sh, dt in (("x", x, xshape, xdtype), ("out", out, shape, dtype)):
+    def check(ts: tuple) -> None:
+        for (name, sh, dt), t in zip(want, ts):
             if t.shape != sh or t.dtype != dt or not t.is_contiguous() or t.device.type != "cpu":
                 raise ShapeError("linear_rows", name, f"a contiguous CPU {dt} {list(sh)}",
                                  f"{t.dtype} {list(t.shape)} on {t.device}")
-        _check(fn(q(x.data_ptr()) + mid + q(out.data_ptr()) + after + q(pool_threads()) + tail),
-               "linear_rows")
+
+    if residual_like is None:
+        def call(x: torch.Tensor, out: torch.Tensor) -> None:
+            check((x, out))
+            _check(fn(q(x.data_ptr()) + mid + q(out.data_ptr()) + after + q(pool_threads())
+                      + tail), "linear_rows")
+    else:
+        def call(x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor) -> None:
+            check((x, out, residual))
+            _check(fn(q(x.data_ptr()) + mid + q(out.data_ptr()) + after + q(pool_threads())
+                      + tail_pre + q(residual.data_ptr()) + tail_res), "linear_rows")
     call.keep = keep  # type: ignore[attr-defined]
     return call
+
+
+# byte offset of LinArgs.res in the tail (after threads): 4 int64, 2 doubles, packed
+_TAIL_RES = struct.calcsize("<4q2dq")
 
 
 _LINEAR_W = struct.Struct("<3q")  # LinArgs between the input and output addresses

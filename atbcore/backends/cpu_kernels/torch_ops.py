@@ -38,7 +38,7 @@ MAX_ROTARY_DIM = 1024  # ATB_ROPE_MAX_RD in rope.c
 _SM_DIMS = native.SM_DIMS
 
 _NORM = native.NORM
-_ROPE = struct.Struct("<44q")
+_ROPE = struct.Struct("<46q")  # RopeArgs (rope.c)
 _SOFTMAX = native.SOFTMAX
 
 _calls: dict[str, Any] = {}
@@ -237,14 +237,16 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.
          interleave: bool, batch: int, seq: int, table_len: int, pos: torch.Tensor | None = None,
          tab_offset: int = 0, q_out: torch.Tensor | None = None,
          k_out: torch.Tensor | None = None, v: torch.Tensor | None = None,
-         v_out: torch.Tensor | None = None, cache_len: int = 0, cache_offset: int = 0
-         ) -> int:
+         v_out: torch.Tensor | None = None, cache_len: int = 0, cache_offset: int = 0,
+         slot: torch.Tensor | None = None) -> int:
     """Rotate q (and k) into ``q_out`` / ``k_out`` (which may be q / k: in place).
 
     ``cos``/``sin``: ``[P, rd]`` tables indexed by ``pos`` (or ``s + tab_offset``),
     or per token ``[B|1, S, rd]`` (``tab_offset`` 0, ``table_len`` S). With
     ``cache_len > 0``, ``k_out``/``v_out`` are ``[B, cache_len, Hk, D]`` caches
-    and token ``(b, s)`` is written at row ``pos[b, s]`` (or ``s + cache_offset``).
+    and token ``(b, s)`` is written at row ``pos[b, s]`` (or ``s + cache_offset``);
+    with ``slot`` (see :func:`.torch_bound.rope_packed`) at row ``slot[b * seq + s]``
+    of caches given as ``[1, cache_len, Hk, D]``.
     Returns 0, or the table length needed when a position is past ``table_len``
     (nothing is written then; grow the table and call again). Raises ValueError
     (:class:`.torch_checks.PositionError`, also a ValueError) for a negative
@@ -255,7 +257,7 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.
                        q_heads=q_heads, k_heads=k_heads, interleave=interleave, batch=batch,
                        seq=seq, table_len=table_len, pos=pos, tab_offset=tab_offset,
                        q_out=q_out, k_out=k_out, v=v, v_out=v_out, cache_len=cache_len,
-                       cache_offset=cache_offset)()
+                       cache_offset=cache_offset, slot=slot)()
 
 
 _NO_LEAD = (1,) * _SM_DIMS + (0,) * _SM_DIMS

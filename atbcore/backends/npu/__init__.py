@@ -5,6 +5,15 @@ kernels' capability checks read.
 with :func:`use_npu_module` (a conformance double checking every documented argument
 constraint); nothing else can replace it, and no module of atb is importable as
 ``torch_npu``. Facts and constraints: ``reference/torch_npu.md`` (op-plugin docs).
+
+``use_npu_module(double, stand_in="cpu")`` also lets CPU tensors stand for NPU ones:
+while it is active the torch backend routes CPU calls to the NPU kernels
+(:func:`kernel_device`) and the CPU-only C kernels step aside, so ``compile()`` and
+``LLM`` run end to end through the double on a machine without an NPU.
+
+The ``_npu_*`` ATB ops (``_npu_reshape_and_cache``, ``_npu_paged_attention``) are
+loaded lazily by torch_npu from the separate NNAL package (``libatb.so``):
+:func:`nnal_reason` says why they cannot run.
 """
 
 from __future__ import annotations
@@ -12,11 +21,15 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
 from typing import Any, Iterator
 
-__all__ = ["npu_module", "use_npu_module", "unavailable_reason", "soc_family", "SOC_RANGES"]
+__all__ = ["npu_module", "use_npu_module", "unavailable_reason", "soc_family", "SOC_RANGES",
+           "nnal_reason", "kernel_device", "stand_in_device", "into_out"]
 
 _OVERRIDE: list[Any] = []
+# the device type whose tensors stand for NPU tensors while a double is installed
+_STAND_IN: list[str] = []
 
 # torch_npu.npu.get_soc_version() ranges -> the family the op docs name
 SOC_RANGES = (((100, 104), "910"), ((200, 205), "310P"), ((220, 225), "A2"),
@@ -40,15 +53,50 @@ def npu_module() -> Any:
 
 
 @contextlib.contextmanager
-def use_npu_module(module: Any) -> Iterator[Any]:
-    """Run the NPU kernels against ``module`` instead of torch_npu (tests)."""
+def use_npu_module(module: Any, stand_in: str | None = None) -> Iterator[Any]:
+    """Run the NPU kernels against ``module`` instead of torch_npu (tests);
+    ``stand_in="cpu"``: CPU tensors stand for NPU ones meanwhile."""
     _OVERRIDE.append(module)
     _FAMILY.clear()
+    if stand_in is not None:
+        _STAND_IN.append(stand_in)
     try:
         yield module
     finally:
         _OVERRIDE.remove(module)
+        if stand_in is not None:
+            _STAND_IN.remove(stand_in)
         _FAMILY.clear()
+
+
+def stand_in_device() -> str | None:
+    """The device type standing for NPU tensors (a test double's), or None."""
+    return _STAND_IN[-1] if _STAND_IN else None
+
+
+def kernel_device(device_type: str) -> str:
+    """The device type whose kernels serve tensors on ``device_type``: ``"npu"`` for
+    the stand-in device while a double is installed, else ``device_type`` itself."""
+    return "npu" if _STAND_IN and device_type == _STAND_IN[-1] else device_type
+
+
+def nnal_reason() -> str | None:
+    """Why the ``_npu_*`` ATB ops cannot run (None = the NNAL package is set up):
+    torch_npu loads them from ``libatb.so``, found through ``ATB_HOME_PATH`` (set by
+    NNAL's ``atb/set_env.sh``). A double says for itself (its ``nnal`` attribute)."""
+    why = unavailable_reason()
+    if why:
+        return why
+    said = getattr(_OVERRIDE[-1], "nnal", None) if _OVERRIDE else None
+    if said is not None:
+        return None if said else "the NNAL package (libatb.so) is not installed"
+    home = os.environ.get("ATB_HOME_PATH")
+    if not home:
+        return ("the _npu_* ATB ops need the NNAL package (libatb.so): ATB_HOME_PATH is not "
+                "set (source nnal/atb/set_env.sh)")
+    if not os.path.isfile(os.path.join(home, "lib", "libatb.so")):
+        return f"the _npu_* ATB ops need libatb.so; not found under ATB_HOME_PATH={home}/lib"
+    return None
 
 
 _FAMILY: dict[str, str] = {}
@@ -63,3 +111,10 @@ def soc_family() -> str:
     fam = next((name for (lo, hi), name in SOC_RANGES if lo <= version <= hi), "unknown")
     _FAMILY["soc"] = fam
     return fam
+
+
+def into_out(out: list | None, i: int, y: Any) -> Any:
+    """``y`` as a kernel's output ``i``: copied into ``out[i]`` when the caller gave a
+    buffer there (the op's result was made by torch_npu, which writes its own)."""
+    o = None if not out or i >= len(out) else out[i]
+    return y if o is None or o is y else o.copy_(y)

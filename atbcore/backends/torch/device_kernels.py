@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..base import Kernel
+from ..npu import kernel_device
 
 __all__ = ["DeviceKernel", "DEVICE_KERNELS", "device_kernel", "apply_device_kernels",
-           "input_device"]
+           "input_device", "device_kernel_takes"]
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,24 @@ def device_kernel(op: str, device: str, *, why_not: Callable[[Any, Mapping[str, 
 
 
 def input_device(ins: Mapping[str, Any]) -> str | None:
-    """The device type of the first tensor (or planned slot) among ``ins``."""
+    """The device type of the first tensor (or planned slot) among ``ins`` -- "npu"
+    for tensors of the stand-in device while a torch_npu double is installed
+    (:func:`atbcore.backends.npu.use_npu_module`)."""
     for t in ins.values():
         desc = getattr(t, "desc", None)  # a plan's Slot
         dev = getattr(desc if desc is not None else t, "device", None)
         if dev is not None:
-            return dev.type if hasattr(dev, "type") else str(dev).split(":")[0]
+            kind = dev.type if hasattr(dev, "type") else str(dev).split(":")[0]
+            return kernel_device(kind)
     return None
+
+
+def device_kernel_takes(op: str, p: Any, ins: Mapping[str, Any]) -> bool:
+    """Whether a device kernel of ``op`` serves these inputs (their device has one
+    and it finds no reason against them): callers choosing between two ways of
+    running a step (a paged read in place or a kept copy) ask this."""
+    dk = DEVICE_KERNELS.get((op, input_device(ins) or ""))
+    return dk is not None and dk.why_not(p, ins) is None
 
 
 def _log_fallback(dk: DeviceKernel, why: str) -> None:

@@ -36,7 +36,7 @@ def _wt(ins, lay, w: str) -> torch.Tensor:
 @kernel("FusedFeedForward", impl="C matmuls on 32-output panels + C bias+activation, residual "
         "accumulated in the down matmul (CPU); else mm + C activation + addmm, or the registry "
         "torch activation; fp32 compute",
-        launches=ck.c_launches(5, with_c=4), bind=bind_cpu_ffn,
+        launches=ck.c_launches(5, with_c=3), bind=bind_cpu_ffn,
         workspace=lambda p, shapes: ffn_workspace_bytes(p, shapes))
 def fused_feed_forward(p, ins):
     x = ins["x"]
@@ -54,7 +54,7 @@ def fused_feed_forward(p, ins):
         ws = torch.empty(x.numel() // lay.hidden * ffn.ws_floats, dtype=torch.float32)
         ffn.run(x, ins.get("residual"), y, ws)
         return [y]
-    x2 = x.reshape(-1, lay.hidden)                                          # [T, H]
+    x2 = _normed(p, ins).reshape(-1, lay.hidden)                            # [T, H]
     b = {n: ins.get(n[:-1] + "b") for n in ("gate_up_w", "gate_w", "up_w", "down_w")}
     if p.gate_up_merged:
         gu = mm_fp32(x2, _wt(ins, lay, "gate_up_w"))                        # [T, 2I] fp32
@@ -80,17 +80,31 @@ def fused_feed_forward(p, ins):
     return [y.to(x.dtype).reshape(x.shape)]
 
 
+def _normed(p, ins) -> torch.Tensor:
+    """x, RmsNorm'd first when the op carries its norm (``norm_eps``): the RmsNorm
+    kernel's values, rounded to x's dtype."""
+    if p.norm_eps is None:
+        return ins["x"]
+    from ...ops.registry import get_op
+    from . import TORCH_KERNELS
+
+    n, = TORCH_KERNELS["RmsNorm"].fn(get_op("RmsNorm").make_params({"eps": p.norm_eps}),
+                                     {"x": ins["x"], "weight": ins["norm_weight"]})
+    return n
+
+
 def _composite(p, ins, lay):
     """The torch path (CUDA, plugin activations, no C compiler)."""
     x = ins["x"]
     act = p.activation
+    xn = _normed(p, ins)
 
     def proj(a: torch.Tensor, w: str) -> torch.Tensor:
         y = mm_fp32(a, _wt(ins, lay, w))                                    # fp32
         b = ins.get(w[:-1] + "b")
         return y if b is None else y.add_(b.float())
 
-    x2 = x.reshape(-1, lay.hidden)                                          # [T, H]
+    x2 = xn.reshape(-1, lay.hidden)                                         # [T, H]
     if p.gate_up_merged or not act.gated:
         h = act.torch(proj(x2, "gate_up_w" if p.gate_up_merged else "up_w"))
     else:

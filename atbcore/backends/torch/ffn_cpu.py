@@ -1,8 +1,9 @@
 """FusedFeedForward on the CPU as C calls over panel-packed weights.
 
-    [gate|up] = x @ W^T + b      C matmul on 32-output panels, fp32 out, biases inside
-    h = act(gate [, up])         C activation, fp32
-    y (= residual) += h @ Wd^T + bd   C matmul accumulating into y, one rounding
+    [gate|up] = norm(x) @ W^T + b   C matmul on 32-output panels, fp32 out, biases (and
+                                    with ``norm_eps`` the RmsNorm of x's rows) inside
+    h = act(gate [, up])            C activation, fp32
+    y = h @ Wd^T + bd [+ residual]  C matmul adding the residual as it stores y, one rounding
 
 The fp32 intermediates live in a workspace: the plan's arena when the kernel is
 bound (``FusedFeedForward``'s ``workspace`` declares its size), fresh tensors in an
@@ -20,7 +21,7 @@ from ...ops.ffn import ffn_layout
 from ...runtime.binding import Slot, resolve
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_act import activation_bound
-from ..cpu_kernels.torch_linear import linear_rows, linear_rows_bound, linear_rows_bound_out
+from ..cpu_kernels.torch_linear import linear_rows, linear_rows_bound, linear_rows_bound_io
 from .activation import c_activation
 from .weight_layout import panels, panels_enabled
 
@@ -36,6 +37,10 @@ def why_not_cpu_ffn(p: Any, ins: dict[str, Any]) -> str | None:
         return why
     if not panels_enabled():
         return "ATB_PANELS=0 (the [out, in] layout runs torch's GEMMs)"
+    nw = ins.get("norm_weight")
+    if nw is not None and (type(nw) is Slot or nw.dtype not in ck.DTYPE_CODES
+                           or not nw.is_contiguous()):
+        return "the norm weight changes per run or is not a contiguous C dtype"
     for n, t in ins.items():
         if n.endswith("_w") and t is not None:
             if type(t) is Slot:
@@ -77,6 +82,8 @@ class CpuFfn:
         for w in (*self.first, "down_w"):
             pan, meta = panels(ins[w], lay.transposed[w])
             self.weights[w] = (meta, pan, ins.get(w[:-1] + "b"))
+        self.norm = {} if p.norm_eps is None else {
+            "rms_norm_eps": float(p.norm_eps), "rms_norm_weight": ins["norm_weight"]}
 
     def _buffers(self, rows: int, ws: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The fp32 workspace views: (first projection outputs..., h)."""
@@ -102,7 +109,9 @@ class CpuFfn:
 
     def _linear_args(self, w: str) -> tuple[torch.Tensor, dict]:
         meta, pan, b = self.weights[w]
-        return meta, {"bias": b, "panels": pan}
+        if w == "down_w":
+            return meta, {"bias": b, "panels": pan}
+        return meta, {"bias": b, "panels": pan, **self.norm}
 
     def run(self, x: torch.Tensor, residual: torch.Tensor | None, y: torch.Tensor,
             ws: torch.Tensor) -> None:
@@ -115,10 +124,35 @@ class CpuFfn:
         g, kw = self._act_args(bufs)
         ck.activation(g, self.act, **kw)
         y2 = y.view(rows, lay.hidden)                                      # [T, H]
-        if residual is not None:
-            y2.copy_(residual.reshape(rows, lay.hidden))
+        r2 = None if residual is None else residual.reshape(rows, lay.hidden).contiguous()
         meta, kw = self._linear_args("down_w")
-        linear_rows(bufs[-1], meta, out=y2, accumulate=residual is not None, **kw)
+        linear_rows(bufs[-1], meta, out=y2, residual=r2, **kw)
+
+    def _bind_down(self, h: torch.Tensor, r: Any, y: Any, rows: int) -> Callable[[list], None]:
+        """The down projection's step: ``y = h @ Wd^T + bd [+ r]``, packed once where
+        ``y`` and ``r`` are fixed buffers, else with their addresses per call."""
+        meta, kw = self._linear_args("down_w")
+        hid = self.lay.hidden
+        ys = y.desc.shape if type(y) is Slot else y.shape
+        hv = h.view(*ys[:-1], -1)
+        if type(y) is not Slot and type(r) is not Slot:
+            call = linear_rows_bound(hv, meta, y, residual=r, **kw)
+            if call is not None:
+                return lambda env: call()
+
+        def like(t: Any) -> Any:
+            return torch.empty(t.desc.shape, dtype=t.desc.dtype.torch) if type(t) is Slot else t
+        io = linear_rows_bound_io(hv, meta, like(y), residual_like=None if r is None else like(r),
+                                  **kw)
+
+        def down(env: list) -> None:
+            out, res = resolve(y, env), resolve(r, env)
+            if io is not None and out.is_contiguous() and (res is None or res.is_contiguous()):
+                io(hv, out) if res is None else io(hv, out, res)
+            else:
+                linear_rows(h, meta, out=out.view(rows, hid), residual=None if res is None
+                            else res.reshape(rows, hid).contiguous(), **kw)
+        return down
 
     def bind(self, x: Any, residual: Any, y: Any, ws: torch.Tensor) -> Callable[[list], None]:
         """The steps of :meth:`run` bound once: a tensor argument is a fixed buffer (its
@@ -143,31 +177,15 @@ class CpuFfn:
         act = activation_bound(g, self.act, **kw) or (
             lambda: ck.activation(g, self.act, **kw))
         steps.append(lambda env: act())
-        meta, kw = self._linear_args("down_w")
-        acc = residual is not None
-        if residual is not None:
-            steps.append(lambda env: resolve(y, env).copy_(resolve(residual, env)))
-        h = bufs[-1]
-        if type(y) is Slot:
-            like = torch.empty(y.desc.shape, dtype=y.desc.dtype.torch)
-            down = linear_rows_bound_out(h.view(*y.desc.shape[:-1], -1), meta, like,
-                                         accumulate=acc, **kw) or (
-                lambda out: linear_rows(h, meta, out=out.view(rows, hid), accumulate=acc, **kw))
-            steps.append(lambda env: down(env[y.index]))
-        else:
-            call = linear_rows_bound(h.view(*y.shape[:-1], -1), meta, y, accumulate=acc,
-                                     **kw) or (lambda: linear_rows(
-                                         h, meta, out=y.view(rows, hid), accumulate=acc, **kw))
-            steps.append(lambda env: call())
-        if len(steps) == 4:
-            s0, s1, s2, s3 = steps
+        steps.append(self._bind_down(bufs[-1], residual, y, rows))
+        if len(steps) == 3:
+            s0, s1, s2 = steps
 
-            def run4(env: list) -> None:
+            def run3(env: list) -> None:
                 s0(env)
                 s1(env)
                 s2(env)
-                s3(env)
-            return run4
+            return run3
 
         def run(env: list) -> None:
             for step in steps:

@@ -201,11 +201,18 @@ def _dense_linear(p, x, w, b):
         "GEMM", writes_out=True, bind=bind_cpu_linear)
 def linear(p, ins, out=None):
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
+    r = ins.get("residual")
     if why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s) is None:
-        return [CpuLinear(p, w, b, s).run(x, None if out is None else out[0])]
-    if p.quant == "w8":
-        return [_w8_linear(p, x, w, b, s)]
-    return [_dense_linear(p, x, w, b)]
+        return [CpuLinear(p, w, b, s).run(x, None if out is None else out[0], r)]
+    y = _w8_linear(p, x, w, b, s) if p.quant == "w8" else _dense_linear(p, x, w, b)
+    return [y if r is None else add_residual(y, r)]
+
+
+def add_residual(y: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``y + r`` of a Linear's output and its residual (fp32 sum for half types)."""
+    if y.dtype in _HALF:
+        return (y.float() + r.float()).to(y.dtype)
+    return y + r
 
 
 @kernel("MatMul", impl="torch.matmul (CUDA half: bmm with fp32 output)")

@@ -70,27 +70,34 @@ class CpuLinear:
         self.bias, self.scale = b, s
         self.eps, self.norm_weight = norm if norm is not None else (None, None)
 
-    def run(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, x: torch.Tensor, out: torch.Tensor | None = None,
+            residual: torch.Tensor | None = None) -> torch.Tensor:
+        if residual is not None and not residual.is_contiguous():
+            residual = residual.contiguous()
         return linear_rows(x, self.meta, scale=self.scale, bias=self.bias, out=out,
                            panels=self.panels, rms_norm_eps=self.eps,
-                           rms_norm_weight=self.norm_weight)
+                           rms_norm_weight=self.norm_weight, residual=residual)
 
-    def bound(self, x: torch.Tensor, out: torch.Tensor) -> Callable[[], None] | None:
+    def bound(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None = None
+              ) -> Callable[[], None] | None:
         """The call with these fixed buffers, its C arguments packed once."""
+        if residual is not None and not residual.is_contiguous():
+            return None
         return linear_rows_bound(x, self.meta, out, scale=self.scale, bias=self.bias,
                                  panels=self.panels, rms_norm_eps=self.eps,
-                                 rms_norm_weight=self.norm_weight)
+                                 rms_norm_weight=self.norm_weight, residual=residual)
 
-    def bound_io(self, x: Any, out: Any) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
-        """``call(x, out)`` for tensors or :class:`Slot` s shaped as given (packed once
-        but for the two addresses)."""
+    def bound_io(self, x: Any, out: Any, residual: Any = None) -> Callable[..., None] | None:
+        """``call(x, out[, residual])`` for tensors or :class:`Slot` s shaped as given
+        (packed once but for the addresses)."""
         def like(t: Any) -> torch.Tensor:
             if type(t) is not Slot:
                 return t
             return torch.empty(t.desc.shape, dtype=t.desc.dtype.torch)
         return linear_rows_bound_io(like(x), self.meta, like(out), scale=self.scale,
                                     bias=self.bias, panels=self.panels, rms_norm_eps=self.eps,
-                                    rms_norm_weight=self.norm_weight)
+                                    rms_norm_weight=self.norm_weight,
+                                    residual_like=None if residual is None else like(residual))
 
 
 def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
@@ -109,30 +116,31 @@ def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
         if why_not_norm_weight(ins["norm_weight"], k) is not None:
             return None
         norm = (float(p.eps), ins["norm_weight"])
+    r = ins.get("residual")
     lin, y = CpuLinear(p, w, b, s, norm), outs[0]
     ctx.note_layout("weight", PANELS_LAYOUT)
     xs = x.desc.shape if type(x) is Slot else x.shape
     ctx.note_pool_rows(_rows(xs))
-    if type(x) is not Slot and type(y) is not Slot:
-        call = lin.bound(x, y)
+    if Slot not in (type(x), type(y), type(r)):
+        call = lin.bound(x, y, r)
         if call is not None:
             return lambda env: call()
     else:  # an input or output that changes per run: addresses packed per call
-        io = lin.bound_io(x, y)
+        io = lin.bound_io(x, y, r)
         if io is not None:
-            gx = (lambda env, i=x.index: env[i]) if type(x) is Slot else (lambda env: x)
-            gy = (lambda env, i=y.index: env[i]) if type(y) is Slot else (lambda env: y)
-            return lambda env: _io_or_run(io, lin, gx(env), gy(env))
-    return lambda env: lin.run(resolve(x, env), resolve(y, env))
+            gets = [(lambda env, i=t.index: env[i]) if type(t) is Slot else (lambda env, t=t: t)
+                    for t in ((x, y) if r is None else (x, y, r))]
+            return lambda env: _io_or_run(io, lin, *[g(env) for g in gets])
+    return lambda env: lin.run(resolve(x, env), resolve(y, env), resolve(r, env))
 
 
-def _io_or_run(io: Callable[[torch.Tensor, torch.Tensor], None], lin: "CpuLinear",
-               x: torch.Tensor, y: torch.Tensor) -> None:
+def _io_or_run(io: Callable[..., None], lin: "CpuLinear", x: torch.Tensor, y: torch.Tensor,
+               r: torch.Tensor | None = None) -> None:
     """The packed call for contiguous tensors, else the general one (a strided input)."""
-    if x.is_contiguous() and y.is_contiguous():
-        io(x, y)
+    if x.is_contiguous() and y.is_contiguous() and (r is None or r.is_contiguous()):
+        io(x, y) if r is None else io(x, y, r)
     else:
-        lin.run(x, y)
+        lin.run(x, y, r)
 
 
 def _rows(shape: Any) -> int:

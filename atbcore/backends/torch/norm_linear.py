@@ -20,15 +20,17 @@ __all__: list[str] = []
 def rms_norm_linear(p, ins, out=None):
     x, nw, w, b, s = ins["x"], ins["norm_weight"], ins["weight"], ins.get("bias"), \
         ins.get("scale")
+    r = ins.get("residual")
     why = why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s) or \
         why_not_norm_weight(nw, x.shape[-1])
     if why is None:
         lin = CpuLinear(p, w, b, s, (float(p.eps), nw))
-        return [lin.run(x, None if out is None else out[0])]
+        return [lin.run(x, None if out is None else out[0], r)]
     ck.log_fallback("RmsNormLinear", why)
     norm_p = _rms_params(p)
     n, = TORCH_KERNELS["RmsNorm"].fn(norm_p, {"x": x, "weight": nw})
-    y, = TORCH_KERNELS["Linear"].fn(p.linear(), {"x": n, "weight": w, "bias": b, "scale": s})
+    y, = TORCH_KERNELS["Linear"].fn(p.linear(), {"x": n, "weight": w, "bias": b, "scale": s,
+                                                 "residual": r})
     return [ck.into(out, 0, y)]
 
 

@@ -13,12 +13,13 @@ from typing import Any, Mapping
 import torch
 
 from ...ops.activation import get_activation
-from ..npu import npu_module, soc_family, unavailable_reason
+from ..npu import into_out, npu_module, soc_family, unavailable_reason
 from .activation import c_activation
 from .device_kernels import device_kernel
 from .rope import _token_cos_sin, geometry
 
-__all__ = ["rms_norm_reasons", "add_rms_norm_reasons", "swiglu_reasons", "rotary_mul_reasons"]
+__all__ = ["rms_norm_reasons", "add_rms_norm_reasons", "swiglu_reasons", "rotary_mul_reasons",
+           "gated_activation_reasons"]
 
 _HALF = (torch.float16, torch.float32)
 _ALL = (torch.float16, torch.bfloat16, torch.float32)
@@ -88,7 +89,7 @@ def _gamma(p: Any, w: torch.Tensor) -> torch.Tensor:
                impl="torch_npu.npu_rms_norm")
 def rms_norm_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     y, _rstd = npu_module().npu_rms_norm(ins["x"], _gamma(p, ins["weight"]), epsilon=p.eps)
-    return [_into(out, 0, y)]
+    return [into_out(out, 0, y)]
 
 
 @device_kernel("AddRmsNorm", "npu", why_not=add_rms_norm_reasons, provider="torch_npu", available=unavailable_reason,
@@ -96,12 +97,8 @@ def rms_norm_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> lis
 def add_rms_norm_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     y, _rstd, s = npu_module().npu_add_rms_norm(ins["x"], ins["residual"],
                                                 _gamma(p, ins["weight"]), epsilon=p.eps)
-    return [_into(out, 0, y), _into(out, 1, s)]
+    return [into_out(out, 0, y), into_out(out, 1, s)]
 
-
-def _into(out: list | None, i: int, y: torch.Tensor) -> torch.Tensor:
-    o = None if not out or i >= len(out) else out[i]
-    return y if o is None or o is y else o.copy_(y)
 
 
 def swiglu_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
@@ -123,7 +120,19 @@ def swiglu_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
 @device_kernel("SwiGLU", "npu", why_not=swiglu_reasons, provider="torch_npu", available=unavailable_reason,
                impl="torch_npu.npu_swiglu")
 def swiglu_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
-    return [_into(out, 0, npu_module().npu_swiglu(ins["x"].contiguous(), dim=-1))]
+    return [into_out(out, 0, npu_module().npu_swiglu(ins["x"].contiguous(), dim=-1))]
+
+
+def gated_activation_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
+    """Why ``npu_swiglu`` cannot take this Activation call (swiglu only)."""
+    if p.activation_name() != "swiglu":
+        return f"activation {p.activation_name()!r}: torch_npu's fused one here is swiglu"
+    return swiglu_reasons(p, ins)
+
+
+# models run their gated MLP as Activation(activation_type="swiglu")
+device_kernel("Activation", "npu", why_not=gated_activation_reasons, provider="torch_npu",
+              available=unavailable_reason, impl="torch_npu.npu_swiglu (swiglu)")(swiglu_npu)
 
 
 _ROPE_INS = ("q", "k", "position_ids", "cos", "sin")
@@ -178,5 +187,9 @@ def rope_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
             continue
         x4 = x.unflatten(-1, (heads, g.head_dim)) if g.layout == "BSH" else x
         y = npu_module().npu_rotary_mul(x4, cos, sin, rotary_mode=mode)
-        outs.append(_into(out, len(outs), y.reshape(x.shape)))
+        outs.append(into_out(out, len(outs), y.reshape(x.shape)))
     return outs
+
+
+# the attention, paged-cache and w8 kernels live beside torch_npu's facts
+from ..npu import attention as _npu_attention, linear as _npu_linear  # noqa: E402,F401

@@ -186,12 +186,13 @@ def _call(op: str, q: Any, k: Any, cos: Any, sin: Any, **kw: Any) -> int:
 
 
 def rope_c(p: RoPEParams, g: RopeGeometry, ins: dict, q_out: Any = None, k_out: Any = None,
-           v: Any = None, v_out: Any = None, cache_len: int = 0, op: str = "RoPE"
-           ) -> list | None:
+           v: Any = None, v_out: Any = None, cache_len: int = 0, op: str = "RoPE",
+           slot: Any = None) -> list | None:
     """Rotate q and k in one C call; returns ``[q_out, k_out?]``, or None when the
     positions are too large for a table and a KV cache is the target (the caller
     runs its composite). ``q_out``/``k_out`` may be q/k (in place); with
-    ``cache_len`` they are ``[B, cache_len, Hk, D]`` caches for k and v."""
+    ``cache_len`` they are ``[B, cache_len, Hk, D]`` caches for k and v (``[1,
+    cache_len, Hk, D]`` with per-token cache rows ``slot``)."""
     q, k = ins["q"], ins.get("k")
     pos, cos, sin = ins.get("position_ids"), ins.get("cos"), ins.get("sin")
     qo = q_out if _usable(q_out, q) else torch.empty(q.shape, dtype=q.dtype)
@@ -202,7 +203,7 @@ def rope_c(p: RoPEParams, g: RopeGeometry, ins: dict, q_out: Any = None, k_out: 
     kw = dict(layout=g.layout, head_dim=g.head_dim, rotary_dim=rd, q_heads=g.q_heads,
               k_heads=g.k_heads or 0, interleave=p.rotary_type == "interleave", batch=g.batch,
               seq=g.seq, q_out=qo, k_out=ko, v=v, v_out=v_out, cache_len=cache_len,
-              cache_offset=start)
+              cache_offset=start, **({} if slot is None else {"slot": slot}))
     if cos is not None:  # given tables: [P, rd] by position, or per token
         n = cos.shape[0] if pos is not None else g.seq
         if _call(op, q, k, cos, sin, pos=pos, table_len=n, **kw):

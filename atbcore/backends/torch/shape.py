@@ -68,13 +68,32 @@ def reshape(p, ins):
 
 
 def _bind_split(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
-    """Each part copied into its planned buffer (sizes resolved at bind time)."""
+    """The parts as views of the input (the planner keeps the input's bytes for as long
+    as a part is read): made once for a planned buffer, per run for an input in a
+    slot; zero copies. Parts in planned buffers of their own are copied into them."""
     x = ins["x"]
-    if any(type(o) is Slot for o in outs):
-        return None
     dim, sizes = split_sizes("Split", p, x.desc if type(x) is Slot else describe(x))
     sizes = list(sizes)
-    if type(x) is not Slot:  # a planned buffer: its parts are views made once
+    if all(type(o) is Slot for o in outs):
+        idx = [o.index for o in outs]
+        if type(x) is not Slot:  # a planned buffer: its parts are views made once
+            views = list(torch.split(x, sizes, dim=dim))
+            pairs = list(zip(idx, views))
+
+            def fixed_views(env: list) -> None:
+                for j, v in pairs:
+                    env[j] = v
+            fixed_views.fixed_out = views  # type: ignore[attr-defined]  # readers bind to them
+            return fixed_views
+        i = x.index
+
+        def views_per_run(env: list) -> None:
+            for j, v in zip(idx, torch.split(env[i], sizes, dim=dim)):
+                env[j] = v
+        return views_per_run
+    if any(type(o) is Slot for o in outs):
+        return None
+    if type(x) is not Slot:  # parts in buffers of their own: copied
         pairs = list(zip(outs, torch.split(x, sizes, dim=dim)))
 
         def fixed(env: list) -> None:
@@ -89,12 +108,15 @@ def _bind_split(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
     return call
 
 
-@kernel("Split", impl="torch.split + contiguous copies (one per part)", launches=2,
+_bind_split.fills_slots = True  # type: ignore[attr-defined]
+
+
+@kernel("Split", impl="torch.split: views of the input (zero-copy, as Reshape)", launches=0,
         bind=_bind_split)
 def split(p, ins):
     x = ins["x"]
     dim, sizes = split_sizes("Split", p, describe(x))
-    return [_fresh(t) for t in torch.split(x, list(sizes), dim=dim)]
+    return list(torch.split(x, list(sizes), dim=dim))
 
 
 @kernel("Concat", impl="torch.cat")

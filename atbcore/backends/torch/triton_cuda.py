@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import torch
 
 from ...ops.activation import get_activation
-from ...ops.attention import effective_window
+from ...ops.attention import attention_dims, effective_window, split_packed
+from ...tensor import TensorDesc
 from ..triton import device_reason
 from .activation import c_activation
 from .device_kernels import device_kernel
@@ -22,7 +23,7 @@ from .rope import MAX_TABLE_LEN, _token_cos_sin, geometry, rope_tables
 from .rope_cache import _heads
 
 __all__ = ["norm_reasons", "gated_reasons", "rope_reasons", "rope_kv_cache_reasons",
-           "paged_reasons"]
+           "paged_reasons", "prefill_reasons"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -129,6 +130,8 @@ def rope_kv_cache_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     """Why the Triton RopeKVCache cannot take this call (device aside)."""
     if p.rotary_type != "half":
         return f"rotary_type {p.rotary_type!r}: the Triton kernel rotates the 'half' layout"
+    if ins.get("slot_mapping") is not None:
+        return "slot_mapping (paged rows): the Triton kernel writes each token at its position"
     kc, vc = ins["key_cache"], ins["value_cache"]
     if kc.stride(-1) != 1 or vc.stride(-1) != 1:
         return "KV cache head_dim not contiguous"
@@ -255,3 +258,50 @@ def paged_attention_cuda(p: Any, ins: Mapping[str, Any], out: list | None = None
     return [_triton("paged").paged_decode_attention(
         q, kc, ins["value_cache"], ins["block_tables"], ins["context_lens"], scale,
         window=window, out=None if not out else out[0])]
+
+
+# ----------------------------------------------------------------------------- FlashAttention
+# Why Triton here and not SDPA: the torch kernel runs SDPA in fp32 (so results round
+# once), which on CUDA rules out SDPA's flash backend (half inputs only) and leaves
+# the memory-efficient or math kernel, with a mask materialised per query chunk for
+# seq_lens, bottom-right causal (Sq != Skv) and windows. The Triton kernel reads half
+# inputs as they are with fp32 accumulation, applies those rules per key block and
+# skips blocks no row can see. An explicit mask stays with SDPA.
+
+
+def prefill_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
+    """Why the Triton prefill attention cannot take this FlashAttention call (device aside)."""
+    if ins.get("mask") is not None:
+        return "an explicit mask (torch SDPA takes it)"
+    dims = attention_dims("FlashAttention", p, {n: None if x is None else TensorDesc.of(x)
+                                                for n, x in ins.items()})
+    limit = _triton("prefill").MAX_HEAD_DIM
+    if dims.head_dim > limit:
+        return f"head_dim {dims.head_dim} > {limit}"
+    for name in ("q", "k", "v"):
+        t = ins.get(name)
+        if t is not None and t.stride(-1) != 1:
+            return f"input {name!r} has a strided head dim"
+    return None
+
+
+def _prefill_why(p: Any, ins: Mapping[str, Any]) -> str | None:
+    return _device(ins["q"], ins.get("k"), ins.get("v")) or prefill_reasons(p, ins)
+
+
+@device_kernel("FlashAttention", "cuda", why_not=_prefill_why, provider="triton",
+               impl="Triton flash attention (GQA, bottom-right causal / window / seq_lens per "
+               "key block, blocks no row sees skipped), fp32 softmax")
+def flash_attention_cuda(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
+    dims = attention_dims("FlashAttention", p, {n: None if x is None else TensorDesc.of(x)
+                                                for n, x in ins.items()})
+    q, k, v = ins["q"], ins.get("k"), ins.get("v")
+    if dims.packed:
+        q, k, v = split_packed(q, dims)
+    o = out[0] if out and out[0] is not None and out[0].stride(-1) == 1 else None
+    return [_triton("prefill").prefill_attention(
+        q, k, v, layout=dims.layout, heads=dims.heads, kv_heads=dims.kv_heads,
+        scale=p.scale if p.scale is not None else dims.scale_default,
+        causal=p.causal or p.window is not None,  # a window implies causal
+        window=effective_window(p.window, dims.q_len, dims.kv_len),
+        seq_lens=ins.get("seq_lens"), out=o)]

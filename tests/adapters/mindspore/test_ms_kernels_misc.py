@@ -153,3 +153,18 @@ def test_ascend_only_fused_kernels_are_not_used_on_cpu():
     with native_off():
         check_ms("RoPE", {"num_heads": 2}, [q])
     assert "Ascend-only" in PATHS["RoPE"][1]
+
+
+@pytest.mark.parametrize("slots", [False, True])
+def test_rope_kv_cache_by_position_and_by_slot(slots):
+    """RopeKVCache (the rope_cache fusion's op) composed of the backend's RoPE and
+    cache write: q rotated, k rotated and v written at each token's row."""
+    b, s, hq, hk, d = 2, 3, 4, 2, 8
+    q, k, v = rand([b, s, hq * d], "fp32", 1), rand([b, s, hk * d], "fp32", 2), \
+        rand([b, s, hk * d], "fp32", 3)
+    pos = np.array([[0, 1, 2], [4, 5, 6]])
+    ins = [q, k, v, np.zeros((b, 8, hk, d), np.float32), np.zeros((b, 8, hk, d), np.float32), pos]
+    if slots:
+        ins += [None, None, np.array([1, 2, 3, 9, 10, 14], np.int32)]
+    ref = check_ms("RopeKVCache", {"num_heads": hq, "num_kv_heads": hk, "head_dim": d}, ins)
+    assert np.count_nonzero(ref[1].reshape(-1, hk * d).any(axis=1)) == b * s

@@ -70,8 +70,9 @@ class PlainBlock(nn.Module):
 
     ``round_to(dtype)`` makes it the oracle of a half-precision GraphOp: it computes in
     fp32 and rounds to ``dtype`` where the fused graph's tensors are (each node's
-    output: norms, projections, attention, output projection, residual add; the fused
-    FFN with its residual rounds once), as DESIGN.md says kernels do."""
+    output: norms, projections, attention; the output projection with the residual
+    add in its epilogue rounds once, as does the fused FFN with its residual), as
+    DESIGN.md says kernels do."""
 
     def __init__(self, hidden, heads, mlp):
         super().__init__()
@@ -100,7 +101,7 @@ class PlainBlock(nn.Module):
         vh = v.view(b, t, self.heads, d).transpose(1, 2)
         keep = torch.ones(s, t, dtype=torch.bool).tril(t - s)  # bottom-right causal
         a = rd(F.scaled_dot_product_attention(qh, kh, vh, attn_mask=keep))
-        x = rd(rd(self.o(a.transpose(1, 2).reshape(b, s, h))) + x)
+        x = rd(self.o(a.transpose(1, 2).reshape(b, s, h)) + x)
         x = rd(self.fc2(F.silu(self.fc1(rd(self.ln2(x))))) + x)
         return x, (k, v)
 

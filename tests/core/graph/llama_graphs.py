@@ -33,7 +33,7 @@ __all__ = ["build_llama_layer_primitive", "llama_weights", "fused_ops", "causal_
 def fused_ops(rope: bool = True) -> list[str]:
     """The op sequence the standard pipeline makes of the layer."""
     return ["RmsNormLinear", "RopeFlashAttention" if rope else "FlashAttention", "Linear",
-            "AddRmsNorm", "FusedFeedForward"]
+            "FusedFeedForward"]
 
 
 def causal_mask(s: int, dtype="fp32") -> np.ndarray:

@@ -84,7 +84,9 @@ def test_in_place_form_with_rope_gqa_and_packed_qkv_equals_the_dict_cache_form()
     got, _ = _steps(op, x, cache)
     atb.assert_close(got, want, "fp32", "in-place vs concatenating cache form")
     atb.assert_close(got, op(x), "fp32", "in-place decode vs the whole sequence")
-    assert "RoPE" in [n.op for n in op._in_place.graph.nodes]
+    # RoPE and the cache write are one kernel (the rope_cache fusion)
+    ops = [n.op for n in op._in_place.graph.nodes]
+    assert "RopeKVCache" in ops and "RoPE" not in ops and "ReshapeAndCache" not in ops
 
 
 @pytest.mark.parametrize("block,kv_heads", [(seed_block, NH), (rope_gqa_block, 2)])
@@ -104,7 +106,8 @@ def test_in_place_program_is_bit_equal_to_node_by_node_execution(block, kv_heads
     assert torch.equal(bound, unbound)
     # the cache's own value checks ran at the feeder: the plan trusts its index inputs
     trusted = {c.node: c.trusted for c in plan.calls}
-    assert trusted["attention.cache_write"] and trusted["attention"]
+    write = next(c.node for c in plan.calls if c.op in ("ReshapeAndCache", "RopeKVCache"))
+    assert trusted[write] and trusted["attention"]
     assert not any(v for n, v in trusted.items() if "norm" in n)
     cache.free()
 

@@ -61,8 +61,9 @@ def test_launches_drop_by_at_least_70_percent():
 
 def test_the_arena_reuses_memory_across_intermediates():
     fused, unfused = _launches()
-    # the fused graph has five tensors left to share the arena: reuse is still >= 1.5x
-    for op, reuse in ((fused, 1.5), (unfused, 2.0)):
+    # the fused graph has three tensors left (qkv, attention, o_proj's sum), and the
+    # first and last can share bytes: reuse >= 1.2x
+    for op, reuse in ((fused, 1.2), (unfused, 2.0)):
         m = op.memory_plan
         assert m.total_intermediate_bytes > 0
         # the graph's tensors alone: a kernel's workspace is live for its node only

@@ -57,6 +57,32 @@ def test_merged_bias_residual_and_transposed_layouts(dtype):
     check_op("FusedFeedForward", {"activation_type": "gelu", "bias": True}, [x, u, d, bu, bd])
 
 
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("merged", [True, False])
+def test_norm_inside_matches_rms_norm_then_ffn(merged, dtype):
+    """``norm_eps``: x RmsNorm'd by the first matmul (the norm_ffn fusion's op) equals
+    the RmsNorm op followed by the FFN, with and without the residual (torch kernel,
+    numpy_c and the NumPy reference)."""
+    h, i = 96, 48
+    x, res, nw = rand((3, h), dtype, 1), rand((3, h), dtype, 2), rand((h,), dtype, 6)
+    g, u, d = weights(h, i, dtype, True)
+    ws = [np.concatenate([g, u]), d] if merged else [g, u, d]
+    p = {"gate_up_merged": merged, "has_residual": True}
+    fused = check_op("FusedFeedForward", {**p, "norm_eps": 1e-5}, [x, *ws, res, nw])[0]
+    normed = check_op("RmsNorm", {"eps": 1e-5}, [x, nw])[0]
+    want = check_op("FusedFeedForward", p, [normed, *ws, res])[0]
+    atb.assert_close(fused, want, dtype, "FFN(norm inside) vs RmsNorm + FFN")
+    if dtype == "fp32":
+        got, = atb.Builder(backend="numpy_c").build_operation(
+            "FusedFeedForward", {**p, "norm_eps": 1e-5}).execute([x, *ws, res, nw])
+        atb.assert_close(got, fused, "fp32", "numpy_c FFN(norm inside) vs reference")
+        xt = torch.from_numpy(x)
+        n = F.rms_norm(xt, (h,), torch.from_numpy(nw), 1e-5)
+        gt, ut, dt_ = (torch.from_numpy(a) for a in (g, u, d))
+        oracle = torch.from_numpy(res) + F.linear(F.silu(F.linear(n, gt)) * F.linear(n, ut), dt_)
+        atb.assert_close(fused, oracle, "fp32", "FFN(norm inside) vs torch.nn.functional")
+
 def test_square_weights_read_as_out_in():
     h = 64
     x = torch.from_numpy(rand((3, h), "fp32", 1))

@@ -234,7 +234,11 @@ BAD = [
     ("Linear", {"bias": True}, [X, W], atb.InputError, ["'bias' is missing"]),
     ("Linear", {"bias": False}, [X, W, rand((4,), "fp32", 3)], atb.InputError, ["bias=False"]),
     ("Linear", {}, [X], atb.InputError, ["number of inputs", "1"]),
-    ("Linear", {}, [X, W, W, W, W], atb.InputError, ["number of inputs", "5"]),
+    ("Linear", {}, [X, W, W, W, W, W], atb.InputError, ["number of inputs", "6"]),
+    ("Linear", {}, [X, W, None, None, rand((4, 3), "fp32", 4)], atb.ShapeError,
+     ["'residual' shape", "[2, 4]", "[4, 3]"]),
+    ("Linear", {}, [X, W, None, None, rand((2, 4), "fp16", 4)], atb.DtypeError,
+     ["residual", "FP16"]),
     ("MatMul", {}, [rand((8,), "fp32", 1), W], atb.ShapeError, ["'a' rank", "[8]"]),
     ("MatMul", {}, [X, rand((7, 3), "fp32", 2)], atb.ShapeError, ["inner dims", "K = 8", "[7, 3]"]),
     ("MatMul", {"transpose_b": True}, [X, rand((8, 3), "fp32", 2)], atb.ShapeError, ["inner dims"]),
@@ -268,3 +272,30 @@ def test_wrong_outputs():
 ])
 def test_bad_params(op, params, frag):
     check_error(op, params, [], atb.ParamsError, frag, build_error=True)
+
+
+# ------------------------------------------------------------------ residual in the epilogue
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("rows", [1, 3, 70])
+def test_linear_residual_matches_reference_and_functional(rows, dtype):
+    """``residual`` added to the output: torch kernel (the C matmul's epilogue on the
+    CPU) vs the NumPy reference, and fp32 vs F.linear + r; RmsNormLinear too."""
+    x, w, b = rand((rows, 96), dtype, 1), rand((40, 96), dtype, 2, scale=96 ** -0.5), \
+        rand((40,), dtype, 3)
+    r = rand((rows, 40), dtype, 4)
+    check_op("Linear", {"bias": True}, [x, w, b, None, r])
+    check_op("RmsNormLinear", {"eps": 1e-6}, [x, rand((96,), dtype, 5), w, None, None, r])
+    if dtype == "fp32":
+        xt, wt, bt, rt = map(torch.from_numpy, (x, w, b, r))
+        y, = atb.Builder().build_operation("Linear", {"bias": True}).execute([xt, wt, bt, None, rt])
+        atb.assert_close(y, F.linear(xt, wt, bt) + rt, "fp32", "Linear(residual) vs F.linear + r")
+
+
+def test_numpy_c_linear_residual_matches_reference():
+    """The framework-free C binding (numpy_c) adds the residual in the same kernel."""
+    x, w, r = rand((3, 64), "fp32", 1), rand((32, 64), "fp32", 2), rand((3, 32), "fp32", 3)
+    got, = atb.Builder(backend="numpy_c").build_operation("Linear", {}).execute([x, w, None, None, r])
+    ref, = atb.Builder(backend="numpy").build_operation("Linear", {}).execute([x, w, None, None, r])
+    atb.assert_close(got, ref, "fp32", "numpy_c Linear(residual) vs reference")

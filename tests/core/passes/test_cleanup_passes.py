@@ -58,8 +58,10 @@ def test_cse_keeps_different_params_graph_outputs_and_collectives():
            N("o1", "Elewise", "x", elewise_type="neg"),
            N("o2", "Elewise", "x", elewise_type="neg"),          # a graph output: kept
            N("r1", "AllReduce", "m1"), N("r2", "AllReduce", "m1"),
+           N("b1", "Broadcast", "m2"), N("b2", "Broadcast", "m2"),    # every collective
            N("s", "Elewise", ["r1", "r2"], elewise_type="add"),
-           N("t", "Elewise", ["s", "m2"], elewise_type="add")], X, ["o1", "o2", "t"])
+           N("u", "Elewise", ["b1", "b2"], elewise_type="add"),
+           N("t", "Elewise", ["s", "u"], elewise_type="add")], X, ["o1", "o2", "t"])
     assert cse(g) == g
 
 

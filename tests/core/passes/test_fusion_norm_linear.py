@@ -145,3 +145,60 @@ def test_linear_activation(act, params, name):
     got = fuse(before, "linear_activation")
     assert_graph_eq(got, want)
     same_numbers(before, got, [rand(2, 3, H)])
+
+
+@pytest.mark.parametrize("op,add", [("Linear", "ResidualAdd"), ("Linear", "Elewise"),
+                                    ("RmsNormLinear", "ResidualAdd")])
+def test_linear_residual_moves_the_add_into_the_gemm(op, add):
+    ins = ["x", "nw", "w"] if op == "RmsNormLinear" else ["x", "w"]
+    ws = {"w": w(H, H), "nw": 1 + w(H, seed=2)} if op == "RmsNormLinear" else {"w": w(H, H)}
+    extra = {"elewise_type": "add"} if add == "Elewise" else {}
+    before = G([N("l", op, ins), N("y", add, ["r", "l"], **extra)], {**X, "r": (2, 3, H)}, "y",
+               ws)
+    got = fuse(before, "linear_residual")
+    want = G([N("l", op, [*ins, "", "", "r"], ["y"])], {**X, "r": (2, 3, H)}, "y", ws)
+    assert_graph_eq(got, want)
+    x, r = rand(2, 3, H), rand(2, 3, H, seed=1)
+    same_numbers(before, got, [x, r])
+    # and through the torch backend's bound plan (the C matmul's epilogue on the CPU)
+    import torch
+    gop = atb.GraphOp(before, backend="torch")
+    for _ in range(2):  # built, then the bound program again
+        atb.assert_close(gop(torch.from_numpy(x), torch.from_numpy(r)),
+                         run_graph(before, [x, r])[0], "fp32", "bound Linear(residual) vs unfused")
+    assert [(n.op, n.inputs[-1]) for n in gop.graph.nodes] == [(op, "r")]
+
+
+def test_linear_residual_leaves_other_adds_alone():
+    ws = {"w": w(H, H), "w5": w(5, H)}
+    # y + y, a bias-shaped add, and a Linear read by someone else: no residual fusion
+    twice = G([N("l", "Linear", ["x", "w"]), N("y", "Elewise", ["l", "l"], elewise_type="add")],
+              X, "y", ws)
+    bias = G([N("l", "Linear", ["x", "w5"]), N("y", "Elewise", ["l", "b"], elewise_type="add")],
+             {**X, "b": (5,)}, "y", ws)
+    read = G([N("l", "Linear", ["x", "w"]), N("y", "ResidualAdd", ["l", "x"]),
+              N("z", "Elewise", ["l", "y"], elewise_type="mul")], X, "z", ws)
+    for g in (twice, bias, read):
+        assert fuse(g, "linear_residual") == g
+
+
+def test_norm_ffn_puts_the_norm_into_the_first_matmul():
+    i = 8
+    ws = {"nw": 1 + w(H, seed=2), "gu": w(2 * i, H, seed=3), "wd": w(H, i, seed=4)}
+    ffn = dict(hidden_size=H, intermediate_size=i, activation_type="swiglu",
+               gate_up_merged=True, has_residual=True)
+    before = G([N("n", "RmsNorm", ["x", "nw"], eps=1e-5),
+                N("f", "FusedFeedForward", ["n", "gu", "wd", "x"], ["y"], **ffn)], X, "y", ws)
+    got = fuse(before, "norm_ffn")
+    want = G([N("f", "FusedFeedForward", ["x", "gu", "wd", "x", "nw"], ["y"], norm_eps=1e-5,
+                **ffn)], X, "y", ws)
+    assert_graph_eq(got, want)
+    x = rand(2, 3, H)
+    same_numbers(before, got, [x])
+    import torch
+    atb.assert_close(atb.GraphOp(before, backend="torch")(torch.from_numpy(x)),
+                     run_graph(before, [x])[0], "fp32", "bound FFN(norm) vs unfused")
+    # the normed tensor read elsewhere (here as the residual too): not fused
+    shared = G([N("n", "RmsNorm", ["x", "nw"], eps=1e-5),
+                N("f", "FusedFeedForward", ["n", "gu", "wd", "n"], ["y"], **ffn)], X, "y", ws)
+    assert fuse(shared, "norm_ffn") == shared

@@ -1,5 +1,6 @@
 """Acceptance: a LLaMA decoder layer from primitive ops fuses at ``standard`` into
-merged QKV + AddRmsNorm + FlashAttention + FusedFeedForward, and computes what
+RmsNormLinear (merged QKV) + FlashAttention + Linear (residual in its epilogue) +
+FusedFeedForward (its RmsNorm and residual inside), and computes what
 Hugging Face's LlamaDecoderLayer computes, before and after fusion."""
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ def fused(rope=True, mask="const", dtype="fp32", **cfg):
 
 
 @pytest.mark.parametrize("rope", [True, False])
-def test_standard_fuses_the_layer_to_five_nodes(rope):
+def test_standard_fuses_the_layer_to_four_nodes(rope):
     g, out, _ = fused(rope)
     assert len(g.nodes) == (38 if rope else 37)
     assert [n.op for n in out.nodes] == fused_ops(rope)
-    qkv, attn, ffn = out.nodes[0], out.nodes[1], out.nodes[4]
+    qkv, attn, o, ffn = out.nodes
     assert qkv.inputs[:2] == ("x", "input_layernorm.weight")  # the norm inside the matmul
     w = out.weight_map[qkv.inputs[2]]
     ref = llama_weights(HID, NH, INTER)
@@ -42,7 +43,11 @@ def test_standard_fuses_the_layer_to_five_nodes(rope):
     assert attn.params.causal and attn.params.scale == pytest.approx(1 / np.sqrt(HID // NH))
     assert ffn.params.gate_up_merged and ffn.params.has_residual
     assert ffn.params.activation_type == "swiglu"
-    assert out.nodes[3].outputs[1] == ffn.inputs[-1]  # AddRmsNorm's sum is the FFN residual
+    assert o.inputs[4] == "x"                         # the residual add in o_proj's GEMM
+    # the post-attention norm inside the FFN's first matmul; o_proj's sum its residual
+    assert ffn.params.norm_eps == pytest.approx(1e-6)
+    assert ffn.inputs[0] == o.outputs[0] == ffn.inputs[-2]
+    assert ffn.inputs[-1] == "post_attention_layernorm.weight"
     # the weights the fused graph no longer needs are gone
     assert "self_attn.q_proj.weight" not in out.weight_map and "rms_eps" not in out.weight_map
 
@@ -99,20 +104,22 @@ def test_primitive_and_fused_layer_match_hugging_face():
     atb.assert_close(run_graph(out, [x.numpy()])[0], gold, "fp32", "fused graph vs HF")
 
 
-@pytest.mark.parametrize("switch,kept", [
-    ("enable_qkv_fusion", ["Linear", "Linear", "Linear", "Linear"]),
-    ("enable_mha_fusion", ["Softmax", "MatMul"]),
-    ("enable_add_ln_fusion", ["RmsNorm", "Elewise"]),
-    ("enable_ffn_fusion", ["LinearActivation", "Elewise"]),
-    ("enable_rope_fusion", ["RoPE", "FlashAttention"]),
-    ("enable_norm_fusion", ["ReduceMean"]),
+@pytest.mark.parametrize("switches,kept", [
+    (("enable_qkv_fusion",), ["Linear", "Linear", "Linear", "Linear"]),
+    (("enable_mha_fusion",), ["Softmax", "MatMul"]),
+    # the attention residual rides in o_proj's GEMM unless that fusion is off (the norm
+    # after it is inside the FFN either way, so no add+norm fusion is left to make)
+    (("enable_linear_act_fusion",), ["Elewise"]),
+    (("enable_ffn_fusion",), ["LinearActivation", "Elewise"]),
+    (("enable_rope_fusion",), ["RoPE", "FlashAttention"]),
+    (("enable_norm_fusion",), ["ReduceMean"]),
 ])
-def test_each_switch_turns_its_fusion_off(switch, kept):
-    _, out, reports = fused(**{switch: False})
+def test_each_switch_turns_its_fusion_off(switches, kept):
+    _, out, reports = fused(**dict.fromkeys(switches, False))
     ops = [n.op for n in out.nodes]
     for op in set(kept):
-        assert ops.count(op) >= kept.count(op), (switch, ops)
-    assert len(out.nodes) > 5
+        assert ops.count(op) >= kept.count(op), (switches, ops)
+    assert len(out.nodes) > 4
 
 
 def test_conservative_fuses_nothing_and_reports_every_pass():
@@ -130,8 +137,8 @@ def test_standard_reports_each_rule_in_pipeline_order():
     _, _, reports = fused()
     fuse_reports = [r for r in reports if r.name.startswith("fuse:")]
     changed = [r.name[5:] for r in fuse_reports if r.changed]
-    assert changed == ["rmsnorm", "add_rmsnorm", "attention", "attention_bsnd", "attention_bsh",
-                       "qkv", "norm_linear", "rope_attention", "packed_qkv", "ffn",
-                       "ffn_residual"]
+    assert changed == ["rmsnorm", "ffn", "ffn_residual", "linear_residual", "norm_ffn",
+                       "attention", "attention_bsnd", "attention_bsh", "qkv", "norm_linear",
+                       "rope_attention", "packed_qkv"]
     qkv = next(r for r in reports if r.name == "fuse:qkv")
     assert "q_proj, k_proj, v_proj -> q_proj+k_proj+v_proj (Linear)" in qkv.detail

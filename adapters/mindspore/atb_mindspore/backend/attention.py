@@ -122,6 +122,10 @@ def _fused_reason(p: Any, ins: dict, dims: AttnDims) -> str:
         return "a given mask, seq_lens or a window"
     if dims.head_dim % 16:
         return f"head_dim {dims.head_dim} is not a multiple of 16"
+    if p.causal and dims.q_len > dims.kv_len:  # sparse mode 3 aligns rows bottom-right
+        return f"causal with Sq {dims.q_len} > Skv {dims.kv_len} (rows sit top-left then)"
+    if dims.heads > 256 or dims.head_dim > 768:
+        return "ops.flash_attention_score takes N <= 256 and D <= 768"
     return ""
 
 

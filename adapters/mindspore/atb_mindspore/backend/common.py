@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from atbcore.log import logger
 from atbcore.tensor import TensorDesc
 
-from .._env import mindspore, on_ascend
+from .._env import ascend_ops, mindspore, on_ascend
 
 __all__ = ["ms", "ops", "mint", "f32", "is_half", "cast", "to_dtype", "arange", "descs", "note",
            "PATHS", "on_ascend", "swap_last", "host_ints", "const", "NEG_INF"]
@@ -28,7 +28,8 @@ def ms() -> Any:
 
 
 def ops() -> Any:
-    return mindspore().ops
+    """``mindspore.ops`` (or a test's stand-in for its Ascend ops: :mod:`.._env`)."""
+    return ascend_ops()
 
 
 def mint() -> Any:

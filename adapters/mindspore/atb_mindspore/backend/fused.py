@@ -56,4 +56,26 @@ def rms_norm_linear(p, ins):
     n, = MS_KERNELS["RmsNorm"].fn(get_op("RmsNorm").make_params({"eps": p.eps}),
                                   {"x": ins["x"], "weight": ins["norm_weight"]})
     return MS_KERNELS["Linear"].fn(p.linear(), {"x": n, "weight": ins["weight"],
-                                                "bias": ins.get("bias"), "scale": ins.get("scale")})
+                                                "bias": ins.get("bias"), "scale": ins.get("scale"),
+                                                "residual": ins.get("residual")})
+
+
+def _token_rows(x: Any, layout: str, heads: int, d: int) -> Any:
+    """q/k/v in ``layout`` as token rows ``[B*S, heads, D]``."""
+    from .common import ops
+
+    if layout == "BNSD":
+        x = ops().transpose(x, (0, 2, 1, 3))
+    return x.reshape((-1, heads, d))
+
+
+@kernel("RopeKVCache", impl="mindspore rotary (q, k) + indexed cache write (the RoPE and "
+        "ReshapeAndCache kernels)", launches=4)
+def rope_kv_cache(p, ins):
+    from atbcore.ops.rope_cache import compose_rope_kv_cache
+
+    from . import MS_KERNELS
+    from .common import ms
+
+    return compose_rope_kv_cache(p, ins, MS_KERNELS["RoPE"].fn, MS_KERNELS["ReshapeAndCache"].fn,
+                                 _token_rows, lambda a: ms().Tensor(a))

@@ -34,8 +34,11 @@ def linear_fp32(p: Any, x: Any, w: Any, b: Any, s: Any) -> Any:
 
 @kernel("Linear", impl="mindspore mint.matmul (fp32 compute; w8: int8 widened, column scale)")
 def linear(p, ins):
-    x = ins["x"]
-    return [cast(linear_fp32(p, x, ins["weight"], ins.get("bias"), ins.get("scale")), x.dtype)]
+    x, r = ins["x"], ins.get("residual")
+    y = linear_fp32(p, x, ins["weight"], ins.get("bias"), ins.get("scale"))
+    if r is not None:                                      # the fused residual, fp32 sum
+        y = mint().add(y, f32(r))
+    return [cast(y, x.dtype)]
 
 
 @kernel("MatMul", impl="mindspore mint.matmul (fp32 compute, broadcasting batch dims)")

@@ -93,6 +93,30 @@ def _as_heads(x: Any, g: RopeGeometry, heads: int) -> Any:
     return x.reshape((g.batch, g.seq, heads, g.head_dim)) if g.layout == "BSH" else x
 
 
+def fused_rope_reason(p: RoPEParams, g: Any, q: Any, cos: Any) -> str:
+    """Why ``ops.rotary_position_embedding`` cannot take this call ('' = it can): its
+    documented layout constraints (4-D BNSD/BSND, D even and < 896; half mode B, N <
+    1000; interleaved mode B*N < 1000 and one cos/sin row set for the whole batch; no
+    BNSD call with a 32-byte aligned D and B*N > 8S)."""
+    if not on_ascend(q):
+        return "ops.rotary_position_embedding is Ascend-only"
+    if g.rotary_dim != g.head_dim or g.layout == "BSH":
+        return "partial rotary or a BSH input"
+    d, heads = g.head_dim, max(g.q_heads, g.k_heads or 0)
+    if d % 2 or d >= 896:
+        return f"head_dim {d}: the fused op takes an even D < 896"
+    if str(q.dtype) == "BFloat16":  # cos/sin take x's dtype
+        return "bf16: cos/sin rounded to bf16 (they take x's dtype) miss the bf16 tolerance"
+    if p.rotary_type == "half" and (g.batch >= 1000 or heads >= 1000):
+        return "half mode takes B and N < 1000"
+    if p.rotary_type != "half" and (g.batch * heads >= 1000 or cos.shape[0] != 1):
+        return "interleaved mode takes B*N < 1000 and positions shared by the batch"
+    size = 2 if str(q.dtype) == "Float16" else 4
+    if g.layout == "BNSD" and (d * size) % 32 == 0 and g.batch * heads > 8 * g.seq:
+        return "BNSD with a 32-byte aligned D and B*N > 8S is refused by the fused op"
+    return ""
+
+
 def rope_outputs(p: RoPEParams, ins: dict, op: str = "RoPE") -> list:
     """Rotated q (and k) for the RoPE op's inputs (MindSpore tensors)."""
     g = rope_geometry(op, p, descs(ins))
@@ -103,11 +127,10 @@ def rope_outputs(p: RoPEParams, ins: dict, op: str = "RoPE") -> list:
     else:                                                    # -> [B|1, S, 1, rd]
         cos, sin = cos.reshape((*cos.shape[:2], 1, cos.shape[2])), \
             sin.reshape((*sin.shape[:2], 1, sin.shape[2]))
-    fused = on_ascend(ins["q"]) and g.rotary_dim == g.head_dim and g.layout != "BSH"
+    why = fused_rope_reason(p, g, ins["q"], cos)
+    fused = not why
     note(op, "ops.rotary_position_embedding (Ascend fused)" if fused else
-         "composed x*cos + rotate(x)*sin, fp32",
-         "" if fused else ("ops.rotary_position_embedding is Ascend-only"
-                           if not on_ascend(ins["q"]) else "partial rotary or a BSH input"))
+         "composed x*cos + rotate(x)*sin, fp32", why)
     outs = []
     for name, heads in (("q", g.q_heads), ("k", g.k_heads)):
         x = ins.get(name)

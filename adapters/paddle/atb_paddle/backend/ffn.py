@@ -49,7 +49,15 @@ def fused_feed_forward(p, ins):
         b = ins.get(w[:-1] + "b")
         return y if b is None else y + f32(b)
 
-    x2 = f32(x).reshape([-1, lay.hidden])                                       # [T, H]
+    xn = x
+    if p.norm_eps is not None:  # the fused RmsNorm of x (the norm_ffn fusion)
+        from atbcore.ops.registry import get_op
+
+        from . import PADDLE_KERNELS
+
+        xn, = PADDLE_KERNELS["RmsNorm"].fn(get_op("RmsNorm").make_params({"eps": p.norm_eps}),
+                                           {"x": x, "weight": ins["norm_weight"]})
+    x2 = f32(xn).reshape([-1, lay.hidden])                                      # [T, H]
     name = p.activation_type
     if p.gate_up_merged or not p.activation.gated:
         h = paddle_activation(name, proj(x2, "gate_up_w" if p.gate_up_merged else "up_w"))

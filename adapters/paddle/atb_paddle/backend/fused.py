@@ -61,4 +61,23 @@ def rms_norm_linear(p, ins):
     n, = _part("RmsNorm")(_op("RmsNorm").make_params({"eps": p.eps}),
                           {"x": ins["x"], "weight": ins["norm_weight"]})
     return _part("Linear")(p.linear(), {"x": n, "weight": ins["weight"], "bias": ins.get("bias"),
-                                        "scale": ins.get("scale")})
+                                        "scale": ins.get("scale"),
+                                        "residual": ins.get("residual")})
+
+
+def _token_rows(x, layout: str, heads: int, d: int):
+    """q/k/v in ``layout`` as token rows ``[B*S, heads, D]``."""
+    if layout == "BNSD":
+        x = x.transpose([0, 2, 1, 3])
+    return x.reshape([-1, heads, d])
+
+
+@kernel("RopeKVCache", impl="paddle rotary (q, k) + index_put_ cache write (the RoPE and "
+        "ReshapeAndCache kernels)", launches=4)
+def rope_kv_cache(p, ins):
+    import paddle
+
+    from atbcore.ops.rope_cache import compose_rope_kv_cache
+
+    return compose_rope_kv_cache(p, ins, _part("RoPE"), _part("ReshapeAndCache"), _token_rows,
+                                 paddle.to_tensor)

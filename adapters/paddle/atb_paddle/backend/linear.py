@@ -40,6 +40,8 @@ def linear(p, ins):
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
     PATHS[("Linear", "w8" if p.quant == "w8" else "dense")] += 1
     y = linear_fp32(x, w, b, p.transpose_weight, s if p.quant == "w8" else None)
+    if ins.get("residual") is not None:   # the fused residual, fp32 sum
+        y = y + f32(ins["residual"])
     return [to_dtype(y, x.dtype)]
 
 

@@ -94,9 +94,13 @@ class Lin:
                 self.w = torch.empty(self.w.shape, dtype=self.w.dtype, device="meta")
             elif not self.rows_why:  # the C matmul streams it every decode step
                 self.w = prep.arena.place(self.w) if prep.arena else hugepages.place(self.w)
-            # bf16 activations take the int8pack kernel only with bf16 scales
-            self.scale = scale.to(prep.device, torch.bfloat16 if prep.dtype == torch.bfloat16
-                                  else torch.float32)
+            # bf16 activations take the int8pack kernel only with bf16 scales, and
+            # torch_npu's npu_weight_quant_batchmatmul scales in x's dtype
+            from atbcore.backends.npu import kernel_device
+
+            half = prep.dtype == torch.bfloat16 or (
+                prep.dtype == torch.float16 and kernel_device(prep.device.type) == "npu")
+            self.scale = scale.to(prep.device, prep.dtype if half else torch.float32)
             if not self.rows_why:
                 self.scale32 = scale.to(torch.float32).contiguous()
             self.mode = "w8"

@@ -49,6 +49,7 @@ from atbcore.backends.cpu_kernels.threads import parked_torch_threads
 
 from .cache import ContiguousKVCache
 from .kernels import ROWS_MAX
+from .plan_device import device_attention
 
 __all__ = ["DecodePlan", "plan_for"]
 
@@ -257,6 +258,18 @@ class DecodePlan:
         s, b = self.runner.spec, self.b
         nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
         q = qkv[:, :s.q_size].view(b, nh, hd)
+        self._rope_step(blk, qkv)
+        new_kv = qkv[:, s.q_size:].view(b, 2, nkv, hd).transpose(0, 1)  # [2, B, KV, D]
+        if self.static:
+            self._call(functools.partial(kv.index_copy_, 2, self.t_buf, new_kv[:, :, None]))
+        else:
+            self._call(lambda: kv[:, :, self.t].copy_(new_kv))
+        self._acc(blk.o, self._attention(blk, q, kv), 1)
+
+    def _rope_step(self, blk: Any, qkv: torch.Tensor) -> None:
+        """RoPE of the step's q and k, in place in ``qkv`` (the op's kernel when it
+        writes into given buffers, else torch ops)."""
+        s, b = self.runner.spec, self.b
         if s.rope is not None and blk.rope.writes_out:  # the RoPE kernel, in place in qkv
             qv = qkv[:, :s.q_size].view(b, 1, s.q_size)                  # BSH, S = 1
             kv_ = qkv[:, s.q_size:s.q_size + s.kv_size].view(b, 1, s.kv_size)
@@ -265,13 +278,8 @@ class DecodePlan:
             self._call(functools.partial(blk.rope.fn, blk.rope.p, ins, out=[qv, kv_]),
                        blk.rope.launches)
         elif s.rope is not None:  # q and k heads are adjacent in qkv: one rotation
-            self._rope(qkv[:, :s.q_size + s.kv_size].view(b, nh + nkv, hd))
-        new_kv = qkv[:, s.q_size:].view(b, 2, nkv, hd).transpose(0, 1)  # [2, B, KV, D]
-        if self.static:
-            self._call(functools.partial(kv.index_copy_, 2, self.t_buf, new_kv[:, :, None]))
-        else:
-            self._call(lambda: kv[:, :, self.t].copy_(new_kv))
-        self._acc(blk.o, self._attention(blk, q, kv), 1)
+            self._rope(qkv[:, :s.q_size + s.kv_size].view(b, s.num_heads + s.num_kv_heads,
+                                                          s.head_dim))
 
     def _c_layer_attention(self, blk: Any, qkv: torch.Tensor, kv: torch.Tensor) -> None:
         """Two C calls: RoPE of q in place with k (rotated) and v stored into the cache
@@ -310,6 +318,9 @@ class DecodePlan:
         gqa = s.num_kv_heads != s.num_heads
         scale, win, qs = blk.scale, blk.window, s.q_size
         kt, vt = kv[0].transpose(1, 2), kv[1].transpose(1, 2)            # [B, KV, cap, D]
+        on_device = None if self.static else device_attention(self, blk, q, kv)
+        if on_device is not None:
+            return on_device
         if self.static:
             m = self.mbuf
             return lambda: F.scaled_dot_product_attention(

@@ -53,17 +53,21 @@ class PagedMixin:
         """Packed new tokens ``input_ids`` [T] of ``batch.seq_ids`` (a ``PagedBatch``
         from ``cache.prepare_prefill`` / ``prepare_decode``); writes their keys and
         values into the paged ``cache`` and returns logits ``[B, V]`` of each
-        sequence's last new token (``[T, V]`` with ``all_logits``). On the CPU a step
-        of one token per sequence runs as a prebuilt plan of C kernels
-        (:mod:`.paged_plan`)."""
+        sequence's last new token (``[T, V]`` with ``all_logits``). A step of one token
+        per sequence runs as a prebuilt plan: of C kernels on the CPU
+        (:mod:`.paged_plan`), of the device kernels elsewhere, captured as a CUDA graph
+        at opt 3 (:mod:`.paged_plan_device`)."""
         if self.spec.kind != "decoder":
             raise CapabilityError("compile", "forward_paged() of an encoder", "encode()",
                                   self.spec.arch)
         pos = batch.positions.to(self.device).long()
-        if input_ids.numel() == len(batch.seq_ids) and self.device.type == "cpu":
-            from .paged_plan import paged_plan_for  # one token per sequence: a decode step
+        if input_ids.numel() == len(batch.seq_ids):  # one token per sequence: a decode step
+            from .paged_plan import paged_plan_for
+            from .paged_plan_device import device_paged_plan_for
 
-            plan = paged_plan_for(self, cache, batch)
+            plan = paged_plan_for(self, cache, batch) if self.device.type == "cpu" else None
+            if plan is None:  # the accelerator's kernels (a CUDA graph at opt 3)
+                plan = device_paged_plan_for(self, cache, batch)
             if plan is not None:
                 self.stats["plan_steps"] += 1
                 return plan.step(input_ids.reshape(-1), pos, batch).clone()
@@ -97,10 +101,11 @@ class PagedMixin:
         """The kept decode copy's step (:mod:`.decode_kv`) when every sequence has one
         new token and the blocks would otherwise be gathered, else None (then the
         PagedAttention kernel runs: on the CPU a C kernel that reads the blocks in
-        place, which needs no copy)."""
+        place, which needs no copy; on an NPU torch_npu's paged op, when it takes
+        the step)."""
         if max(ql) != 1 or getattr(cache, "version", None) is None:
             return None
-        if c_paged_decode(cache, self.spec):
+        if c_paged_decode(cache, self.spec) or self._device_paged_decode(cache, batch):
             return None
         if self._decode_kv is None:
             from .decode_kv import DecodeKV
@@ -109,6 +114,19 @@ class PagedMixin:
             self._decode_kv = DecodeKV(s.num_layers, s.num_kv_heads, s.head_dim,
                                        cache.key_cache(0).dtype, self.device)
         return self._decode_kv.begin(cache, batch, lens)
+
+    def _device_paged_decode(self, cache: Any, batch: Any) -> bool:
+        """Whether a device kernel of PagedAttention (torch_npu's) takes this decode
+        step, asked with a query-shaped probe (no data is read)."""
+        from atbcore.backends.torch.device_kernels import device_kernel_takes
+
+        s, kc = self.spec, cache.key_cache(0)
+        probe = torch.empty(len(batch.seq_ids), s.num_heads, s.head_dim, dtype=kc.dtype,
+                            device=kc.device)
+        return device_kernel_takes("PagedAttention", self.blocks[0].pa.p, {
+            "query": probe, "key_cache": kc, "value_cache": cache.value_cache(0),
+            "block_tables": batch.block_tables, "context_lens": batch.context_lens,
+            "q_seq_lens": batch.q_seq_lens})
 
     def release_decode_kv(self) -> None:
         """Drop :meth:`forward_paged`'s kept decode KV (its memory goes now; the next

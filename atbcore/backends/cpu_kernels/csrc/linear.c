@@ -153,7 +153,8 @@ static void tile4_rt(int mb, int wdt, const float *const *xr, const uint8_t *con
 /* the 4 x 4 tile res[i * 4 + j] into y[m + i, n + j]: fp32 outputs (and bias)
  * four at a time, else element by element */
 static inline void emit4(const LinArgs *a, int64_t m, int64_t n, int mb, const float res[16]) {
-    if (a->y_dt != ATB_F32 || (a->bias && a->bias_dt != ATB_F32)) {
+    if (a->y_dt != ATB_F32 || (a->bias && a->bias_dt != ATB_F32) ||
+        (a->res && a->res_dt != ATB_F32)) {
         for (int i = 0; i < mb; ++i)
             for (int j = 0; j < 4; ++j) emit(a, m + i, n + j, res[i * 4 + j]);
         return;
@@ -162,12 +163,14 @@ static inline void emit4(const LinArgs *a, int64_t m, int64_t n, int mb, const f
     const float *bi = a->bias ? (const float *)P(a->bias) + n : NULL;
     for (int i = 0; i < mb; ++i) {
         float *y = (float *)P(a->y) + (m + i) * a->y_stride + n;
+        const float *r = a->res ? (const float *)P(a->res) + (m + i) * a->res_stride + n
+                                : (a->accumulate ? y : NULL);
         float v[4];
         for (int j = 0; j < 4; ++j) {
             v[j] = res[i * 4 + j];
             if (sc) v[j] *= sc[j];
             if (bi) v[j] += bi[j];
-            if (a->accumulate) v[j] += y[j];
+            if (r) v[j] += r[j];
         }
         memcpy(y, v, sizeof v);
     }
@@ -179,7 +182,7 @@ static inline __attribute__((always_inline)) void gemv1(int wdt, const LinArgs *
                                                         int64_t wrow, int64_t K, int64_t n0,
                                                         int64_t n1) {
     const float *xr[4] = {x, x, x, x};
-    const int fast = a->y_dt == ATB_F32 && !a->accumulate && !a->bias;
+    const int fast = a->y_dt == ATB_F32 && !a->accumulate && !a->bias && !a->res;
     const float *sc = (const float *)P(a->scale);
     float *y = (float *)P(a->y);
     for (int64_t n = n0; n < n1; ++n) {
@@ -249,6 +252,7 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     if (a->w_dt != W_F32 && a->w_dt != W_BF16 && a->w_dt != W_F16 && a->w_dt != W_I8)
         return ATB_ERR_ARGS;
     if (a->x_dt < 0 || a->x_dt > ATB_F16 || a->y_dt < 0 || a->y_dt > ATB_F16) return ATB_ERR_ARGS;
+    if (a->res && (a->accumulate || a->res_dt < 0 || a->res_dt > ATB_F16)) return ATB_ERR_ARGS;
     if (a->m == 0) return 0;
     Job job = {a, NULL, a->x_stride, 0};
     float *tmp = NULL;

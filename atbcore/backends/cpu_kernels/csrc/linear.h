@@ -22,7 +22,22 @@ typedef struct {
     int64_t norm, norm_w, norm_w_dt;            /* norm 1: RmsNorm x first (weight optional) */
     double norm_eps, norm_offset;
     int64_t packed;                             /* 1: w in 32-output panels (see run_panels) */
+    int64_t res, res_dt, res_stride;            /* res != 0: y = result + res (a residual read
+                                                   from its own rows; accumulate must be 0) */
 } LinArgs;
+
+/* the addend of output row m (y itself when accumulating, the residual rows, or none),
+ * its dtype and row stride */
+static inline const void *lin_addend(const LinArgs *a, int *dt, int64_t *stride) {
+    if (a->res) {
+        *dt = (int)a->res_dt;
+        *stride = a->res_stride;
+        return (const void *)(intptr_t)a->res;
+    }
+    *dt = (int)a->y_dt;
+    *stride = a->y_stride;
+    return a->accumulate ? (const void *)(intptr_t)a->y : NULL;
+}
 
 typedef struct {
     const LinArgs *a;
@@ -83,8 +98,11 @@ static inline void emit(const LinArgs *a, int64_t m, int64_t n, float v) {
     float tmp;
     if (a->scale) v *= ((const float *)P(a->scale))[n];
     if (a->bias) v += *atb_load(P(a->bias), (int)a->bias_dt, n, 1, &tmp);
-    if (a->accumulate) /* the residual add rides in the matmul */
-        v += *atb_load(P(a->y), (int)a->y_dt, m * a->y_stride + n, 1, &tmp);
+    int adt;
+    int64_t as;
+    const void *add = lin_addend(a, &adt, &as);
+    if (add) /* the residual add rides in the matmul */
+        v += *atb_load(add, adt, m * as + n, 1, &tmp);
     atb_store((void *)P(a->y), (int)a->y_dt, m * a->y_stride + n, 1, &v);
 }
 

@@ -89,15 +89,18 @@ static void panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const flo
     const int64_t nv = a->n - n < ATB_PANEL ? a->n - n : ATB_PANEL;
     const float *sc = a->scale ? (const float *)P(a->scale) + n : NULL;
     float bb[ATB_PANEL], yy[ATB_PANEL], v[ATB_PANEL];
+    int adt;
+    int64_t as;
+    const void *add = lin_addend(a, &adt, &as);
     const float *bi = a->bias ? atb_load(P(a->bias), (int)a->bias_dt, n, nv, bb) : NULL;
     for (int i = 0; i < mb; ++i) {
         const float *r = res + i * ATB_PANEL;
         const int64_t off = (m + i) * a->y_stride + n;
-        if (!sc && !bi && !a->accumulate) {
+        if (!sc && !bi && !add) {
             atb_store((void *)P(a->y), (int)a->y_dt, off, nv, r);
             continue;
         }
-        const float *acc = a->accumulate ? atb_load(P(a->y), (int)a->y_dt, off, nv, yy) : NULL;
+        const float *acc = add ? atb_load(add, adt, (m + i) * as + n, nv, yy) : NULL;
         for (int64_t j = 0; j < nv; ++j) {
             float t = sc ? r[j] * sc[j] : r[j];
             if (bi) t += bi[j];

@@ -7,7 +7,9 @@
  * row(b, s) = pos[b, s] when positions are given, else s + tab_offset, read at
  * cos + b * cs_sb + row * cs_row (cs_sb = 0: one table for every batch entry).
  * With cache_len > 0, k/v outputs are caches [B, cache_len, Hk, D] (any
- * strides) and token (b, s) lands in row pos[b, s] (or s + cache_offset).
+ * strides) and token (b, s) lands in row pos[b, s] (or s + cache_offset); with
+ * slot != 0 they are caches of cache_len rows [cache_len, Hk, D] (paged blocks
+ * seen flat, ko_ss apart) and token (b, s) lands in row slot[b * S + s].
  *
  * Every position is checked before anything is written, so a failed call
  * leaves its outputs untouched.
@@ -25,6 +27,7 @@ typedef struct {
     int64_t v_sb, v_ss, v_sh, vo_sb, vo_ss, vo_sh;
     int64_t cs_sb, cs_row, table_len, tab_offset;
     int64_t pos_sb, cache_len, cache_offset;
+    int64_t slot, slot_i32;                      /* per-token cache rows; 0 = absent */
 } RopeArgs;
 
 #define P(v) ((void *)(intptr_t)(v))
@@ -33,6 +36,15 @@ static inline int64_t position(const RopeArgs *a, int64_t b, int64_t s) {
     if (!a->pos) return -1;
     if (a->pos_i32) return ((const int32_t *)P(a->pos))[b * a->pos_sb + s];
     return ((const int64_t *)P(a->pos))[b * a->pos_sb + s];
+}
+
+/* the cache row of token (b, s): its slot, its position, or s + cache_offset */
+static inline int64_t cache_row(const RopeArgs *a, int64_t b, int64_t s, int64_t p) {
+    if (a->slot) {
+        int64_t i = b * a->S + s;
+        return a->slot_i32 ? ((const int32_t *)P(a->slot))[i] : ((const int64_t *)P(a->slot))[i];
+    }
+    return a->pos ? p : s + a->cache_offset;
 }
 
 /* y[yo .. yo+D) = rotate(x[xo .. xo+D)) with fp32 cos/sin rows c, s */
@@ -65,7 +77,8 @@ ATB_API int64_t atb_rope(const void *args) {
     RopeArgs a;
     memcpy(&a, args, sizeof a);
     if (!a.q || !a.qo || a.rd <= 0 || a.rd % 2 || a.rd > a.D || a.rd > ATB_ROPE_MAX_RD ||
-        (a.v && !a.k) || (a.k && !a.ko) || (a.v && !a.vo) || !a.cos || !a.sin)
+        (a.v && !a.k) || (a.k && !a.ko) || (a.v && !a.vo) || !a.cos || !a.sin ||
+        (a.slot && a.cache_len <= 0))
         return ATB_ERR_ARGS;
     const int dt = (int)a.dt;
     /* check every position before writing anything */
@@ -74,10 +87,10 @@ ATB_API int64_t atb_rope(const void *args) {
         for (int64_t s = 0; s < a.S; ++s) {
             int64_t p = position(&a, b, s);
             int64_t row = a.pos ? p : s + a.tab_offset;
-            int64_t crow = a.pos ? p : s + a.cache_offset;
+            int64_t crow = cache_row(&a, b, s, p);
             if (a.pos && p < 0) return ATB_ERR_NEG_POSITION;
             if (row >= a.table_len && row + 1 > need) need = row + 1;
-            if (a.cache_len > 0 && crow >= a.cache_len) return ATB_ERR_CACHE_OVERFLOW;
+            if (a.cache_len > 0 && (crow >= a.cache_len || crow < 0)) return ATB_ERR_CACHE_OVERFLOW;
         }
     if (need) return need; /* the caller grows its table to `need` rows and calls again */
 
@@ -95,15 +108,16 @@ ATB_API int64_t atb_rope(const void *args) {
                             b * a.qo_sb + s * a.qo_ss + h * a.qo_sh, dt, a.D, a.rd,
                             (int)a.interleave, c, sn, bx, by);
             if (!a.k) continue;
-            /* k/v output row: the token's position in a cache, else its own s */
-            int64_t orow = a.cache_len > 0 ? (a.pos ? p : s + a.cache_offset) : s;
+            /* k/v output row: the token's slot or position in a cache, else its own s */
+            int64_t orow = a.cache_len > 0 ? cache_row(&a, b, s, p) : s;
+            const int64_t kb = a.slot ? 0 : b * a.ko_sb, vb = a.slot ? 0 : b * a.vo_sb;
             for (int64_t h = 0; h < a.hk; ++h)
                 rotate_head(P(a.k), b * a.k_sb + s * a.k_ss + h * a.k_sh, P(a.ko),
-                            b * a.ko_sb + orow * a.ko_ss + h * a.ko_sh, dt, a.D, a.rd,
+                            kb + orow * a.ko_ss + h * a.ko_sh, dt, a.D, a.rd,
                             (int)a.interleave, c, sn, bx, by);
             if (!a.v) continue;
             for (int64_t h = 0; h < a.hk; ++h)
-                memmove((char *)P(a.vo) + (b * a.vo_sb + orow * a.vo_ss + h * a.vo_sh) * esz,
+                memmove((char *)P(a.vo) + (vb + orow * a.vo_ss + h * a.vo_sh) * esz,
                         (const char *)P(a.v) + (b * a.v_sb + s * a.v_ss + h * a.v_sh) * esz,
                         (size_t)(a.D * esz));
         }

@@ -30,11 +30,18 @@ def test_lowered_decoder_matches_hugging_face_for_prompt_and_decode_steps(arch):
         steps = [got] + [op(ids[:, t:t + 1], kv_cache=cache)[0] for t in range(7, 11)]
     assert back is cache and cache.seq_lens(layer=0)[:2].tolist() == [11, 11]
     atb.assert_close(torch.cat(steps, dim=1), want, "fp32", f"lowered {arch} vs HF")
-    ops = [n.op for n in op._in_place.graph.nodes]
-    # the pipeline's fusions: the norm inside the QKV matmul, the residual add inside
-    # the next norm, the FFN's residual in its down projection
-    assert "RmsNormLinear" in ops and "AddRmsNorm" in ops and "Concat" not in ops
-    assert ops.count("PagedAttention") == hf.config.num_hidden_layers
+    nodes = op._in_place.graph.nodes
+    ops = [n.op for n in nodes]
+    # the pipeline's fusions: the norms inside the QKV and FFN matmuls, the attention
+    # residual in o_proj's GEMM, the FFN's residual in its down projection
+    layers = hf.config.num_hidden_layers
+    # (the final norm goes into the LM head too)
+    assert ops.count("RmsNormLinear") == layers + 1 and "Concat" not in ops
+    assert "AddRmsNorm" not in ops and "RmsNorm" not in ops
+    ffns = [n for n in nodes if n.op == "FusedFeedForward"]
+    assert len(ffns) == layers and all(f.params.norm_eps and f.params.has_residual for f in ffns)
+    assert sum(1 for n in nodes if n.op == "Linear" and len(n.inputs) == 5) == layers
+    assert ops.count("PagedAttention") == layers
 
 
 def test_lowered_decoder_greedy_tokens_equal_hf_generate():

@@ -13,30 +13,36 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+from npu_double_attention import AttentionOps, ContractViolation, require as _require
 
 __all__ = ["NpuDouble", "ContractViolation", "SOC_VERSIONS"]
 
 SOC_VERSIONS = {"A2": 223, "A3": 253, "310P": 202, "910": 102}
+DEVICE_NAMES = {"A2": "Ascend910B1", "A3": "Ascend910_9392", "310P": "Ascend310P3",
+                "910": "Ascend910A"}
 _ALL = (torch.float16, torch.bfloat16, torch.float32)
 _NO_BF16 = (torch.float16, torch.float32)
 
 
-class ContractViolation(AssertionError):
-    """A call torch_npu documents as invalid."""
+class NpuDouble(AttentionOps):
+    """torch_npu's fused ops on CPU tensors, for SoC family ``soc`` ("A2", "310P", ...);
+    ``nnal``: whether the ATB ops (``_npu_*``, NNAL's libatb.so) are there (None:
+    let :func:`atbcore.backends.npu.nnal_reason` look at the environment)."""
 
-
-def _require(ok: bool, op: str, what: str) -> None:
-    if not ok:
-        raise ContractViolation(f"{op}: {what}")
-
-
-class NpuDouble:
-    """torch_npu's fused ops on CPU tensors, for SoC family ``soc`` ("A2", "310P", ...)."""
-
-    def __init__(self, soc: str = "A2") -> None:
-        self.soc = soc
+    def __init__(self, soc: str = "A2", nnal: bool | None = True) -> None:
+        self.soc, self.nnal = soc, nnal
         self.calls: list[str] = []
-        self.npu = SimpleNamespace(get_soc_version=lambda: SOC_VERSIONS[soc])
+        self.npu = SimpleNamespace(
+            get_soc_version=lambda: SOC_VERSIONS[soc], device_count=lambda: 1,
+            get_device_name=lambda i=0: DEVICE_NAMES[soc],
+            utils=SimpleNamespace(get_cann_version=self._cann_version))
+
+    __version__ = "2.10.0.post4+double"  # the release vllm-ascend pinned (reference)
+
+    @staticmethod
+    def _cann_version(module="CANN"):
+        _require(module == "CANN", "get_cann_version", f"module {module!r}")
+        return "9.1.0"
 
     def _tensor(self, op: str, name: str, t: object) -> torch.Tensor:
         _require(isinstance(t, torch.Tensor), op, f"{name} must be a tensor, given {type(t)}")

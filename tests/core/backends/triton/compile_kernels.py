@@ -13,7 +13,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from atbcore.backends.triton import activation, norm, paged, rope_cache  # noqa: E402
+from atbcore.backends.triton import activation, norm, paged, prefill, rope_cache  # noqa: E402
 
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
           torch.int32: "i32"}
@@ -54,6 +54,14 @@ def cases(bf=torch.bfloat16, f32=torch.float32, i32=torch.int32):
         {**base, "SPLIT": False, "HAS_WINDOW": False, "IEEE": True}, 4
     yield "paged merge", paged._merge_kernel, [f32, f32, bf, 100, 100, 32, 8, 128], \
         {"S_PAD": 8, "BLOCK_D": 128}, 4
+    pre = [bf, bf, bf, bf, i32] + [100] * 12 + [512, 512, 32, 4, 128, 0.1, 0]
+    pbase = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 128}
+    yield "prefill causal", prefill._prefill_kernel, pre, \
+        {**pbase, "CAUSAL": True, "HAS_WINDOW": False, "HAS_LENS": False, "IEEE": False}, 4
+    yield "prefill window+lens", prefill._prefill_kernel, pre, \
+        {**pbase, "CAUSAL": True, "HAS_WINDOW": True, "HAS_LENS": True, "IEEE": False}, 4
+    yield "prefill fp32 full", prefill._prefill_kernel, [f32 if a is bf else a for a in pre], \
+        {**pbase, "CAUSAL": False, "HAS_WINDOW": False, "HAS_LENS": False, "IEEE": True}, 4
 
 
 if __name__ == "__main__":

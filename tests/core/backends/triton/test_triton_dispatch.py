@@ -25,7 +25,7 @@ get_backend("torch").load()
 def test_cuda_kernels_are_registered_for_the_fused_ops():
     kernels = get_backend("torch").kernels
     for op in ("RmsNorm", "AddRmsNorm", "SwiGLU", "GeGLU", "RoPE", "RopeKVCache",
-               "PagedAttention"):
+               "PagedAttention", "FlashAttention"):
         assert "cuda" in kernels[op].devices and "cuda: Triton" in kernels[op].impl, op
     apply_device_kernels(kernels)  # idempotent: a second load does not wrap twice
     assert kernels["RmsNorm"].impl.count("cuda: Triton") == 1
@@ -93,3 +93,11 @@ def test_ops_on_cuda_tensors_run_the_triton_kernels(dtype, caplog):
     ref, = get_op("PagedAttention").reference(_p("PagedAttention"), dict(zip(
         ("query", "key_cache", "value_cache", "block_tables", "context_lens"), ins)))
     assert_close(o.cpu(), ref, dtype, what="cuda PagedAttention")
+    q, k, v = (rand((2, 300, n * 128), dtype, 8 + i) for i, n in enumerate((8, 2, 2)))
+    with caplog.at_level(logging.INFO, logger="atb"):
+        o, = atb.Builder().build_operation("FlashAttention", {"num_heads": 8, "causal": True}) \
+            .execute([as_torch(t).cuda() for t in (q, k, v)])
+    assert "triton kernel skipped" not in caplog.text
+    ref, = get_op("FlashAttention").reference(_p("FlashAttention", num_heads=8, causal=True),
+                                              {"q": q, "k": k, "v": v})
+    assert_close(o.cpu(), ref, dtype, what="cuda FlashAttention (Triton prefill)")

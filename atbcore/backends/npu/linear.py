@@ -1,0 +1,60 @@
+"""The torch backend's NPU kernel for weight-only int8 Linear (``quant="w8"``):
+``torch_npu.npu_weight_quant_batchmatmul`` (W8A16).
+
+atb keeps a w8 weight ``[out, in]`` int8 with one fp32 scale per output channel; the
+op takes ``x (M, K)`` fp16/bf16, the weight ``(K, N)`` (the transposed view is passed,
+no copy) and ``antiquant_scale (N,)`` in x's dtype, so the scales must be given in
+x's dtype: rounding fp32 scales to fp16 or bf16 here misses DESIGN.md's tolerance
+(measured against the reference: fp16 max relative error 1.2e-3 > 1e-3). The bias
+goes into the op (fp16/fp32 documented; a bf16 bias is widened to fp32, exactly), so
+the output is rounded once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from ..torch.device_kernels import device_kernel
+from . import into_out, npu_module, soc_family, unavailable_reason
+
+__all__ = ["weight_quant_reasons"]
+
+
+def weight_quant_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
+    """Why ``npu_weight_quant_batchmatmul`` cannot take this Linear call."""
+    why = unavailable_reason()
+    if why:
+        return why
+    if p.quant != "w8":
+        return "not weight-only int8 (the float Linear is torch's matmul on NPU)"
+    fam = soc_family()
+    if fam not in ("A2", "A3"):
+        return f"npu_weight_quant_batchmatmul is used on A2/A3 only; SoC family {fam}"
+    x, w, s = ins["x"], ins["weight"], ins.get("scale")
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return f"npu_weight_quant_batchmatmul takes fp16/bf16 x; given {str(x.dtype)[6:]}"
+    if w.dtype != torch.int8 or w.dim() != 2:
+        return "the weight must be a 2-D int8 tensor"
+    if not p.transpose_weight:
+        return "weight given [in, out]: atb's w8 scales are per output row of [out, in]"
+    if s is None or s.dim() != 1:
+        return "one scale per output channel is needed"
+    if s.dtype != x.dtype:
+        return (f"{str(x.dtype)[6:]} x with {str(s.dtype)[6:]} scales: the op takes scales in "
+                "x's dtype, and rounding them here misses the tolerance")
+    return None
+
+
+@device_kernel("Linear", "npu", why_not=weight_quant_reasons, provider="torch_npu",
+               available=unavailable_reason, impl="torch_npu.npu_weight_quant_batchmatmul (w8)")
+def linear_w8_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
+    x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins["scale"]
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()                         # [M, K]
+    if b is not None and b.dtype not in (torch.float16, torch.float32):
+        b = b.float()
+    y = npu_module().npu_weight_quant_batchmatmul(
+        x2, w.t(), s, bias=None if b is None else b.contiguous())       # [M, N]
+    y = y.reshape(*x.shape[:-1], y.shape[-1])
+    return [into_out(out, 0, y)]

@@ -1,0 +1,91 @@
+"""Start N processes joined in one process group and run a function on each.
+
+    from atbcore.distributed.launch import spawn_ranks
+    results = spawn_ranks(worker, (arg,), world=2)   # [worker(rank, world, arg) per rank]
+
+``worker`` must be importable by module name (a module-level function): the ranks
+are fresh interpreters (the ``spawn`` start method), so nothing is inherited but
+``sys.path``. Each rank initialises the default group with the backend its
+``device`` needs (:func:`.groups.init_distributed`; a file store in a temporary
+directory, so no port is opened) and destroys it afterwards. What ``worker``
+returns is pickled back. A rank that raises fails the call with its traceback;
+ranks that do not answer within ``timeout`` seconds are killed, so a broken
+collective raises instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import traceback
+from typing import Any, Callable, Sequence
+
+from ..errors import AtbError
+
+__all__ = ["spawn_ranks"]
+
+
+def _rank_main(rank: int, world: int, store: str, device: str, threads: int | None,
+               worker: Callable, args: Sequence[Any], results: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    from .groups import init_distributed
+
+    try:
+        init_distributed(rank, world, f"file://{store}", device=device)
+        results.put((rank, True, worker(rank, world, *args)))
+    except BaseException:  # noqa: BLE001 - sent to the parent, which raises it
+        # reported before the group goes down, so the first error the parent reads is
+        # this rank's own, not the "connection reset" its peers get afterwards
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        results.close()
+        results.join_thread()  # the answer is in the pipe before peers can see us go
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn_ranks(worker: Callable, args: Sequence[Any] = (), world: int = 2, *,
+                device: str = "cpu", timeout: float = 300.0, threads: int | None = 1
+                ) -> list[Any]:
+    """``[worker(rank, world, *args) for each rank]``, each in its own process
+    (module docstring). ``threads``: torch threads per rank (None: torch's default)."""
+    import torch.multiprocessing as mp
+
+    if not isinstance(world, int) or world < 1:
+        raise AtbError("spawn_ranks", "world", "an int >= 1", repr(world))
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_rank_main, daemon=True,
+                             args=(r, world, store, device, threads, worker, tuple(args), results))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        got: dict[int, Any] = {}
+        failed = True
+        try:
+            while len(got) < world:
+                try:
+                    rank, ok, value = results.get(timeout=timeout)
+                except queue.Empty:
+                    missing = sorted(set(range(world)) - set(got))
+                    raise AtbError("spawn_ranks", f"ranks {missing} did not finish",
+                                   f"an answer within {timeout} s", "none") from None
+                if not ok:
+                    raise AtbError("spawn_ranks", f"rank {rank} failed", "a result",
+                                   f"\n{value}")
+                got[rank] = value
+            failed = False
+        finally:
+            for p in procs:  # after a failure the others may wait on it forever: kill them
+                p.join(timeout=0 if failed else 10)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    return [got[r] for r in range(world)]
