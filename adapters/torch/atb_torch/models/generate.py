@@ -12,8 +12,10 @@ forced/suppressed tokens, stop strings, EOS handling, user processors) keeps the
 decode plan's speed, and the tokens are Hugging Face's. Sampling draws what
 ``torch.multinomial(softmax(scores), 1)`` draws, once per step, as Hugging Face's
 loop does, so a seeded run gives Hugging Face's tokens. The costly pieces on a large
-vocabulary (top-p, min length, the draw itself) run as bit-identical faster
-equivalents (:mod:`.processors`, :mod:`.sampler`).
+vocabulary (temperature/top-k/top-p with the draw, penalties, min length) run as
+bit-identical faster equivalents (:mod:`.sample_step`, :mod:`.processors`,
+:mod:`.sampler`), and the usual stopping criteria (max length, EOS) are answered
+from Python ints (:func:`_stopper`).
 
 What it cannot run returns None (logged once per reason) and Hugging Face's loop
 runs over the compiled ``forward``: dict outputs (``return_dict_in_generate``),
@@ -42,8 +44,8 @@ from .kernels import ROWS_MAX
 from .hf_compat import CACHE_NAMES, cache_kwarg, log_once
 from atbcore.backends.cpu_kernels.threads import parked_torch_threads
 
-from .processors import accelerate, thread_invariant
-from .sampler import sample
+from .processors import thread_invariant
+from .sample_step import token_picker
 
 __all__ = ["atb_sample", "speculative_kwargs"]
 
@@ -132,7 +134,7 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
     logits = r.prefill(ids[:, start:], kv, attention_mask=mask, position_ids=pos[:, start:])
     next_pos = pos[:, -1] + 1
     # Hugging Face's _sample, step for step (processors see fp32 logits and all ids so far)
-    processors = accelerate(logits_processor)
+    pick = token_picker(logits_processor, bool(gc.do_sample))
     pad = gc._pad_token_tensor
     has_eos = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     unfinished = torch.ones(b, dtype=torch.bool, device=r.device)
@@ -143,8 +145,8 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
     parked = parked_torch_threads() if r.device.type == "cpu" and b <= ROWS_MAX and \
         thread_invariant(logits_processor) else contextlib.nullcontext()
     with parked:
-        ids = _steps(r, kv, ids, logits, next_pos, processors, stopping_criteria, gc, pad,
-                     has_eos, unfinished, streamer)
+        ids = _steps(r, kv, ids, logits, next_pos, pick, stopping_criteria, pad, has_eos,
+                     unfinished, streamer)
     if streamer is not None:
         streamer.end()
     if model.atb_options.get("enable_prefix_caching") and b == 1 and mask is None:
@@ -152,27 +154,57 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
     return ids
 
 
+def _stopper(criteria: Any) -> Any:
+    """``stop(ids, tok) -> rows done [B] or None (none)`` for a criteria list of only
+    Hugging Face's max-length and EOS criteria (their answers, from Python ints: each
+    criterion is several small tensor ops a step, and a decode step leaves them cold);
+    None for any other list (the list itself runs)."""
+    from transformers.generation import stopping_criteria as sc
+
+    lengths, eos = [], set()
+    for c in criteria:
+        if type(c) is sc.MaxLengthCriteria:
+            lengths.append(c)
+        elif type(c) is sc.EosTokenCriteria:
+            eos.update(torch.as_tensor(c.eos_token_id).reshape(-1).tolist())
+        else:
+            return None
+
+    def stop(ids: torch.Tensor, tok: torch.Tensor) -> torch.Tensor | None:
+        n = ids.shape[-1]
+        for c in lengths:
+            if n >= c.max_length:
+                return torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+            mpe = getattr(c, "max_position_embeddings", None)
+            if mpe is not None and n > mpe:
+                c(ids, None)  # its once-only warning
+        rows = [t in eos for t in tok.tolist()] if eos else []
+        return torch.tensor(rows, device=ids.device) if any(rows) else None
+
+    return stop
+
+
 def _steps(r: Any, kv: Any, ids: torch.Tensor, logits: torch.Tensor, next_pos: torch.Tensor,
-           processors: list, stopping_criteria: Any, gc: Any, pad: Any, has_eos: bool,
+           pick: Any, stopping_criteria: Any, pad: Any, has_eos: bool,
            unfinished: torch.Tensor, streamer: Any) -> torch.Tensor:
     """The decoding steps after the prefill: ids with the new tokens."""
+    stop = _stopper(stopping_criteria)
+    every_row_on = stop is not None  # known without a tensor op only with the fast criteria
     while True:
-        scores = logits.to(dtype=torch.float32, copy=True)              # [B, V]
-        for proc in processors:
-            scores = proc(ids, scores)
-        if gc.do_sample:
-            tok = sample(torch.softmax(scores, dim=-1))                  # = torch.multinomial
-        else:
-            tok = scores.argmax(dim=-1)                                  # [B]
-        if has_eos:
+        # a private fp32 copy: the processors may write into it
+        tok = pick(ids, logits.to(dtype=torch.float32, copy=True))      # [B]
+        if has_eos and not every_row_on:
             tok = torch.where(unfinished, tok, pad.to(tok.device))
         ids = torch.cat([ids, tok[:, None]], dim=-1)
         r.stats["loop_tokens"] = r.stats.get("loop_tokens", 0) + 1
         if streamer is not None:
             streamer.put(tok.cpu())
-        unfinished &= ~stopping_criteria(ids, None)
-        if not bool(unfinished.any()):
-            break
+        done = stopping_criteria(ids, None) if stop is None else stop(ids, tok)
+        if done is not None:
+            unfinished &= ~done
+            every_row_on = False
+            if not bool(unfinished.any()):
+                break
         logits = r.decode(tok, kv, positions=next_pos)
         next_pos = next_pos + 1
     return ids

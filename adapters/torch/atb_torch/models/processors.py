@@ -3,30 +3,26 @@
 ``accelerate(processors)`` returns the list ``generate`` built with the processors
 listed in :data:`FAST` swapped for a function that gives the same scores, bit for bit,
 at a fraction of the cost on a large vocabulary; every other processor stays as it
-is (they are cheap, or only Hugging Face knows them). A registry keyed by type, so a
-processor class is either known exactly or left alone (subclasses are left alone:
-they may change the behaviour).
+is (only Hugging Face knows them). A registry keyed by type, so a processor class is
+either known exactly or left alone (subclasses are left alone: they may change the
+behaviour).
 
-* ``TopPLogitsWarper``: Hugging Face sorts the whole vocabulary with indices (an
-  argsort: milliseconds at 32k tokens). Only the sorted *values* are needed to find
-  the cut — the ascending cumulative softmax Hugging Face computes is a function of
-  the sorted values alone — and NumPy's value sort is ~20x cheaper. The cumulative
-  sum skips the leading zero probabilities (after top-k: all but tens of columns),
-  which add nothing. The kept tokens are then those at or above the first kept
-  value; if that value ties with the last removed one (which index Hugging Face
-  removes then depends on its sort's order) the original runs.
-* ``TopKLogitsWarper``: ``topk`` of k + 1 entries; when exactly k are kept (no tie at
-  the k-th value) the row is written once (fills, then the k values), else the
-  ``topk`` threshold and a NumPy fill. Followed by ``TopPLogitsWarper`` (sampling's
-  default pair), the two run as one: the ascending sort top-p needs is the fills and
-  the k values reversed, so the vocabulary is neither sorted nor filled twice.
+Hugging Face's processors return a new row each (a 32k-entry row is a copy of
+128 KiB, tens of microseconds when cold, as it is after a decode step has streamed
+the weights through the caches). The decoding loop hands the list a private copy of
+the logits, so the simple processors here write into it in place:
 
-Each pass over a 32k-entry row costs tens of microseconds when the row is cold, as
-it is after a decode step has streamed the weights through the caches: the fast
-forms make as few of them as they can.
+* ``TemperatureLogitsWarper``: ``scores.div_(t)``, the same division.
 * ``MinLengthLogitsProcessor`` / ``MinNewTokensLengthLogitsProcessor``: Hugging Face
-  rebuilds an EOS mask over the vocabulary every step; here the EOS columns are set
-  to -inf directly while the length is short, and the scores pass through after.
+  builds an EOS mask over the vocabulary every step; here the EOS columns are set to
+  -inf while the length is short, and the scores pass through after.
+* ``RepetitionPenaltyLogitsProcessor``: one C call over the seen tokens' scores
+  (:func:`atbcore.backends.cpu_kernels.torch_sampling.repetition_penalty_`), or
+  one gather and one in-place scatter (Hugging Face also pads and copies the row).
+
+An in-place processor placed after one that is not from this module clones first:
+a foreign processor may return a tensor it still holds. Top-k and top-p are in
+:mod:`.top_p`; the sampling step that fuses them with the draw is :mod:`.sample_step`.
 """
 
 from __future__ import annotations
@@ -37,211 +33,41 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-__all__ = ["accelerate", "FAST", "thread_invariant"]
+from atbcore.backends.cpu_kernels.torch_sampling import repetition_penalty_
 
-Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from .top_p import Processor, plain, top_k, top_k_top_p, top_p
 
-
-def _fill_below(scores: torch.Tensor, threshold: np.ndarray, fill: float) -> torch.Tensor:
-    """``scores.masked_fill(scores < threshold, fill)`` (``threshold`` [B, 1]) through
-    NumPy: the same comparison (NaN is never below) and the same float32 fill,
-    several times cheaper on a 32k row than torch's compare-and-fill here."""
-    x = scores.numpy()
-    y = x.copy()
-    y[x < threshold] = fill
-    return torch.from_numpy(y)
+__all__ = ["accelerate", "accelerate_tracked", "FAST", "Processor", "thread_invariant"]
 
 
-def _ascending_cumsum(probs: torch.Tensor) -> torch.Tensor:
-    """``probs.cumsum(-1)`` of an ascending softmax row set, from the first column any
-    row has a nonzero probability in: the zeros before it add nothing (torch's
-    cumsum runs each row in order), so the sums are the same bits while the scan
-    covers only the kept tail (after top-k: tens of columns, not the vocabulary)."""
-    p = probs.numpy()
-    nonzero = p != 0
-    if np.isnan(p).any() or not nonzero.any(axis=-1).all():
-        return probs.cumsum(dim=-1)
-    start = int(nonzero.argmax(axis=-1).min())
-    cum = torch.zeros_like(probs)
-    cum[:, start:] = probs[:, start:].cumsum(dim=-1)
-    return cum
-
-
-def _plain(scores: torch.Tensor) -> bool:
-    """Scores the fast paths take: CPU float32 ``[B, V]``, no autograd."""
-    return (scores.dtype == torch.float32 and scores.device.type == "cpu" and scores.dim() == 2
-            and not scores.requires_grad)
-
-
-def _top_p_cut(ordered: np.ndarray, limit: np.float32, keep: int) -> Any:
-    """Top-p's cut over ``ordered`` (each row's scores ascending): the first kept value
-    per row ``[B]``, ``"none"`` when nothing is removed, or None where Hugging Face's
-    own must decide (NaN scores, a tie at the cut: then its sort order decides)."""
-    cum = _ascending_cumsum(torch.from_numpy(ordered).softmax(dim=-1)).numpy()
-    if np.isnan(cum[:, -1]).any():
-        return None
-    # removed: the prefix with cum <= limit, keeping at least `keep` at the top
-    # (cum is nondecreasing: NumPy's right-side search finds torch.searchsorted's cut)
-    v = ordered.shape[-1]
-    cut = np.array([np.searchsorted(row, limit, side="right") for row in cum])
-    cut = np.minimum(cut, max(v - keep, 0))
-    if not cut.any():
-        return "none"
-    rows = np.arange(ordered.shape[0])
-    first_kept = ordered[rows, np.minimum(cut, v - 1)]
-    last_removed = ordered[rows, np.maximum(cut - 1, 0)]
-    if ((first_kept == last_removed) & (cut > 0)).any():
-        return None
-    return first_kept
-
-
-def _top_p(proc: Any) -> Processor:
-    top_p, keep, fill = float(proc.top_p), int(proc.min_tokens_to_keep), proc.filter_value
-    # Hugging Face compares float32 cumulative probabilities with this, cast to float32
-    limit = np.float32(1 - top_p)
-
-    def call(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if not _plain(scores):
-            return proc(ids, scores)
-        first_kept = _top_p_cut(np.sort(scores.numpy(), axis=-1), limit, keep)
-        if first_kept is None:
-            return proc(ids, scores)
-        if isinstance(first_kept, str):
-            return scores
-        return _fill_below(scores, first_kept[:, None], fill)
-
+def _in_place(call: Processor) -> Processor:
+    call.in_place = True  # type: ignore[attr-defined]
     return call
 
 
-def _top_k_kept(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(values ``[B, k]`` descending, their columns) of what top-k keeps, when that is
-    exactly ``k`` entries: no tie at the k-th value (Hugging Face keeps every tie) and
-    no NaN among them; None otherwise. NumPy arrays: the rest is small-array work."""
-    if k >= scores.shape[-1]:
-        return None
-    vals, idx = torch.topk(scores, k + 1)
-    v = vals.numpy()
-    if np.isnan(v).any() or (v[:, k] == v[:, k - 1]).any():
-        return None
-    return v[:, :k], idx.numpy()[:, :k]
-
-
-def _placed(like: torch.Tensor, fill: float, idx: np.ndarray, vals: np.ndarray
-            ) -> torch.Tensor:
-    """``fill`` everywhere but ``vals`` at columns ``idx``: one write of the row."""
-    out = np.full(tuple(like.shape), fill, dtype=np.float32)
-    np.put_along_axis(out, idx, vals, axis=1)
-    return torch.from_numpy(out)
-
-
-def _top_k(proc: Any) -> Processor:
-    top_k, fill = int(proc.top_k), proc.filter_value
-
-    def general(scores: torch.Tensor) -> torch.Tensor:
-        kth = torch.topk(scores, min(top_k, scores.shape[-1]))[0][..., -1:]  # [B, 1]
-        return _fill_below(scores, kth.numpy(), fill)
-
+def _temperature(proc: Any) -> Processor:
     def call(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if not _plain(scores):
-            return proc(ids, scores)
-        kept = _top_k_kept(scores, top_k)
-        return general(scores) if kept is None else _placed(scores, fill, kept[1], kept[0])
+        return scores.div_(proc.temperature) if plain(scores) else proc(ids, scores)
 
-    call.general = general  # type: ignore[attr-defined]
-    return call
-
-
-# the fused pair's softmax runs over the last multiple of ALIGN columns of the sorted
-# row, which start at a multiple of ALIGN: torch's row softmax sums in vector lanes by
-# column, and the columns before are exact zeros, so the sums are the same bits;
-# checked against the whole row on first use (see _tail_softmax_exact)
-ALIGN = 64
-_tail_exact: list[bool] = []
-
-
-def _tail_softmax_exact() -> bool:
-    """Whether the softmax of an ALIGN-aligned tail after -inf columns gives the whole
-    row's softmax bits on this machine (its torch build and vector width)."""
-    if not _tail_exact:
-        g = torch.Generator().manual_seed(0)
-        ok = True
-        for v, k in ((32000, 50), (4096, 64), (151936, 65), (2048, 1), (8192, 300)):
-            row = torch.full((1, v), -math.inf)
-            row[:, v - k:] = (torch.randn(1, k, generator=g) * 4).sort(-1).values
-            n = -(-k // ALIGN) * ALIGN
-            ok = ok and torch.equal(row.softmax(-1)[:, v - n:],
-                                    row[:, v - n:].contiguous().softmax(-1))
-        _tail_exact.append(ok)
-    return _tail_exact[0]
-
-
-def _kept_probs(vals_asc: torch.Tensor, v: int) -> torch.Tensor:
-    """Softmax of the row ``[-inf] * (v - k) + vals_asc`` ``[B, k]``, at its last
-    columns only: ``[B, n]`` with n >= k the shortest aligned tail (or all v)."""
-    b, k = vals_asc.shape
-    n = -(-k // ALIGN) * ALIGN
-    if v % ALIGN or n > v or not _tail_exact_ok():
-        n = v
-    row = torch.full((b, n), -math.inf)
-    row[:, n - k:] = vals_asc
-    return row.softmax(dim=-1)
-
-
-def _tail_exact_ok() -> bool:
-    return _tail_exact[0] if _tail_exact else _tail_softmax_exact()
-
-
-def _top_k_top_p(k_proc: Any, p_proc: Any) -> Processor:
-    """Top-k then top-p in one (``top-k``'s fill -inf): top-k's output is ``k`` kept
-    values in a row of -inf, so the ascending sort top-p needs is the -inf run and
-    then those values reversed: no sort of the vocabulary, a softmax over an aligned
-    tail (:data:`ALIGN`), the cumulative sum over the kept values only (the zeros
-    before add nothing), and the survivors written into one fresh row."""
-    k_call, p_call = _top_k(k_proc), _top_p(p_proc)
-    top_k = int(k_proc.top_k)
-    keep, p_fill = int(p_proc.min_tokens_to_keep), p_proc.filter_value
-    limit = np.float32(1 - float(p_proc.top_p))
-
-    def call(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        kept = _top_k_kept(scores, top_k) if _plain(scores) else None
-        if kept is None:
-            return p_call(ids, k_call(ids, scores))
-        vals, idx = kept                                            # [B, k] descending
-        b, v = scores.shape
-        k = vals.shape[1]
-        a = np.ascontiguousarray(vals[:, ::-1])                     # ascending
-        probs = _kept_probs(torch.from_numpy(a), v)                 # [B, n] tail of the row
-        tail = probs[:, probs.shape[1] - k:].cumsum(dim=-1).numpy()  # cum at columns v-k..
-        if np.isnan(tail[:, -1]).any():
-            return p_call(ids, _placed(scores, -math.inf, idx, vals))
-        # cum is 0 over the -inf run (<= limit: removed), so the cut lies in the tail
-        cut = (v - k) + np.array([np.searchsorted(row, limit, side="right") for row in tail])
-        cut = np.minimum(cut, max(v - keep, 0))
-        rows = np.arange(b)
-        first_kept = a[rows, np.clip(cut - (v - k), 0, k - 1)]
-        last_removed = np.where(cut - 1 >= v - k, a[rows, np.clip(cut - 1 - (v - k), 0, k - 1)],
-                                np.float32(-np.inf))
-        if (cut < v - k).any() or ((first_kept == last_removed) & (cut > 0)).any():
-            return p_call(ids, _placed(scores, -math.inf, idx, vals))  # HF's own decides
-        survivors = np.where(first_kept[:, None] <= vals, vals, np.float32(p_fill))
-        return _placed(scores, p_fill, idx, survivors.astype(np.float32))
-
-    return call
+    return _in_place(call)
 
 
 def _min_length(proc: Any, short: Callable[[torch.Tensor], bool]) -> Processor:
     eos = proc.eos_token_id
     eos = torch.as_tensor(eos if eos is not None else [], dtype=torch.long).reshape(-1)
+    columns: dict[int, torch.Tensor] = {}  # vocabulary size -> the EOS ids inside it
 
     def call(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if scores.dim() != 2:
+            return proc(ids, scores)
         if not short(ids):
             return scores
-        cols = eos[(eos >= 0) & (eos < scores.shape[-1])].to(scores.device)
-        out = scores.clone()
-        out[:, cols] = -math.inf
-        return out
+        v = scores.shape[-1]
+        if v not in columns:
+            columns[v] = eos[(eos >= 0) & (eos < v)]  # Hugging Face masks isin(arange(v), eos)
+        return scores.index_fill_(1, columns[v].to(scores.device), -math.inf)
 
-    return call
+    return _in_place(call)
 
 
 def _min_len(proc: Any) -> Processor:
@@ -253,12 +79,44 @@ def _min_new(proc: Any) -> Processor:
                        < proc.min_new_tokens)
 
 
+def _same_ops_as_torch(penalty: float) -> bool:
+    """Whether torch's ``s * penalty`` and ``s / penalty`` (a Python float) are the
+    float32 ops with ``float32(penalty)`` the C penalty uses, on a probe row."""
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 20
+    p = np.float32(penalty)
+    return np.array_equal((x * penalty).numpy(), x.numpy() * p) and \
+        np.array_equal((x / penalty).numpy(), x.numpy() / p)
+
+
+def _repetition(proc: Any) -> Processor:
+    in_c = isinstance(proc.penalty, float) and _same_ops_as_torch(proc.penalty)
+
+    def call(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        skip = getattr(proc, "prompt_ignore_length", None)
+        if not plain(scores) or ids.dim() != 2 or ids.shape[0] != scores.shape[0] \
+                or not (skip is None or isinstance(skip, int)) \
+                or getattr(proc, "logits_indices", None) is not None:
+            return proc(ids, scores)
+        seen = ids[:, skip:] if skip else ids
+        if in_c and repetition_penalty_(scores, seen, proc.penalty):
+            return scores  # one C call (ids outside the vocabulary: False, untouched)
+        if seen.numel() == 0 or int(seen.min()) < 0 or int(seen.max()) >= scores.shape[-1]:
+            return proc(ids, scores)  # ids past the vocabulary: each release has its rule
+        score = torch.gather(scores, 1, seen)
+        score = torch.where(score < 0, score * proc.penalty, score / proc.penalty)
+        return scores.scatter_(1, seen, score)  # duplicates write the same value
+
+    return _in_place(call)
+
+
 def _registry() -> dict[type, Callable[[Any], Processor]]:
     from transformers.generation import logits_process as lp
 
-    return {lp.TopPLogitsWarper: _top_p, lp.TopKLogitsWarper: _top_k,
+    return {lp.TopPLogitsWarper: top_p, lp.TopKLogitsWarper: top_k,
+            lp.TemperatureLogitsWarper: _temperature,
             lp.MinLengthLogitsProcessor: _min_len,
-            lp.MinNewTokensLengthLogitsProcessor: _min_new}
+            lp.MinNewTokensLengthLogitsProcessor: _min_new,
+            lp.RepetitionPenaltyLogitsProcessor: _repetition}
 
 
 FAST: dict[type, Callable[[Any], Processor]] = {}
@@ -288,9 +146,25 @@ def thread_invariant(processors: Any) -> bool:
     return all(type(p) in THREAD_INVARIANT for p in processors)
 
 
-def accelerate(processors: Any) -> list[Processor]:
+def _cloned(call: Processor) -> Processor:
+    def first_clone(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return call(ids, scores.clone())
+
+    return first_clone
+
+
+def accelerate(processors: Any, private: bool = True) -> list[Processor]:
     """``processors`` (a ``LogitsProcessorList``) with the known ones replaced by their
-    faster equivalents (see the module docstring); call them in order."""
+    faster equivalents (see the module docstring); call them in order.
+
+    ``private``: whether the scores given to the first one are the caller's own copy,
+    which in-place processors may write into (``generate``'s loop passes one)."""
+    return accelerate_tracked(processors, private)[0]
+
+
+def accelerate_tracked(processors: Any, private: bool = True) -> tuple[list[Processor], bool]:
+    """:func:`accelerate`, and whether the scores the last one returns are private
+    (what ``private`` says for a list that runs after these)."""
     if not FAST:
         FAST.update(_registry())
     from transformers.generation import logits_process as lp
@@ -303,9 +177,16 @@ def accelerate(processors: Any) -> list[Processor]:
         nxt = procs[i + 1] if i + 1 < len(procs) else None
         if (type(p) is lp.TopKLogitsWarper and type(nxt) is lp.TopPLogitsWarper
                 and p.filter_value == -math.inf):
-            out.append(_top_k_top_p(p, nxt))  # the sampling default's pair, fused
+            out.append(top_k_top_p(p, nxt))  # the sampling default's pair, fused
             i += 2
             continue
-        out.append(FAST[type(p)](p) if type(p) in FAST else p)
+        if type(p) not in FAST:
+            out.append(p)
+            private = False  # it may return a tensor it holds
+        else:
+            fast = FAST[type(p)](p)
+            if getattr(fast, "in_place", False) and not private:
+                fast, private = _cloned(fast), True
+            out.append(fast)
         i += 1
-    return out
+    return out, private

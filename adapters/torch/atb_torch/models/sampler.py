@@ -6,10 +6,13 @@ Exp(1) variable per vocabulary entry — ``q = -log1p(-u)`` in float64, cast to 
 where ``u`` is the default generator's next 53-bit uniform — and returns
 ``argmax(probs / q)``: at 32k entries that is ~0.8 ms a step, mostly the logarithms.
 Only entries with ``probs > 0`` (what top-k/top-p kept) can win the argmax, so here the
-same uniforms are drawn with ``uniform_`` on a float64 buffer (the same generator
-calls, so the same numbers and the same generator state afterwards) and the
-logarithm is taken only where ``probs > 0``: the same token, ~0.25 ms. The uniforms
-are drawn a cache-sized chunk at a time (the same calls in the same order).
+same uniforms are drawn (the same numbers, the same generator state afterwards) and
+the logarithm is taken only where ``probs > 0``: the same token. The uniforms come
+from the C kernels' MT19937 stepped over torch's generator state
+(:func:`atbcore.backends.cpu_kernels.torch_sampling.mt19937_uniforms`: only the kept
+draws are tempered, the state twist is vectorised), or without the C kernels from
+``uniform_`` on a float64 buffer a cache-sized chunk at a time (the same generator
+calls in the same order).
 
 It relies on how torch's CPU ``exponential_`` uses its generator, so it is checked
 against ``torch.multinomial`` the first time it runs (generator state saved and
@@ -22,9 +25,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from atbcore.backends.cpu_kernels.torch_sampling import mt19937_uniforms
+
 from .hf_compat import log_once
 
-__all__ = ["sample"]
+__all__ = ["draw_at", "sample", "verified"]
 
 _verified: list[bool] = []  # [] not checked yet, [True] same draws as torch, [False] not
 
@@ -36,7 +41,11 @@ CHUNK = 16384
 
 def _kept_uniforms(flat_kept: np.ndarray, n: int) -> np.ndarray:
     """The generator's next ``n`` float64 uniforms (all drawn, in order, as one
-    ``uniform_`` over ``n`` entries draws them), keeping those at ``flat_kept``."""
+    ``uniform_`` over ``n`` entries draws them), keeping those at ``flat_kept``
+    (ascending): the C kernels' MT19937 when they load, else torch's ``uniform_``."""
+    out = mt19937_uniforms(n, flat_kept)
+    if out is not None:
+        return out
     buf = torch.empty(min(CHUNK, n), dtype=torch.float64)
     view = buf.numpy()
     out = np.empty(len(flat_kept))
@@ -60,14 +69,33 @@ def _draw(probs: torch.Tensor) -> torch.Tensor | None:
     total = np.add.reduceat(flat[kept], bounds[:-1])
     if not np.isfinite(total).all() or (total <= 0).any():
         return None  # torch.multinomial raises on these: let it
-    u = _kept_uniforms(kept, flat.size)                # the draws, in order
+    return draw_at(kept, flat[kept], bounds, flat.size)
+
+
+def draw_at(kept: np.ndarray, probs: np.ndarray, bounds: np.ndarray, size: int) -> torch.Tensor:
+    """``torch.multinomial(full, 1)[:, 0]`` for a ``[B, V]`` row set ``full`` of ``size``
+    entries that is 0 but at the flat positions ``kept`` (ascending), where it holds
+    ``probs`` (float32, finite, each row's sum > 0; row r's entries are
+    ``kept[bounds[r]:bounds[r + 1]]``). The generator moves as that call moves it."""
+    u = _kept_uniforms(kept, size)                     # the draws, in order
     q = (-np.log1p(-u)).astype(np.float32)             # Exp(1), as torch
-    ratio = flat[kept] / q
+    ratio = probs / q
+    v = size // (len(bounds) - 1)
     out = []
-    for r in range(p.shape[0]):
+    for r in range(len(bounds) - 1):
         lo, hi = bounds[r], bounds[r + 1]
         out.append(int(kept[lo + np.argmax(ratio[lo:hi])] - r * v))  # first max, as argmax
     return torch.tensor(out, dtype=torch.long)
+
+
+def verified() -> bool:
+    """Whether atb's draw gives ``torch.multinomial``'s tokens here (checked once)."""
+    if not _verified:
+        _verified.append(_verify())
+        if not _verified[0]:
+            log_once("sampling: torch's CPU multinomial draws differently from what atb "
+                     "reproduces -> torch.multinomial")
+    return _verified[0]
 
 
 def _verify() -> bool:
@@ -95,13 +123,8 @@ def sample(probs: torch.Tensor) -> torch.Tensor:
     """One token per row of ``probs`` ``[B, V]`` (non-negative, as a softmax gives):
     ``torch.multinomial(probs, 1)[:, 0]`` exactly (the same token, the same
     generator state after)."""
-    if not _verified:
-        _verified.append(_verify())
-        if not _verified[0]:
-            log_once("sampling: torch's CPU multinomial draws differently from what atb "
-                     "reproduces -> torch.multinomial")
     out = None
-    if _verified[0] and probs.device.type == "cpu" and probs.dtype == torch.float32 \
+    if verified() and probs.device.type == "cpu" and probs.dtype == torch.float32 \
             and probs.dim() == 2:
         out = _draw(probs.contiguous())
     return out if out is not None else torch.multinomial(probs, num_samples=1).squeeze(1)

@@ -191,3 +191,23 @@ def test_opt_levels_below_2_run_hf_loop_with_hf_tokens(models, opt):
                dict(do_sample=False, repetition_penalty=1.3)):
         ref, out, steps = _both(m, c, ids, attention_mask=mask, max_new_tokens=8, **kw)
         assert torch.equal(out, ref) and steps == 0, (opt, kw)
+
+
+def test_fast_stopping_criteria_answer_as_hf():
+    """The loop's stand-in for max-length + EOS criteria gives the list's rows done
+    (None standing for none), and other criteria lists run themselves."""
+    from transformers.generation import stopping_criteria as sc
+
+    from atb_torch.models.generate import _stopper
+
+    crit = sc.StoppingCriteriaList([sc.MaxLengthCriteria(9, max_position_embeddings=7),
+                                    sc.EosTokenCriteria(torch.tensor([3, 5]))])
+    stop = _stopper(crit)
+    g = torch.Generator().manual_seed(0)
+    for n in range(5, 10):
+        for _ in range(6):
+            ids = torch.randint(0, 8, (3, n), generator=g)
+            ref = crit(ids, None)
+            got = stop(ids, ids[:, -1])
+            assert torch.equal(ref, got if got is not None else torch.zeros(3, dtype=torch.bool))
+    assert _stopper(sc.StoppingCriteriaList([sc.MaxTimeCriteria(5.0)])) is None

@@ -101,15 +101,20 @@ def test_unknown_and_subclassed_processors_kept():
     class Mine(lp.TopPLogitsWarper):
         pass
 
-    procs = [lp.TypicalLogitsWarper(0.9), Mine(0.9), lp.TemperatureLogitsWarper(0.7)]
+    procs = [lp.TypicalLogitsWarper(0.9), Mine(0.9), lp.EpsilonLogitsWarper(0.01)]
     assert accelerate(procs) == procs
 
 
 @pytest.mark.parametrize("shape,kept", [((1, 32000), 0.002), ((3, 5000), 0.5), ((2, 700), 1.0),
                                         ((3, 12000), 0.01)])  # draws in chunks across rows
-def test_sampler_draws_what_multinomial_draws(shape, kept):
-    """Same token and the same generator state after (the next draw agrees too)."""
+@pytest.mark.parametrize("c_mt", [True, False])
+def test_sampler_draws_what_multinomial_draws(monkeypatch, shape, kept, c_mt):
+    """Same token and the same generator state after (the next draw agrees too), with
+    the uniforms from the C MT19937 or from torch's uniform_."""
     from atb_torch.models import sampler
+
+    if not c_mt:
+        monkeypatch.setattr(sampler, "mt19937_uniforms", lambda n, want: None)
 
     g = torch.Generator().manual_seed(1)
     probs = torch.softmax(torch.randn(*shape, generator=g) * 3, -1)
@@ -129,12 +134,12 @@ def test_sampler_draws_what_multinomial_draws(shape, kept):
 @pytest.mark.parametrize("case", ["ties at k", "nan", "top_p removes nothing", "p fill",
                                   "tiny top_p", "few finite", "keep"])
 def test_fused_top_k_top_p_edges_same_as_hf(case):
-    from atb_torch.models import processors
-
-    assert processors._tail_softmax_exact(), "the aligned-tail softmax is not exact here"
     """The fused pair against Hugging Face's two processors where the fast form must
     step aside or handle an edge: ties at the k-th value, NaN, no cut, top-p's own
     fill value, a cut inside the kept values, fewer finite scores than k."""
+    from atb_torch.models import top_p
+
+    assert top_p._tail_softmax_exact(), "the aligned-tail softmax is not exact here"
     k, p, keep, fill = 20, 0.9, 1, -math.inf
     if case == "top_p removes nothing":
         p = 1.0
