@@ -20,9 +20,10 @@ plan, one bound program per decode step; 58 launches for the default model's ste
 Covered: pre-norm RmsNorm decoders with default RoPE (full rotary), gated SiLU MLPs,
 GQA, q/k/v biases and sliding windows (Llama, Qwen2, Mistral); anything else raises
 ``CapabilityError`` naming what is missing. ``compile()`` still runs its own decode
-plan (:mod:`.plan`): on this machine that plan is faster (see
+plan (:mod:`.plan`): on this machine that plan is still faster (0.83-0.86x, see
 ``benchmarks/graph_decode.py``) and serves paged batches, padding and CUDA graphs,
-which this form does not yet.
+which this form does not yet; ``compile(model, tensor_parallel=N)`` runs this form
+(:mod:`.compile_tp`).
 """
 
 from __future__ import annotations
