@@ -24,6 +24,7 @@ import torch
 
 from atbcore.log import logger
 
+from .paged_plan import PagedDecodePlan
 from .plan import DecodePlan
 
 __all__ = ["DevicePagedDecodePlan", "device_paged_plan_for"]
@@ -53,7 +54,7 @@ def device_paged_plan_for(runner: Any, cache: Any, batch: Any) -> "DevicePagedDe
     return plan
 
 
-class DevicePagedDecodePlan(DecodePlan):
+class DevicePagedDecodePlan(PagedDecodePlan):
     """See the module docstring. ``graph_safe``: host-sync-free calls only, and on CUDA
     the step captured as a CUDA graph on its first run."""
 
@@ -71,20 +72,10 @@ class DevicePagedDecodePlan(DecodePlan):
         self.lens = torch.ones(batch, dtype=torch.int32,
                                device="cpu" if kernel_device(dev.type) == "npu" else dev)
         self.tables = torch.zeros(batch, width, dtype=torch.int32, device=dev)
-        super().__init__(runner, cache, static=False, batch=batch)
+        # the index tensors above live on the device: PagedDecodePlan's own (host ones)
+        # are not made; fits / positions / cache dtype are PagedDecodePlan's
+        DecodePlan.__init__(self, runner, cache, static=False, batch=batch)
         self.captured = False
-
-    def fits(self, cache: Any, batch: int, blocks: int) -> bool:
-        """True when a step of ``batch`` sequences needing ``blocks`` table columns
-        over ``cache`` can run on this plan."""
-        return (self.cache is cache and self.b == batch and blocks <= self.width
-                and cache.key_cache(0).data_ptr() == self.kc_ptr)
-
-    def _positions(self) -> int:
-        return self.width * self.block_size + 1
-
-    def _cache_dtype(self) -> torch.dtype:
-        return self.cache.key_cache(0).dtype
 
     def _c_attn_reason(self) -> str:
         return "the paged cache's device kernels"
