@@ -106,10 +106,14 @@ class PagedDecodePlan(DecodePlan):
         """One token per sequence of ``batch`` (its :class:`PagedBatch`): writes the
         tokens' keys and values into the blocks; returns logits ``[B, V]`` (this
         buffer is rewritten by the next step)."""
+        self._load(ids, positions, batch)
+        self._execute()
+        return self.logits
+
+    def _load(self, ids: torch.Tensor, positions: torch.Tensor, batch: Any) -> None:
+        """The step's inputs into the plan's own index tensors."""
         self.ids.copy_(ids)
         self.pos.copy_(positions)
         self.slots.copy_(batch.slot_mapping)
         self.lens.copy_(batch.context_lens)
         self.tables[:, :batch.block_tables.shape[1]].copy_(batch.block_tables)
-        self._execute()
-        return self.logits

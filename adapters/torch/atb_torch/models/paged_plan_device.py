@@ -115,12 +115,8 @@ class DevicePagedDecodePlan(PagedDecodePlan):
         """One token per sequence of ``batch`` (its :class:`PagedBatch`): writes the
         tokens' keys and values into the blocks; returns logits ``[B, V]`` (this
         buffer is rewritten by the next step)."""
-        self.ids.copy_(ids)
-        self.pos.copy_(positions)
-        self.slots.copy_(batch.slot_mapping)
-        self.lens.copy_(batch.context_lens)
-        self.tables.zero_()
-        self.tables[:, :batch.block_tables.shape[1]].copy_(batch.block_tables)
+        self.tables.zero_()  # a captured step reads every column
+        self._load(ids, positions, batch)
         if self.graph_safe and not self.captured and self.ids.is_cuda:
             self.captured = True
             self._capture()
