@@ -1,10 +1,13 @@
 """Devices for atb_torch: CPU and CUDA run the torch backend's kernels; Ascend NPU
-(``torch_npu``) is recognised but has no kernels yet, so it is refused clearly.
+(``torch_npu``) runs the ops whose kernels declare ``npu`` (the torch_npu fused ops:
+norms, RoPE, SwiGLU, attention, the paged cache, Linear/w8, the collectives) and is
+refused clearly for every other op and for hand-built GraphOps.
 
-    check_devices("RmsNorm", [x, w])          # AtbError subclass on npu / mixed devices
-    resolve_device("npu:0")                   # DeviceError when torch_npu is missing
+    check_devices("RmsNorm", [x, w], kernel.devices)   # npu allowed: it has an NPU kernel
+    check_devices("Concat", [x, y])                    # CapabilityError on npu
+    resolve_device("npu:0")                            # DeviceError when torch_npu is missing
 
-Why refuse instead of running the torch kernels on NPU tensors: they are written
+Why refuse instead of running the torch composites on NPU tensors: they are written
 against CUDA/CPU semantics (SDPA, int8 matmuls) and have never been checked on
 Ascend; a :class:`CapabilityError` naming the missing capability is honest where a
 silent wrong result or an opaque vendor crash would not be.
@@ -45,16 +48,17 @@ def device_type(t: Any) -> str:
 
 
 def _npu_error(op: str, where: str) -> CapabilityError:
-    return CapabilityError(op, f"NPU kernels for {op} (torch_npu backend) are not implemented yet",
-                           "a cpu or cuda tensor (move it with .cpu() / .cuda())", where)
+    return CapabilityError(op, f"an NPU kernel for {op} (torch_npu backend): this op has none "
+                           "yet", "a cpu or cuda tensor (move it with .cpu() / .cuda())", where)
 
 
 def check_devices(op: str, tensors: Iterable[Any], allowed: Iterable[str] = KERNEL_DEVICES,
                   device_of=device_type) -> None:
     """Raise unless every tensor lives on one device the kernels support.
 
-    NPU tensors raise :class:`CapabilityError` (the capability is missing, not the
-    device); other unsupported devices and mixed devices raise :class:`DeviceError`.
+    NPU tensors where ``allowed`` has no ``npu`` raise :class:`CapabilityError` (the
+    capability is missing, not the device); other unsupported devices and mixed
+    devices raise :class:`DeviceError`.
     ``device_of`` is a seam for tests that fake a device.
     """
     allowed = tuple(allowed)
@@ -63,11 +67,11 @@ def check_devices(op: str, tensors: Iterable[Any], allowed: Iterable[str] = KERN
         if t is None:
             continue
         kind = device_of(t)
-        if kind == "npu":
+        if kind == "npu" and kind not in allowed:
             raise _npu_error(op, f"input {i} on npu")
         if kind not in allowed:
             raise DeviceError(op, f"input {i} device", "/".join(allowed), kind)
-        index = t.device.index if kind == "cuda" else None
+        index = t.device.index if kind in ("cuda", "npu") else None
         seen.setdefault(kind if index is None else f"{kind}:{index}", f"input {i}")
     if len(seen) > 1:
         raise DeviceError(op, "inputs on one device", "the same device for every input",

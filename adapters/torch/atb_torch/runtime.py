@@ -32,10 +32,7 @@ def init(device_id: int = 0, log_level: str = "WARNING", enable_profiling: bool 
     standalone module call its time (export with :func:`atb_torch.export_chrome_trace`).
     ``device`` ("cpu", "cuda:1", "npu" ...) is checked; ``device_id`` picks the GPU."""
     if device is not None:
-        dev = resolve_device(device, "init")
-        if dev.type == "npu":
-            raise CapabilityError("init", "NPU kernels (torch_npu backend) are not implemented yet",
-                                  "device cpu or cuda", str(dev))
+        dev = resolve_device(device, "init")  # npu: the ops with torch_npu kernels run there
         if dev.type == "cuda" and dev.index is not None:
             device_id = dev.index
     status = _core_init(device_id=device_id, log_level=log_level,
