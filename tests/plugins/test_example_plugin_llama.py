@@ -58,7 +58,12 @@ def hand_apply_rotary(q, k, cos, sin, unsqueeze_dim=1):
 
 
 def _hf_greedy(hf, ids):
-    """Prompt logits, then STEPS greedy steps with HF's own cache: (logits per step, tokens)."""
+    """Prompt logits, then STEPS greedy steps with HF's own cache: (logits per step, tokens).
+    The cache goes in under the name this transformers takes (``cache`` since 5.x's later
+    releases, ``past_key_values`` before)."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
     with torch.no_grad():
         out = hf(ids, use_cache=True)
         logits, past = [out.logits], out.past_key_values
@@ -66,7 +71,7 @@ def _hf_greedy(hf, ids):
         for _ in range(STEPS):
             tok = logits[-1][:, -1].argmax(-1, keepdim=True)
             toks.append(tok)
-            out = hf(tok, cache=past, use_cache=True)
+            out = hf(tok, use_cache=True, **{name: past})
             logits.append(out.logits)
             past = out.past_key_values
     return logits, torch.cat(toks, 1)
