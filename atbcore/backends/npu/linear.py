@@ -57,4 +57,9 @@ def linear_w8_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> li
     y = npu_module().npu_weight_quant_batchmatmul(
         x2, w.t(), s, bias=None if b is None else b.contiguous())       # [M, N]
     y = y.reshape(*x.shape[:-1], y.shape[-1])
+    r = ins.get("residual")
+    if r is not None:  # the linear_residual fusion's add, after the op (fp32 sum)
+        from ..torch.linear import add_residual
+
+        y = add_residual(y, r)
     return [into_out(out, 0, y)]

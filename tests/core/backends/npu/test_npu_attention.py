@@ -192,6 +192,13 @@ def test_linear_w8(npu, dtype):
     (ref,) = opdef.reference(p, ins)
     assert_close(y, ref, dtype, what="npu w8 Linear")
     assert npu.calls == ["npu_weight_quant_batchmatmul"]
+    # with the residual the linear_residual fusion gives it: the NPU op rounds its
+    # product, then the add rounds again, so the oracle is the unfused pair
+    r = rand((2, 3, 48), dtype, 4)
+    (yr,) = dk.fn(p, {**tins, "residual": _torch_ins({"r": r})["r"]})
+    (pair,) = get_op("ResidualAdd").reference(get_op("ResidualAdd").make_params({}),
+                                              {"x": ref, "residual": r})
+    assert_close(yr, pair, dtype, what="npu w8 Linear + residual")
     assert "rounding them here" in dk.why_not(p, {**tins, "scale": s.float()})
     assert "not weight-only" in dk.why_not(opdef.make_params({}), tins)
 
