@@ -35,8 +35,8 @@ from ..dtypes import Dtype
 from ..errors import AtbError
 from ..tensor import TensorDesc, convert, copy_into
 
-__all__ = ["Slot", "BindContext", "BoundProgram", "bind_program", "resolve", "binder_of",
-           "POOL_ROWS_MAX"]
+__all__ = ["Slot", "BindContext", "BoundProgram", "bind_program", "resolve", "getter",
+           "same_objects", "binder_of", "POOL_ROWS_MAX"]
 
 # the C matmul splits up to this many rows over atb's pool (more go to torch's team)
 POOL_ROWS_MAX = 64
@@ -79,6 +79,18 @@ class BindContext:
 def resolve(v: Any, env: Sequence[Any]) -> Any:
     """The tensor a binder was given: ``env[v.index]`` for a :class:`Slot`, else ``v``."""
     return env[v.index] if type(v) is Slot else v
+
+
+def getter(v: Any) -> Callable[[Sequence[Any]], Any]:
+    """``env -> tensor`` for what a binder was given (read per run for a :class:`Slot`,
+    the fixed tensor itself otherwise): :func:`resolve` with the branch taken once."""
+    return (lambda env, i=v.index: env[i]) if type(v) is Slot else (lambda env: v)
+
+
+def same_objects(a: Sequence[Any], b: Sequence[Any] | None) -> bool:
+    """Whether ``b`` holds the very objects of ``a`` (binders repack a C call when the
+    tensors they were fed change, e.g. a cache that grew)."""
+    return b is not None and all(x is y for x, y in zip(a, b))
 
 
 @dataclass

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-import numpy as np
-
 from atbcore.dtypes import Dtype
 from atbcore.graph.layers import Layer, host_array
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...runtime.binding import Slot, resolve
+from ...runtime.binding import Slot, getter, resolve
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import LINEAR_WEIGHT_DTYPES, linear_rows, linear_rows_bound
 from ..cpu_kernels.torch_linear import linear_rows_bound_io
@@ -128,8 +128,7 @@ def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
     else:  # an input or output that changes per run: addresses packed per call
         io = lin.bound_io(x, y, r)
         if io is not None:
-            gets = [(lambda env, i=t.index: env[i]) if type(t) is Slot else (lambda env, t=t: t)
-                    for t in ((x, y) if r is None else (x, y, r))]
+            gets = [getter(t) for t in ((x, y) if r is None else (x, y, r))]
             return lambda env: _io_or_run(io, lin, *[g(env) for g in gets])
     return lambda env: lin.run(resolve(x, env), resolve(y, env), resolve(r, env))
 

@@ -17,12 +17,12 @@ paths:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
 
-from ...runtime.binding import Slot, resolve
+from ...runtime.binding import Slot, getter, resolve, same_objects
 from ...tensor import copy_into
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import paged_decode_attention as c_paged_decode_attention
@@ -37,28 +37,20 @@ from . import kernel
 __all__ = ["reshape_and_cache", "paged_attention", "paged_decode_attention", "decode_mask"]
 
 
-def _same(a: tuple, b: tuple | None) -> bool:
-    return b is not None and all(x is y for x, y in zip(a, b))
-
-
-def _getter(home: Any) -> Callable[[list], Any]:
-    return (lambda env, i=home.index: env[i]) if type(home) is Slot else (lambda env: home)
-
-
 def _bind_reshape_and_cache(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
     """The C copy with its arguments packed once per set of tensors (a program fed
     the same cache and index tensors each step packs once); the outputs are the
     caches themselves."""
     if any(type(o) is not Slot for o in outs):
         return None
-    gets = [_getter(ins[n]) for n in ("key", "value", "key_cache", "value_cache",
+    gets = [getter(ins[n]) for n in ("key", "value", "key_cache", "value_cache",
                                       "slot_mapping")]
     ok, ov = outs[0].index, outs[1].index
     state: list[Any] = [None, None]  # the tensors bound, their packed call
 
     def call(env: list) -> None:
         cur = tuple(g(env) for g in gets)
-        if not _same(cur, state[0]):
+        if not same_objects(cur, state[0]):
             bound = None if ck.why_not(*cur[:4]) else c_reshape_and_cache_bound(*cur)
             state[:] = [cur, bound]
         if state[1] is not None:
@@ -132,14 +124,14 @@ def _bind_paged_attention(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) 
     if type(o) is Slot or qshape[0] != rows or qshape[2] > 512:
         return None
     names = ("query", "key_cache", "value_cache", "block_tables", "context_lens")
-    gets = [_getter(ins[n]) for n in names]
+    gets = [getter(ins[n]) for n in names]
     qsl = ins.get("q_seq_lens")
     scale = p.scale if p.scale is not None else qshape[2] ** -0.5
     state: list[Any] = [None, None]
 
     def call(env: list) -> None:
         cur = tuple(g(env) for g in gets)
-        if not _same(cur, state[0]):
+        if not same_objects(cur, state[0]):
             q, kc, vc, tables, lens = cur
             bound = None
             if (ck.why_not(q, kc, vc) is None and kc.dtype == vc.dtype

@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from ...errors import InputError
-from ...runtime.binding import Slot
-from ...tensor import describe
+from ...runtime.binding import Slot, getter, same_objects
 from ..cpu_kernels import torch_ops as ck
 from . import kernel
 from .rope import MAX_TABLE_LEN, _usable, c_unsupported, geometry, rope_c, rope_composite, \
@@ -61,8 +60,7 @@ def _bind_rope_kv_cache(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
     if slots is None or pos is None or ins.get("cos") is not None or type(outs[0]) is Slot:
         return None
     names = ("q", "k", "v", "key_cache", "value_cache", "position_ids", "slot_mapping")
-    gets = [(lambda env, i=t.index: env[i]) if type(t) is Slot else (lambda env, t=t: t)
-            for t in (ins[n] for n in names)]
+    gets = [getter(ins[n]) for n in names]
     qo = outs[0]
     ok, ov = (o.index if type(o) is Slot else None for o in outs[1:])
     state: list[Any] = [None, None]  # the tensors bound, their packed call (or None)
@@ -83,7 +81,7 @@ def _bind_rope_kv_cache(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
 
     def call(env: list) -> None:
         cur = tuple(g(env) for g in gets)
-        if state[0] is None or any(a is not b for a, b in zip(cur, state[0])):
+        if not same_objects(cur, state[0]):
             state[:] = [cur, pack(*cur)]
         try:
             need = 1 if state[1] is None else state[1]()
