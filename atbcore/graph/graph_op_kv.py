@@ -39,7 +39,7 @@ from .ir import Graph
 from .sequential import BLOCK_INPUT, KVSlot, kv_cache_slots
 
 __all__ = ["KVBinder", "kv_dim_names", "CacheFeeder", "in_place_cache", "in_place_form",
-           "run_in_place"]
+           "run_in_place", "cache_layers", "share_cache_layers"]
 
 # cache object -> {GraphOp key: [layer index per slot]}
 _CACHE_LAYERS: "weakref.WeakKeyDictionary[Any, dict[str, list[int]]]" = \
@@ -91,6 +91,28 @@ def _index_tensors(index: dict, x: Any, fw: str, cap: int, b: int, s: int, p: in
     if got is None:
         got = index[key] = _IndexSet(x, cap, b, s, p)
     return got.at(p)
+
+
+def cache_layers(op: Any, cache: Any) -> list[int] | None:
+    """The layers of ``cache`` GraphOp ``op``'s attention layers use (None before it
+    first ran with that cache)."""
+    kv = op._kv
+    table = _CACHE_LAYERS.get(cache)
+    return None if kv is None or table is None else table.get(kv.key)
+
+
+def share_cache_layers(op: Any, cache: Any, layers: Sequence[int]) -> None:
+    """Make GraphOp ``op`` (lowered) read and write ``cache`` layers ``layers``, one per
+    attention layer in order, though other GraphOps use them too (a whole-model
+    program over the cache its per-block GraphOps filled)."""
+    kv = op._kv
+    layers = [int(i) for i in layers]
+    if kv is None or len(layers) != len(kv.slots) or \
+            any(not 0 <= i < cache.num_layers for i in layers):
+        raise InputError(op.name, "KVCache layers to share",
+                         f"{len(kv.slots) if kv else 0} layer indices below {cache.num_layers}",
+                         layers)
+    _CACHE_LAYERS.setdefault(cache, {})[kv.key] = layers
 
 
 def in_place_cache(kv_cache: Any) -> bool:
@@ -336,7 +358,9 @@ def in_place_form(op: Any, x: Any, cache: Any) -> Any:
     with op._lock:
         form = op._in_place
         if form is None:
-            layers = op._layers
+            from .layers_block import flat_layers
+
+            layers = None if op._layers is None else flat_layers(op._layers)
             if layers is None or any(getattr(l, "kind", "") == "attention" and
                                      not getattr(l, "kv_cache", False) for l in layers):
                 op._in_place = False

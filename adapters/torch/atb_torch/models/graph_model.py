@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from atbcore.errors import CapabilityError
+from atbcore.log import logger
 
 __all__ = ["is_graph_model", "compile_graph_model", "CompiledGraphModel"]
 
@@ -88,12 +89,28 @@ class CompiledGraphModel(torch.nn.Module):
         self.atb_options = dict(options)
         self.graph_ops = _graph_ops(model)
         self.model, self.lowered_linears = model, 0
+        self._program: Any = None  # graph_trace.StepProgram of a decode step
+        self._program_refused = ""  # why the step is not one program
         if options.get("opt_level", 2) >= 1:
             self.model, self.lowered_linears = _lower_linears(model)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
             return self.model(*args, **kwargs)
+
+    def explain(self) -> str:
+        """What a decode step runs: the whole-step program's report (nodes before and
+        after fusion, bound kernels, weight layouts, arena bytes, launches) once a
+        ``generate`` made one, else each GraphOp's and why the step is not one program."""
+        prog = self._program
+        if prog is not None:
+            form = prog.op._in_place or prog.op
+            return f"{type(self.model).__name__}: each decode step is one program\n" + \
+                form.explain()
+        why = self._program_refused or "no generate() has run yet"
+        parts = [f"{type(self.model).__name__}: decode runs call by call ({why})"]
+        parts += [g.explain() for g in self.graph_ops]
+        return "\n\n".join(parts)
 
     def reset_cache(self) -> bool:
         """Empty the model's ``kv_cache`` state; False when it keeps none."""
@@ -109,6 +126,26 @@ class CompiledGraphModel(torch.nn.Module):
             raise CapabilityError("compile", "kv_cache state", "None, a dict, a list or a "
                                   "cache with reset()", type(kv).__name__)
         return True
+
+    def _step(self, ids: torch.Tensor) -> torch.Tensor:
+        """One decode step: the whole-step program when the model's step records as
+        one (opt_level >= 2, :mod:`.graph_trace`), else the model's own forward."""
+        prog = self._program
+        if prog is not None:
+            return prog(ids)
+        if self.atb_options.get("opt_level", 2) < 2 or self._program_refused:
+            return self.model(ids)
+        from .graph_trace import StepProgram, record
+
+        out, steps, why = record(self.model, ids)
+        if steps is None:
+            self._program_refused = why
+            logger.info("compile: %s decodes call by call: %s", type(self.model).__name__, why)
+        else:
+            self._program = StepProgram(steps, ids, out.dtype)
+            logger.debug("compile: %s decodes as one program of %d modules",
+                         type(self.model).__name__, len(steps))
+        return out
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 20, do_sample: bool = False,
@@ -130,6 +167,8 @@ class CompiledGraphModel(torch.nn.Module):
         cpu = input_ids.device.type == "cpu"
         seq = input_ids
         logits = self.model(seq)[:, -1]
+        if self._program is not None and not self._program.current():
+            self._program = None  # a GraphOp rebound changed weights in the prompt's run
         finished = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
         for i in range(max_new_tokens):
             if sampler is None:
@@ -146,7 +185,7 @@ class CompiledGraphModel(torch.nn.Module):
                 break
             if incremental and cpu:  # one token a row: C kernels, torch's pool parked once
                 with parked_torch_threads():
-                    logits = self.model(tok[:, None])[:, -1]
+                    logits = self._step(tok[:, None])[:, -1]
             else:
                 logits = (self.model(tok[:, None]) if incremental else self.model(seq))[:, -1]
         return seq
