@@ -48,6 +48,10 @@ def test_seed_model_decodes_as_one_program_with_the_plain_models_tokens():
     assert torch.equal(out, _greedy(plain, ids, 12))
     by_call = atb.compile(model, mode="infer", opt_level=1).generate(ids, max_new_tokens=12)
     assert torch.equal(out, by_call)
+    # every weight of the program is a tensor the blocks (or modules) already hold: the
+    # packed layouts are shared, nothing is copied (merged QKV included)
+    op = fast._program.op
+    assert set(op._bound) == set(op.graph.weight_map)
     # one program doing the blocks' kernels, plus the embedding, final norm and LM head
     # that ran as torch modules and a one-Linear GraphOp (nothing lost, nothing added)
     form = fast._program.op._in_place

@@ -157,7 +157,10 @@ def _layer(name: str, m: Any, dtype: torch.dtype) -> tuple[Any, dict[str, torch.
     if isinstance(m, GraphOp):
         core = m._runner.core
         host = {t: host_array(p) for t, p in zip(m.weight_ids(), m.weight_tensors())}
-        bound = {f"{name}.{t}": v for t, v in core._bound.items()}
+        # the block's weight ids with its name in front of each part: a weight that
+        # fusion merged ("q+k+v.weight") is found under the merged id of the big graph
+        bound = {"+".join(f"{name}.{p}" for p in t.split("+")): v
+                 for t, v in core._bound.items()}
         return Block(name, m.core_source(host)), bound
     w = {k: v.detach() for k, v in m.named_parameters(recurse=False) if v is not None}
     host = {k: host_array(v) for k, v in w.items()}
