@@ -246,7 +246,7 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
                 if not getattr(binder, "fills_slots", False):
                     allocs.extend((o.index, _empty(c.native, o.desc)) for o in outs
                                   if type(o) is Slot)
-                if c.check:
+                if c.check and not getattr(binder, "checks_values", False):
                     call = _checked(plan, c, ins, call)
         bound[c.node] = call is not None
         if call is None:

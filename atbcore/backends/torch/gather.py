@@ -1,11 +1,18 @@
 """Torch kernels for Gather (index_select) and Embedding (F.embedding). Index
-ranges were checked by the op's ``check_values`` before these run."""
+ranges were checked by the op's ``check_values`` before these run — except in a
+bound CPU Embedding, which writes its rows into its planned buffer with one
+``index_select`` and checks the ids only when that refuses them (a decode step's
+first node: a separate min/max pass and a copy cost more than the lookup)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ...ops.gather import check_index_range
+from ...runtime.binding import Slot, getter
 from . import kernel
 
 __all__ = ["gather", "embedding"]
@@ -20,6 +27,28 @@ def gather(p, ins):
     return [y.reshape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])]
 
 
-@kernel("Embedding", impl="torch.nn.functional.embedding")
+def _bind_embedding(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
+    out = outs[0]
+    if type(out) is Slot or out.device.type != "cpu" or not out.is_contiguous():
+        return None
+    rows = out.view(-1, out.shape[-1])
+    get_ids, get_w = getter(ins["ids"]), getter(ins["weight"])
+
+    def call(env: list) -> None:
+        ids, w = get_ids(env), get_w(env)
+        try:
+            torch.index_select(w, 0, ids.reshape(-1), out=rows)
+        except (IndexError, RuntimeError):
+            n = int(w.shape[0])
+            check_index_range("Embedding", "ids", ids, n, f"the table has {n} rows")
+            raise
+    return call
+
+
+_bind_embedding.checks_values = True  # type: ignore[attr-defined]
+
+
+@kernel("Embedding", impl="torch.nn.functional.embedding; bound on the CPU: index_select "
+        "into the planned buffer", bind=_bind_embedding)
 def embedding(p, ins):
     return [F.embedding(ins["ids"].long(), ins["weight"])]

@@ -109,3 +109,26 @@ def test_bad_outputs_leave_them_untouched():
                 outputs=[np.full((3, 5), 5.0, np.float32)])
     check_error("Embedding", {}, [W, np.array([0, 1, 2])], atb.InputError, "number of outputs",
                 outputs=OUT * 2)
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_bound_embedding_in_a_graph_op_writes_its_rows_and_refuses_bad_ids(ids_dtype):
+    """A GraphOp's CPU Embedding is bound to its planned buffer (one index_select, no
+    separate range pass): rows equal F.embedding's; a bad id still raises InputError
+    naming Embedding, and the next good call runs."""
+    from atbcore.graph.graph_op import GraphOp
+    from atbcore.graph import layers as L
+    from atb_torch.graph_layers import OpLayer
+
+    w = torch.randn(50, 8, generator=torch.Generator().manual_seed(0))
+    op = GraphOp([OpLayer("embed", op="Embedding", kind="embedding", weights={"weight": w},
+                          x_index=1), L.RmsNorm("n", eps=1e-6)], backend="torch")
+    good = torch.tensor([[3, 49, 0, 7]], dtype=ids_dtype)
+    want = F.rms_norm(F.embedding(good.long(), w), (8,), eps=1e-6)
+    atb.assert_close(op(good), want, "fp32", "bound embedding + norm")
+    assert op.last_plan is not None and any(
+        p.bound.get("embed") for p in op.last_plan.programs.values())
+    for bad in (50, -1):
+        with pytest.raises(atb.InputError, match="Embedding.*out of range"):
+            op(torch.tensor([[3, bad, 0, 7]], dtype=ids_dtype))
+    atb.assert_close(op(good), want, "fp32", "after the refused call")
