@@ -11,7 +11,9 @@ paths:
   head are folded into query rows (``[B, Hkv, G, D]`` against ``[B, Hkv, N, D]``),
   so K/V are never expanded for GQA; a ``[B, 1, 1, N]`` mask hides keys past each
   context (and outside a sliding window);
-* several queries per sequence (``q_seq_lens``): each sequence's blocks are
+* several queries per sequence (``q_seq_lens``): where every context is one block
+  and the blocks are consecutive (the in-place cache form of a GraphOp), one C
+  flash call reads the cache rows in place; else each sequence's blocks are
   gathered and attended on their own through the FlashAttention core.
 """
 
@@ -30,6 +32,7 @@ from ..cpu_kernels.torch_decode import paged_decode_attention_bound as \
     c_paged_decode_attention_bound
 from ..cpu_kernels.torch_decode import reshape_and_cache as c_reshape_and_cache
 from ..cpu_kernels.torch_decode import reshape_and_cache_bound as c_reshape_and_cache_bound
+from ..cpu_kernels.torch_prefill import MAX_HEAD_DIM, prefill_attention
 from ...ops.attention import effective_window
 from .attention import sdpa_attention
 from . import kernel
@@ -149,9 +152,32 @@ def _bind_paged_attention(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) 
     return call
 
 
+def _contiguous_prefill(p: Any, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                        bt: torch.Tensor, lens: list[int], qlens: list[int],
+                        scale: float) -> torch.Tensor | None:
+    """Several queries per sequence when each sequence's context is one block and the
+    sequences' blocks are consecutive (the in-place cache form: row ``b`` is block
+    ``b``): one C flash call over the cache rows in place, bottom-right aligned. None
+    when the call does not fit that (the gathering path runs)."""
+    b, (t, h, d), bs = bt.shape[0], q.shape, kc.shape[1]
+    if (q.device.type != "cpu" or len(set(qlens)) != 1 or qlens[0] * b != t
+            or d > MAX_HEAD_DIM or any(n > bs for n in lens) or kc.dtype != vc.dtype
+            or ck.why_not(q, kc, vc) is not None):
+        return None
+    first = bt[:, 0].tolist()
+    if first != list(range(first[0], first[0] + b)) or first[0] + b > kc.shape[0]:
+        return None
+    s, rows = qlens[0], slice(first[0], first[0] + b)
+    out = torch.empty(b, s, h, d, dtype=q.dtype)
+    prefill_attention(q.view(b, s, h, d), kc[rows], vc[rows], scale=scale, kv_lens=lens,
+                      causal=p.causal, window=p.window, out=out)
+    return out.view(t, h, d)
+
+
 @kernel("PagedAttention", impl="decode: C kernel reading the blocks in place (CPU), else "
         "batched block gather + torch scaled_dot_product_attention (GQA folded into query "
-        "rows); per-sequence for multi-token queries; fp32 compute", launches=ck.c_launches(8),
+        "rows); multi-token queries: C flash over contiguous cache rows in place, else per "
+        "sequence; fp32 compute", launches=ck.c_launches(8),
         bind=_bind_paged_attention)
 def paged_attention(p, ins):
     q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
@@ -175,6 +201,9 @@ def paged_attention(p, ins):
         return [paged_decode_attention(q, _gather(kc, table), _gather(vc, table), scale,
                                        decode_mask(lens, n, window))]
     qlens = [int(x) for x in qsl.tolist()]
+    fast = _contiguous_prefill(p, q, kc, vc, bt, lens.tolist(), qlens, scale)
+    if fast is not None:
+        return [fast]
     out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     start = 0
     for b, (n, ql) in enumerate(zip(lens.tolist(), qlens)):

@@ -156,3 +156,34 @@ def test_paged_attention_bad_outputs():
                 outputs=[Q.copy(), Q.copy()])
     check_error("PagedAttention", {}, [Q, KC, KC, BT, CTX], atb.ShapeError, "output",
                 outputs=[np.zeros((2, 4, 9), np.float32)])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("causal,window", [(True, None), (False, None), (True, 4)])
+@pytest.mark.parametrize("first", [0, 1])
+def test_multi_token_queries_over_contiguous_rows(first, causal, window, dtype, monkeypatch):
+    """The in-place cache form's layout (row b of the batch is block first + b, one
+    block holding each whole context, equal q_seq_lens): the C flash path reads the
+    rows in place; equal to the NumPy reference and to FlashAttention per sequence."""
+    lens, s, h, hkv, d, cap = [9, 5, 12], 3, 4, 2, 16, 16
+    kc = rand((first + 3, cap, hkv, d), dtype, 11)
+    vc = rand((first + 3, cap, hkv, d), dtype, 12)
+    tables = np.arange(first, first + 3, dtype=np.int32)[:, None]
+    q = rand((3 * s, h, d), dtype, 13)
+    params = {"num_heads": h, "num_kv_heads": hkv, "causal": causal, "window": window,
+              "scale": 0.25}
+    ins = [q, kc, vc, tables, np.array(lens, np.int32), np.full(3, s, np.int64)]
+    import atbcore.backends.torch.paged as paged
+
+    calls = []
+    real = paged.prefill_attention
+    monkeypatch.setattr(paged, "prefill_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    check_op("PagedAttention", params, ins)
+    got = run("PagedAttention", params, ins)
+    assert calls  # the in-place path ran (not the per-sequence gathering one)
+    for b, n in enumerate(lens):
+        qb = q[b * s:(b + 1) * s].transpose(1, 0, 2)[None]
+        kb, vb = (c[first + b, :n].transpose(1, 0, 2)[None] for c in (kc, vc))
+        want = run("FlashAttention", dict(params, layout="BNSD"), [qb, kb, vb])
+        atb.assert_close(got[b * s:(b + 1) * s], want[0].transpose(1, 0, 2), dtype,
+                         f"sequence {b} contiguous rows vs flash")
