@@ -337,7 +337,8 @@ class CacheFeeder:
         span = _span(layers)
         for layer in ([span] if span is not None else layers):
             cache.advance(layer, s, range(b))
-        return out.reshape([b, s, -1])
+        # [B*S, ...] per token, or [B, ...] when the graph keeps each row's last token
+        return out.reshape([b, s if out.shape[0] == b * s else 1, -1])
 
 
 def _span(layers: list[int]) -> range | None:

@@ -24,7 +24,7 @@ from .layers import Layer, ResidualAdd
 if TYPE_CHECKING:
     from .sequential import LoweringContext
 
-__all__ = ["Block", "flat_layers"]
+__all__ = ["Block", "LastToken", "flat_layers"]
 
 
 class Block(Layer):
@@ -75,6 +75,25 @@ class Block(Layer):
         finally:
             ctx.input, ctx.layers, ctx.index = saved
         return x
+
+
+class LastToken(Layer):
+    """Each sequence's last token only: ``[B, S, H] -> [B, 1, H]`` (a decoder's final
+    norm and LM head then run one row per sequence, as generation needs). In the
+    in-place cache form (token-major ``[B*S, H]``) it gives ``[B, H]``, which the
+    GraphOp hands back as ``[B, 1, ...]``. Views: no copy, no launch."""
+
+    kind = "last_token"
+
+    def lower(self, ctx: "LoweringContext", x: str) -> str:
+        name, b = ctx.name_of(self), ctx.builder
+        h = b.desc(x).shape[-1]
+        last = {"offsets": (0, -1, 0), "sizes": (-1, 1, -1)}
+        if ctx.cache_desc is None:
+            return b.add_node("Slice", [x], last, name=name)[0]
+        rows = b.reshape(x, (ctx.batch, -1, h), name=f"{name}.rows")
+        one = b.add_node("Slice", [rows], last, name=f"{name}.slice")[0]
+        return b.reshape(one, (ctx.batch, h), name=name)
 
 
 def flat_layers(layers: Sequence[Layer]) -> list[Layer]:

@@ -88,3 +88,15 @@ def test_shared_cache_layers_are_checked():
         with pytest.raises(InputError, match="KVCache layers to share"):
             share_cache_layers(op, cache, bad)
     assert cache_layers(op, cache) == [1]
+
+
+def test_last_token_keeps_each_rows_last_position():
+    from atbcore.graph.layers_block import LastToken
+
+    x = np.random.default_rng(2).standard_normal((3, 5, H)).astype(np.float32)
+    lin = L.Linear("head", out_features=7)
+    op = GraphOp([L.RmsNorm("n", eps=1e-6), LastToken("last"), lin])
+    got = np.asarray(op(x))
+    full = np.asarray(GraphOp([L.RmsNorm("n", eps=1e-6), lin])(x))
+    assert got.shape == (3, 1, 7)
+    atb.assert_close(got, full[:, -1:], "fp32", "last token vs the last row of all")

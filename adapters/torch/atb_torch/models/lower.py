@@ -38,6 +38,7 @@ from atbcore.graph import layers as L
 from atbcore.graph.graph_op import GraphOp
 from atbcore.graph.layers import host_array
 from atbcore.graph.layers_attention import FlashAttention, FusedFeedForward, RoPE
+from atbcore.graph.layers_block import LastToken
 
 from ..graph_layers import OpLayer
 from .arch import ModelSpec, ModelWeights, resolve_architecture
@@ -80,8 +81,10 @@ def _base(spec: ModelSpec) -> float:
     return float(inv[1] ** (-spec.rope.rotary_dim / 2.0)) if len(inv) > 1 else 10000.0
 
 
-def decoder_layers(spec: ModelSpec, w: ModelWeights) -> list[Any]:
-    """The atb layers computing the model (see the module docstring)."""
+def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False) -> list[Any]:
+    """The atb layers computing the model (see the module docstring); ``last_token``:
+    the final norm and LM head run each sequence's last token only (logits
+    ``[B, 1, V]``, what generation reads)."""
     why = _why_not(spec)
     if why:
         raise CapabilityError("lower_decoder", why, "a Llama-family decoder", spec.arch)
@@ -114,6 +117,8 @@ def decoder_layers(spec: ModelSpec, w: ModelWeights) -> list[Any]:
                  "down_proj.weight": _a(lw.down)}),
             L.ResidualAdd(f"l{i}.out", residual=f"l{i}.attn_out")]
         prev = f"l{i}.out"
+    if last_token:
+        layers.append(LastToken("last_token"))
     layers.append(L.RmsNorm("final_norm", eps=spec.norm_eps).load_weights(
         {"weight": _a(w.final_norm)}))
     head = {"weight": _a(w.lm_head)}
@@ -124,9 +129,10 @@ def decoder_layers(spec: ModelSpec, w: ModelWeights) -> list[Any]:
     return layers
 
 
-def lower_decoder(model: Any, **graph_op_kwargs: Any) -> GraphOp:
+def lower_decoder(model: Any, last_token: bool = False, **graph_op_kwargs: Any) -> GraphOp:
     """The Hugging Face causal LM ``model`` as one core GraphOp (ids ``[B, S]`` ->
-    logits ``[B, S, V]``); call it with ``kv_cache=`` an ``atb.KVCache``."""
+    logits ``[B, S, V]``, or ``[B, 1, V]`` of each row's last token with
+    ``last_token``); call it with ``kv_cache=`` an ``atb.KVCache``."""
     arch = resolve_architecture(model.config)
     spec = arch.describe(model.config)
     why = _why_not(spec)
@@ -136,4 +142,4 @@ def lower_decoder(model: Any, **graph_op_kwargs: Any) -> GraphOp:
     if weights.lm_head is None:
         raise CapabilityError("lower_decoder", "a base model (no LM head)", "a causal LM",
                               type(model).__name__)
-    return GraphOp(decoder_layers(spec, weights), name=spec.arch, **graph_op_kwargs)
+    return GraphOp(decoder_layers(spec, weights, last_token), name=spec.arch, **graph_op_kwargs)

@@ -44,6 +44,26 @@ def test_lowered_decoder_matches_hugging_face_for_prompt_and_decode_steps(arch):
     assert ops.count("PagedAttention") == layers
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_last_token_lowering_gives_each_rows_last_logits(arch):
+    """``last_token=True``: the final norm and LM head run one row per sequence
+    (``[B, 1, V]``, what generation reads), equal to HF's last-position logits for the
+    prompt and for each decode step."""
+    hf = tiny(arch)
+    op = lower_decoder(hf, last_token=True)
+    ids = torch.randint(3, VOCAB, (2, 10), generator=torch.Generator().manual_seed(4))
+    cache = _cache(hf, 2)
+    with torch.no_grad():
+        want = hf(ids).logits
+        got = [op(ids[:, :7], kv_cache=cache)[0]]
+        got += [op(ids[:, t:t + 1], kv_cache=cache)[0] for t in range(7, 10)]
+    assert all(g.shape == (2, 1, VOCAB) for g in got)
+    atb.assert_close(torch.cat(got, dim=1), want[:, 6:], "fp32", f"last-token {arch} vs HF")
+    head = [n for n in op._in_place.graph.nodes if n.name == "lm_head"]
+    assert head and op._in_place.last_plan is not None
+    assert "last_token" in {n.name for n in op._in_place.graph.nodes}
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_a_half_model_lowers_in_its_own_dtype(dtype):
     """The weights keep the model's dtype (no fp32 copy); logits of the prompt and of
