@@ -100,6 +100,10 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
         self.profiler = Profiler(self.name)
         self._dynamic = dict(dynamic_shape or {})
         self._plugins: dict[str, list[Any]] = {}
+        # this op's prepared weights (its in-place cache form shares it)
+        from ..memory.hugepages import Arena
+
+        self._weight_arena = Arena()
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -166,9 +170,12 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
 
     def _build(self, descs: Mapping[str, TensorDesc], framework: str | None) -> ExecPlan:
         assert self.graph is not None
-        return build_plan(self.graph, descs, backend=self.backend, weights=self._weight,
+        plan = build_plan(self.graph, descs, backend=self.backend, weights=self._weight,
                           points=self._points, num_streams=self.num_streams, arena=self.arena,
                           framework=framework, trusted=self._trusted)
+        # the weight layouts its kernels prepare (panels) lie side by side on huge pages
+        plan.weight_arena = self._weight_arena
+        return plan
 
     def _weight(self, tid: str, native: str, device: str) -> Any:
         # Weights become backend-native once per (native, device), shared by all plans.

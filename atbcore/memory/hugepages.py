@@ -17,6 +17,8 @@ Elsewhere (another OS, THP set to ``never``, ``ATB_HUGEPAGES=0``, or a tensor un
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import mmap
 import os
@@ -25,7 +27,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["available", "empty", "place", "placed", "Arena", "on_hugepages", "HUGE"]
+__all__ = ["available", "empty", "place", "placed", "Arena", "on_hugepages", "HUGE",
+           "arena_scope", "weight_empty"]
 
 HUGE = 2 << 20  # bytes per huge page (x86-64 and arm64 PMD size)
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -147,6 +150,29 @@ class Arena:
         out = self.empty(t.shape, t.dtype)
         out.copy_(t)
         return out
+
+
+_ARENA: "contextvars.ContextVar[Arena | None]" = contextvars.ContextVar("atb_weight_arena",
+                                                                        default=None)
+
+
+@contextlib.contextmanager
+def arena_scope(arena: "Arena | None") -> Any:
+    """Within the block, :func:`weight_empty` packs into ``arena`` (a GraphOp binding
+    its plans puts the weight layouts it makes into its own arena)."""
+    token = _ARENA.set(arena)
+    try:
+        yield arena
+    finally:
+        _ARENA.reset(token)
+
+
+def weight_empty(shape: Any, dtype: Any) -> Any:
+    """An uninitialised tensor for a prepared weight: in the current
+    :func:`arena_scope` arena (small weights get huge pages too, and one model's
+    weights lie side by side), else :func:`empty`."""
+    arena = _ARENA.get()
+    return arena.empty(shape, dtype) if arena is not None else empty(shape, dtype)
 
 
 def on_hugepages(t: Any) -> int:

@@ -153,6 +153,7 @@ class ExecPlan:
     framework: str | None = None  # the caller's framework the plan was dispatched for
     programs: dict[tuple, BoundProgram] = field(default_factory=dict)
     arena_finalizer: Any = None
+    weight_arena: Any = None  # hugepages.Arena for the weight layouts binding prepares
     released: bool = False
     lock: Any = field(default_factory=threading.Lock)
 
@@ -203,7 +204,10 @@ class ExecPlan:
         if prog is None:
             if len(self.programs) >= _MAX_PROGRAMS:
                 self.programs.pop(next(iter(self.programs)))
-            prog = self.programs[key] = bind_program(self, descs)
+            from ..memory.hugepages import arena_scope
+
+            with arena_scope(self.weight_arena):  # weight layouts the binders prepare
+                prog = self.programs[key] = bind_program(self, descs)
         return prog
 
     def _run_program(self, inputs: Mapping[str, Any], descs: Mapping[str, TensorDesc]) -> list:

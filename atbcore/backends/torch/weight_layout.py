@@ -62,7 +62,7 @@ def panels(w: torch.Tensor, transposed: bool = False) -> tuple[torch.Tensor, tor
     n, k = src.shape
     with torch.no_grad():
         packed = pack_panels(src.detach().contiguous(),
-                             out=hugepages.empty((-(-n // 32), k, 32), src.dtype))
+                             out=hugepages.weight_empty((-(-n // 32), k, 32), src.dtype))
     meta = torch.empty(tuple(src.shape), dtype=w.dtype, device="meta")
     with _LOCK:
         _CACHE[key] = (weakref.ref(w, _forget(key)), w._version, w.data_ptr(), (packed, meta))

@@ -103,3 +103,36 @@ def test_arena_without_hugepages_is_plain_torch(monkeypatch):
     t = arena.place(torch.arange(10.0))
     assert torch.equal(t, torch.arange(10.0))
     assert arena.empty((2, 2), torch.int8).shape == (2, 2)
+
+
+def test_a_graph_ops_panels_are_packed_into_its_own_weight_arena():
+    """The weight layouts a GraphOp's binders prepare (the C matmul's panels) go into
+    that GraphOp's arena, side by side (small weights on huge pages too, as the
+    compile() runner packs them); they equal pack_panels of the weight."""
+    import numpy as np
+    import torch
+
+    from atbcore.backends.cpu_kernels.torch_decode import pack_panels
+    from atbcore.backends.torch import weight_layout
+    from atbcore.graph import layers as L
+    from atbcore.graph.graph_op import GraphOp
+
+    op = GraphOp([L.Linear("a", out_features=40), L.Linear("b", out_features=24)],
+                 backend="torch")
+    x = torch.randn(1, 16, generator=torch.Generator().manual_seed(0))
+    y = op(x)
+    w = op.graph.weight_map
+    want = x @ torch.from_numpy(np.asarray(w["a.weight"])).T + torch.from_numpy(
+        np.asarray(w["a.bias"]))
+    want = want @ torch.from_numpy(np.asarray(w["b.weight"])).T + torch.from_numpy(
+        np.asarray(w["b.bias"]))
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    arena = op._weight_arena
+    if hugepages.available() is None and weight_layout.panels_enabled():
+        assert arena._used > 0 and hugepages.placed(arena._chunk)
+        t = op._weight("a.weight", "torch", "cpu")
+        packed, _ = weight_layout.panels(t)
+        assert packed.untyped_storage().data_ptr() == arena._chunk.untyped_storage().data_ptr()
+        assert torch.equal(packed, pack_panels(t.contiguous()))
+    else:
+        assert arena._used == 0
