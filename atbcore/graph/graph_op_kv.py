@@ -11,17 +11,19 @@ per attention layer, inputs ``<layer>.past_key`` / ``<layer>.past_value``
   layers sharing one ``kv`` works; ``None`` starts empty and a dict is returned.
 * an ``atbcore.memory.KVCache``: each GraphOp takes the next free layer indices of
   that cache on first use (layers called in model order get 0, 1, ...); the same
-  cache is returned. All sequences of the batch must hold the same number of tokens.
+  cache is returned. Rows may hold different numbers of tokens (in the in-place
+  form below each continues from its own past).
   A block built from layers runs in the in-place cache form
   (:func:`atbcore.graph.sequential.lower_sequential` with ``kv_cache_desc``, fed by
-  :class:`CacheFeeder`): the new keys/values are written into the cache layer by the
+  :class:`~atbcore.graph.graph_op_feed.CacheFeeder`): the new keys/values are written into the cache layer by the
   plan itself and attention reads the cache where it is, so a decode step has the
   same input shapes as the previous one and reuses its bound program. A block given
-  as a Graph reads the past from the cache, concatenates, and appends the new part.
+  as a Graph reads the past from the cache, concatenates, and appends the new part
+  (its rows must then hold equal lengths).
 * a list of ``(past_key, past_value)`` pairs, one per attention layer of the block
   (a single pair may be given bare): the presents come back as a list of pairs.
 
-Positions for RoPE are ``P, P+1, ..., P+S-1``.
+Positions for RoPE are ``P, P+1, ..., P+S-1`` (``P`` per row).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from ..dtypes import Dtype
 from ..errors import DtypeError, InputError, ShapeError
 from ..tensor import TensorDesc, convert, describe, framework_of
 from .ir import Graph
-from .sequential import BLOCK_INPUT, KVSlot, kv_cache_slots
+from .graph_op_feed import CacheFeeder, _as, _on
+from .sequential import KVSlot, kv_cache_slots
 
 __all__ = ["KVBinder", "kv_dim_names", "CacheFeeder", "in_place_cache", "in_place_form",
            "run_in_place", "cache_layers", "share_cache_layers"]
@@ -44,55 +47,6 @@ __all__ = ["KVBinder", "kv_dim_names", "CacheFeeder", "in_place_cache", "in_plac
 # cache object -> {GraphOp key: [layer index per slot]}
 _CACHE_LAYERS: "weakref.WeakKeyDictionary[Any, dict[str, list[int]]]" = \
     weakref.WeakKeyDictionary()
-# cache object -> ({(framework, layer): (keys, values) views}, {shape key: _IndexSet}):
-# every block of a step, and every step, reads the same tensors (bound programs pack
-# their addresses once)
-_CACHE_STATE: "weakref.WeakKeyDictionary[Any, tuple[dict, dict]]" = weakref.WeakKeyDictionary()
-
-
-class _IndexSet:
-    """The in-place form's index tensors for one (framework, device, B, S): NumPy
-    arrays and the framework's tensors of them. Where those share memory (NumPy,
-    torch on the CPU) a new past length is written into them in place."""
-
-    def __init__(self, x: Any, cap: int, b: int, s: int, p: int) -> None:
-        rows = np.arange(b, dtype=np.int64)
-        tok = np.arange(p, p + s, dtype=np.int64)
-        self.arrays = [(rows[:, None] * cap + tok[None]).reshape(-1).astype(np.int32),
-                       rows[:, None].astype(np.int32), np.full(b, p + s, dtype=np.int32),
-                       np.full(b, s, dtype=np.int32), np.tile(tok, b)]
-        self.p, self.where = p, (framework_of(x), getattr(x, "device", None))
-        self.tensors = [_on(*self.where, a) for a in self.arrays]
-        self.shared = all(_shares(t, a) for t, a in zip(self.tensors, self.arrays))
-
-    def at(self, p: int) -> list:
-        if p != self.p:
-            delta, self.p = p - self.p, p
-            for i in (0, 2, 4):  # slots, context lengths, positions move with the past
-                self.arrays[i] += delta
-            if not self.shared:
-                self.tensors = [_on(*self.where, a) for a in self.arrays]
-        return self.tensors
-
-
-def _shares(t: Any, a: np.ndarray) -> bool:
-    if t is a:
-        return True
-    ptr = getattr(t, "data_ptr", None)
-    return ptr is not None and getattr(t, "device", None) is not None and \
-        str(t.device) == "cpu" and ptr() == a.ctypes.data
-
-
-def _index_tensors(index: dict, x: Any, fw: str, cap: int, b: int, s: int, p: int) -> list:
-    """slot_mapping, block_tables, context_lens, q_seq_lens (int32) and the RoPE
-    positions (int64 ``[B*S]``) for past length ``p``."""
-    key = (fw, str(getattr(x, "device", "cpu")), cap, b, s)
-    got = index.get(key)
-    if got is None:
-        got = index[key] = _IndexSet(x, cap, b, s, p)
-    return got.at(p)
-
-
 def cache_layers(op: Any, cache: Any) -> list[int] | None:
     """The layers of ``cache`` GraphOp ``op``'s attention layers use (None before it
     first ran with that cache)."""
@@ -134,14 +88,6 @@ def kv_dim_names(graph: Graph) -> dict[str, tuple[str | None, ...]]:
 def _like(x: Any, arr: np.ndarray) -> Any:
     """``arr`` as a tensor of ``x``'s framework on ``x``'s device."""
     return _on(framework_of(x), getattr(x, "device", None), arr)
-
-
-def _on(framework: str, dev: Any, arr: np.ndarray) -> Any:
-    """``arr`` as a ``framework`` tensor on device ``dev`` (None: the default)."""
-    t = convert(arr, framework)
-    if dev is not None and hasattr(t, "to") and str(getattr(t, "device", "cpu")) != str(dev):
-        t = t.to(dev)
-    return t
 
 
 class KVBinder:
@@ -259,95 +205,6 @@ class KVBinder:
         return presents if len(presents) > 1 or not _bare_pair(kv_cache) else presents[0]
 
 
-class CacheFeeder:
-    """Feeds an in-place cache form graph (see the module docstring) from a
-    ``KVCache`` and counts the tokens its plan wrote. ``layers`` assigns the
-    cache's layer indices (the block's concatenating-form :class:`KVBinder`, so both
-    forms of one block use the same layers)."""
-
-    def __init__(self, graph: Graph, layers: KVBinder) -> None:
-        from .sequential import CACHE_INDEX, cache_slots
-
-        self.graph, self.layers = graph, layers
-        self.slots = cache_slots(graph)
-        self.index = CACHE_INDEX
-        self._x_at = graph.inputs.index(BLOCK_INPUT)
-        # (ids of the tensors, the graph inputs with x left out, the tensors kept alive)
-        self._template: tuple | None = None
-        if len(self.slots) != len(layers.slots):
-            raise InputError(graph.name, "attention layers with a KV cache", len(layers.slots),
-                             len(self.slots))
-
-    def prepare(self, x: Any, cache: Any) -> tuple[list, tuple[int, int, list[int]]]:
-        """Graph inputs for block input ``x`` ``[B, S, ...]`` (checked against
-        the cache: nothing is written when this raises) and ``(B, S, layers)``."""
-        name = self.graph.name
-        shape = tuple(x.shape)
-        if len(shape) < 2:
-            raise ShapeError(name, "block input with an atb.KVCache", "[B, S, ...]",
-                             list(shape))
-        b, s = int(shape[0]), int(shape[1])
-        if not 1 <= b <= cache.max_batch:
-            raise InputError(name, "batch rows with an atb.KVCache",
-                             f"1..{cache.max_batch} (the cache's max_batch)", b)
-        state = _CACHE_STATE.get(cache)
-        if state is None:
-            state = _CACHE_STATE[cache] = ({}, {})
-        views, index = state
-        fw = framework_of(x)
-        layers = self.layers._layers(cache)
-        pairs = [views.get((fw, layer)) for layer in layers]
-        if getattr(cache, "freed", False) or None in pairs:
-            want = describe(x).dtype  # token ids: the cache write's own dtype check runs
-            if want.is_floating and Dtype.of(cache.dtype) != want:
-                raise DtypeError(name, "atb.KVCache dtype (the block input's)", want.name,
-                                 Dtype.of(cache.dtype).name)
-            pairs = [(_as(x, cache.keys(layer)), _as(x, cache.values(layer))) for layer in layers]
-            views.update(((fw, layer), kv) for layer, kv in zip(layers, pairs))
-        span = _span(layers)
-        lens = cache.seq_lens(range(b), span) if span is not None else \
-            np.stack([cache.seq_lens(range(b), layer) for layer in layers])
-        p = int(lens.flat[0])
-        if (lens != p).any():
-            layer = layers[int(np.argwhere(lens != p)[0][0])]
-            raise InputError(name, f"KVCache layer {layer} lengths",
-                             f"equal lengths for every sequence (the block's first layer "
-                             f"holds {p})", lens.tolist())
-        if p + s > cache.max_seq_len:
-            raise ShapeError(name, "tokens in the atb.KVCache after this call",
-                             f"<= max_seq_len {cache.max_seq_len}", p + s)
-        idx = _index_tensors(index, x, fw, cache.max_seq_len, b, s, p)
-        key = (id(idx[0]), *map(id, (t for kv in pairs for t in kv)))
-        tpl = self._template
-        if tpl is None or tpl[0] != key:  # the inputs but x, while the same tensors serve
-            feed = dict(zip(self.index, idx[:4]))
-            for slot, (k, v) in zip(self.slots, pairs):
-                feed[slot.key_cache], feed[slot.value_cache] = k, v
-                if slot.position_ids:
-                    feed[slot.position_ids] = idx[4]
-            feed[BLOCK_INPUT] = None
-            tpl = self._template = (key, [feed[i] for i in self.graph.inputs], pairs, idx)
-        inputs = list(tpl[1])
-        inputs[self._x_at] = x.reshape([b * s, *shape[2:]])
-        return inputs, (b, s, layers)
-
-    def finish(self, out: Any, cache: Any, shape: tuple[int, int, list[int]]) -> Any:
-        """Count the written tokens; the block output back as ``[B, S, hidden]``."""
-        b, s, layers = shape
-        span = _span(layers)
-        for layer in ([span] if span is not None else layers):
-            cache.advance(layer, s, range(b))
-        # [B*S, ...] per token, or [B, ...] when the graph keeps each row's last token
-        return out.reshape([b, s if out.shape[0] == b * s else 1, -1])
-
-
-def _span(layers: list[int]) -> range | None:
-    """Consecutive cache layers as one range (read and counted in one call)."""
-    if layers and layers[-1] - layers[0] == len(layers) - 1:
-        return range(layers[0], layers[-1] + 1)
-    return None
-
-
 def in_place_form(op: Any, x: Any, cache: Any) -> Any:
     """``op``'s in-place cache form: a GraphOp of the same class sharing its layers,
     settings, plugins and bound weights, lowered token-major for ``cache``'s layer
@@ -381,25 +238,25 @@ def in_place_form(op: Any, x: Any, cache: Any) -> Any:
         return form or None
 
 
-def run_in_place(op: Any, x: Any, cache: Any) -> Any:
+def run_in_place(op: Any, x: Any, cache: Any, q_lens: Any = None) -> Any:
     """Run block ``op`` on ``x`` ``[B, S, ...]`` (hidden states, or token ids when the
     block starts with an embedding) with ``cache`` in the in-place cache form; None
-    when the block cannot take it (the caller concatenates)."""
-    if x is None or getattr(x, "ndim", 0) < 2:
+    when the block cannot take it (the caller concatenates). With ``q_lens`` (tokens
+    per row) ``x`` is packed ``[T, ...]``: rows of different lengths
+    (:mod:`.graph_op_feed`)."""
+    if x is None or getattr(x, "ndim", 0) < (1 if q_lens is not None else 2):
         return None
-    form = in_place_form(op, x, cache)
+    x3 = x if q_lens is None else x[None]
+    if op.graph is None:  # the block's own lowering first (its cache layer assignment)
+        op._ensure_graph(op._descs_of([x3]))
+    form = in_place_form(op, x3, cache)
     if form is None:
         return None
-    inputs, shape = form._feeder.prepare(x, cache)
+    inputs, shape = form._feeder.prepare(x, cache, q_lens)
     out = form.execute(inputs)[0]
-    return form._feeder.finish(out, cache, shape)
+    return form._feeder.finish(out, cache, shape, packed=q_lens is not None)
 
 
 def _bare_pair(kv: Any) -> bool:
     items = list(kv)
     return len(items) == 2 and not isinstance(items[0], (list, tuple))
-
-
-def _as(x: Any, t: Any) -> Any:
-    """A cache tensor as ``x``'s framework (zero-copy where possible)."""
-    return convert(t, framework_of(x))

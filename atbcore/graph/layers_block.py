@@ -80,20 +80,24 @@ class Block(Layer):
 class LastToken(Layer):
     """Each sequence's last token only: ``[B, S, H] -> [B, 1, H]`` (a decoder's final
     norm and LM head then run one row per sequence, as generation needs). In the
-    in-place cache form (token-major ``[B*S, H]``) it gives ``[B, H]``, which the
-    GraphOp hands back as ``[B, 1, ...]``. Views: no copy, no launch."""
+    in-place cache form (token-major ``[T, H]``, rows of any lengths) it gathers the
+    rows of the feeder's ``cache.last_rows`` into ``[B, H]``, which the GraphOp hands
+    back as ``[B, 1, ...]``."""
 
     kind = "last_token"
 
     def lower(self, ctx: "LoweringContext", x: str) -> str:
         name, b = ctx.name_of(self), ctx.builder
-        h = b.desc(x).shape[-1]
-        last = {"offsets": (0, -1, 0), "sizes": (-1, 1, -1)}
         if ctx.cache_desc is None:
-            return b.add_node("Slice", [x], last, name=name)[0]
-        rows = b.reshape(x, (ctx.batch, -1, h), name=f"{name}.rows")
-        one = b.add_node("Slice", [rows], last, name=f"{name}.slice")[0]
-        return b.reshape(one, (ctx.batch, h), name=name)
+            return b.add_node("Slice", [x], {"offsets": (0, -1, 0), "sizes": (-1, 1, -1)},
+                              name=name)[0]
+        from ..dtypes import Dtype
+        from ..tensor import TensorDesc
+        from .graph_op_feed import LAST_ROWS
+
+        if LAST_ROWS not in b._taken():
+            b.add_input(LAST_ROWS, TensorDesc((ctx.batch,), Dtype.INT64))
+        return b.add_node("Gather", [x, LAST_ROWS], {"axis": 0}, name=name)[0]
 
 
 def flat_layers(layers: Sequence[Layer]) -> list[Layer]:

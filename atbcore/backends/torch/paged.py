@@ -157,21 +157,31 @@ def _contiguous_prefill(p: Any, q: torch.Tensor, kc: torch.Tensor, vc: torch.Ten
                         scale: float) -> torch.Tensor | None:
     """Several queries per sequence when each sequence's context is one block and the
     sequences' blocks are consecutive (the in-place cache form: row ``b`` is block
-    ``b``): one C flash call over the cache rows in place, bottom-right aligned. None
-    when the call does not fit that (the gathering path runs)."""
+    ``b``): C flash calls over the cache rows in place, bottom-right aligned (one for
+    the batch when every row has as many queries, else one per row). None when the
+    call does not fit that (the gathering path runs)."""
     b, (t, h, d), bs = bt.shape[0], q.shape, kc.shape[1]
-    if (q.device.type != "cpu" or len(set(qlens)) != 1 or qlens[0] * b != t
-            or d > MAX_HEAD_DIM or any(n > bs for n in lens) or kc.dtype != vc.dtype
+    if (q.device.type != "cpu" or sum(qlens) != t or d > MAX_HEAD_DIM
+            or any(n > bs or m > n for n, m in zip(lens, qlens)) or kc.dtype != vc.dtype
             or ck.why_not(q, kc, vc) is not None):
         return None
     first = bt[:, 0].tolist()
     if first != list(range(first[0], first[0] + b)) or first[0] + b > kc.shape[0]:
         return None
-    s, rows = qlens[0], slice(first[0], first[0] + b)
-    out = torch.empty(b, s, h, d, dtype=q.dtype)
-    prefill_attention(q.view(b, s, h, d), kc[rows], vc[rows], scale=scale, kv_lens=lens,
-                      causal=p.causal, window=p.window, out=out)
-    return out.view(t, h, d)
+    out = torch.empty(t, h, d, dtype=q.dtype)
+    kw = dict(scale=scale, causal=p.causal, window=p.window)
+    if len(set(qlens)) == 1:
+        s, rows = qlens[0], slice(first[0], first[0] + b)
+        prefill_attention(q.view(b, s, h, d), kc[rows], vc[rows], kv_lens=lens,
+                          out=out.view(b, s, h, d), **kw)
+        return out
+    start = 0
+    for r, (n, m) in enumerate(zip(lens, qlens)):
+        row = slice(first[0] + r, first[0] + r + 1)
+        prefill_attention(q[start:start + m][None], kc[row], vc[row], kv_lens=[n],
+                          out=out[start:start + m][None], **kw)
+        start += m
+    return out
 
 
 @kernel("PagedAttention", impl="decode: C kernel reading the blocks in place (CPU), else "

@@ -64,6 +64,30 @@ def test_last_token_lowering_gives_each_rows_last_logits(arch):
     assert "last_token" in {n.name for n in op._in_place.graph.nodes}
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_prompts_of_different_lengths_go_in_packed_and_decode_ragged(arch):
+    """A batch of prompts of different lengths without padding (packed, ``q_lens``),
+    then greedy steps with each row at its own length: every row's tokens equal HF
+    ``generate`` on that prompt alone."""
+    from atbcore.graph.graph_op_kv import run_in_place
+
+    hf = tiny(arch)
+    op = lower_decoder(hf, last_token=True)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g) for n in (4, 9, 6)]
+    cache = _cache(hf, 3)
+    with torch.no_grad():
+        logits = run_in_place(op, torch.cat(prompts), cache, [len(p) for p in prompts])
+        toks = [logits[:, 0].argmax(-1)]
+        for _ in range(5):
+            toks.append(op(toks[-1][:, None], kv_cache=cache)[0][:, 0].argmax(-1))
+        for r, p in enumerate(prompts):
+            want = hf.generate(p[None], max_new_tokens=6, do_sample=False,
+                               pad_token_id=0)[0, len(p):]
+            assert [int(t[r]) for t in toks] == want.tolist(), f"row {r}"
+    assert cache.seq_lens(layer=0)[:3].tolist() == [len(p) + 5 for p in prompts]
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_a_half_model_lowers_in_its_own_dtype(dtype):
     """The weights keep the model's dtype (no fp32 copy); logits of the prompt and of

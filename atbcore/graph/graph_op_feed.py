@@ -1,0 +1,235 @@
+"""Feeding a GraphOp's in-place cache form from a KV cache, rows of any lengths.
+
+The in-place form (:func:`atbcore.graph.sequential.lower_sequential` with a cache
+descriptor) reads its tokens token-major ``[T, ...]`` and per block the index
+tensors of :data:`~atbcore.graph.sequential.CACHE_INDEX`: ``slot_mapping [T]``
+(cache row ``b`` is block ``b``: slot ``b * capacity + position``),
+``block_tables [B, 1]``, ``context_lens [B]`` and ``q_seq_lens [B]``; the RoPE
+``position_ids [T]``; with a :class:`~atbcore.graph.layers_block.LastToken`,
+``cache.last_rows [B]`` (each row's last token). :class:`CacheFeeder` makes them
+for a call from the cache's per-row lengths:
+
+* ``x`` ``[B, S, ...]``: every row gets ``S`` new tokens, after its own past (rows
+  may hold different lengths: a batch whose prompts had different lengths);
+* ``x`` packed ``[T, ...]`` with ``q_lens`` (``B`` ints summing to ``T``): row ``b``
+  gets ``q_lens[b]`` tokens (a left-padded batch given without its padding).
+
+The index tensors are kept per (framework, device, capacity, batch, tokens per row)
+and moved forward in place as the rows grow, so decode steps feed the very tensors
+the bound program packed (no repacking, no allocation).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..dtypes import Dtype
+from ..errors import DtypeError, InputError, ShapeError
+from ..tensor import convert, describe, framework_of
+from .ir import Graph
+from .sequential import BLOCK_INPUT
+
+__all__ = ["CacheFeeder", "LAST_ROWS", "cache_state"]
+
+LAST_ROWS = "cache.last_rows"  # int64 [B]: each row's last token (LastToken's gather)
+
+# cache object -> (version, {(framework, layer): (keys, values) views}, {key: _IndexSet}):
+# every block of a step, and every step, reads the same tensors (bound programs pack
+# their addresses once); a cache that moved its storage (version) gets fresh ones
+_CACHE_STATE: "weakref.WeakKeyDictionary[Any, tuple[int, dict, dict]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def cache_state(cache: Any) -> tuple[dict, dict]:
+    """(views, index sets) kept for ``cache`` (fresh after its storage moved)."""
+    version = getattr(cache, "version", 0)
+    state = _CACHE_STATE.get(cache)
+    if state is None or state[0] != version:
+        state = _CACHE_STATE[cache] = (version, {}, {})
+    return state[1], state[2]
+
+
+class _IndexSet:
+    """The index tensors for one (framework, device, capacity, B, tokens per row):
+    NumPy arrays and the framework's tensors of them (sharing memory where they can,
+    so a new past is written into them in place)."""
+
+    def __init__(self, x: Any, cap: int, q: tuple[int, ...], p: np.ndarray) -> None:
+        b = len(q)
+        self.row_of = np.repeat(np.arange(b), q)                    # [T] row of each token
+        offset = np.arange(len(self.row_of)) - np.repeat(np.cumsum(q) - q, q)
+        pos = p[self.row_of] + offset
+        qa = np.asarray(q, dtype=np.int64)
+        self.arrays = [(self.row_of * cap + pos).astype(np.int32),
+                       np.arange(b, dtype=np.int32)[:, None], (p + qa).astype(np.int32),
+                       qa.astype(np.int32), pos.astype(np.int64), np.cumsum(qa) - 1]
+        self.p, self.where = p.copy(), (framework_of(x), getattr(x, "device", None))
+        self.tensors = [_on(*self.where, a) for a in self.arrays]
+        self.shared = all(_shares(t, a) for t, a in zip(self.tensors, self.arrays))
+
+    def at(self, p: np.ndarray) -> list:
+        if not np.array_equal(p, self.p):
+            delta = p - self.p
+            self.p = p.copy()
+            per_token = delta[self.row_of]
+            self.arrays[0] += per_token.astype(np.int32)   # slots
+            self.arrays[2] += delta.astype(np.int32)       # context lengths
+            self.arrays[4] += per_token                    # positions
+            if not self.shared:
+                self.tensors = [_on(*self.where, a) for a in self.arrays]
+        return self.tensors
+
+
+def _shares(t: Any, a: np.ndarray) -> bool:
+    if t is a:
+        return True
+    ptr = getattr(t, "data_ptr", None)
+    return ptr is not None and getattr(t, "device", None) is not None and \
+        str(t.device) == "cpu" and ptr() == a.ctypes.data
+
+
+def _on(framework: str, dev: Any, arr: np.ndarray) -> Any:
+    """``arr`` as a ``framework`` tensor on device ``dev`` (None: the default)."""
+    t = convert(arr, framework)
+    if dev is not None and hasattr(t, "to") and str(getattr(t, "device", "cpu")) != str(dev):
+        t = t.to(dev)
+    return t
+
+
+def _as(x: Any, t: Any) -> Any:
+    """A cache tensor as ``x``'s framework (zero-copy where possible)."""
+    return convert(t, framework_of(x))
+
+
+def _span(layers: list[int]) -> range | None:
+    """Consecutive cache layers as one range (read and counted in one call)."""
+    if layers and layers[-1] - layers[0] == len(layers) - 1:
+        return range(layers[0], layers[-1] + 1)
+    return None
+
+
+def _q_lens(name: str, q_lens: Any, x_shape: tuple, max_batch: int) -> tuple[int, ...]:
+    try:
+        q = tuple(int(v) for v in np.asarray(q_lens).reshape(-1))
+    except (TypeError, ValueError):
+        raise InputError(name, "q_lens", "one token count per row", repr(q_lens)) from None
+    if not 1 <= len(q) <= max_batch or min(q) < 1:
+        raise InputError(name, "q_lens", f"1..{max_batch} counts >= 1 (the cache's max_batch "
+                         "rows)", list(q))
+    if len(x_shape) < 1 or sum(q) != x_shape[0]:
+        raise ShapeError(name, "packed tokens with q_lens", f"[{sum(q)}, ...] (sum of q_lens)",
+                         list(x_shape))
+    return q
+
+
+class CacheFeeder:
+    """Feeds an in-place cache form graph (see the module docstring) from a
+    ``KVCache`` and counts the tokens its plan wrote. ``layers`` assigns the
+    cache's layer indices (the block's concatenating-form
+    :class:`~atbcore.graph.graph_op_kv.KVBinder`, so both forms use the same layers)."""
+
+    def __init__(self, graph: Graph, layers: Any) -> None:
+        from .sequential import CACHE_INDEX, cache_slots
+
+        self.graph, self.layers = graph, layers
+        self.slots = cache_slots(graph)
+        self.index = CACHE_INDEX + ((LAST_ROWS,) if LAST_ROWS in graph.inputs else ())
+        self._x_at = graph.inputs.index(BLOCK_INPUT)
+        # (ids of the tensors, the graph inputs with x left out)
+        self._template: tuple | None = None
+        if len(self.slots) != len(layers.slots):
+            raise InputError(graph.name, "attention layers with a KV cache", len(layers.slots),
+                             len(self.slots))
+
+    def _pairs(self, x: Any, cache: Any, views: dict, layers: list[int]) -> list:
+        fw = framework_of(x)
+        pairs = [views.get((fw, layer)) for layer in layers]
+        if getattr(cache, "freed", False) or None in pairs:
+            want = describe(x).dtype  # token ids: the cache write's own dtype check runs
+            if want.is_floating and Dtype.of(cache.dtype) != want:
+                raise DtypeError(self.graph.name, "atb.KVCache dtype (the block input's)",
+                                 want.name, Dtype.of(cache.dtype).name)
+            pairs = [(_as(x, cache.keys(layer)), _as(x, cache.values(layer))) for layer in layers]
+            views.update(((fw, layer), kv) for layer, kv in zip(layers, pairs))
+        return pairs
+
+    def _past(self, cache: Any, b: int, layers: list[int]) -> np.ndarray:
+        """Each row's past length (checked equal across the block's layers)."""
+        name = self.graph.name
+        span = _span(layers)
+        lens = cache.seq_lens(range(b), span) if span is not None else \
+            np.stack([cache.seq_lens(range(b), layer) for layer in layers])
+        lens = np.asarray(lens, dtype=np.int64).reshape(-1, b)
+        if (lens != lens[0]).any():
+            layer = layers[int(np.argwhere((lens != lens[0]).any(axis=1))[0][0])]
+            raise InputError(name, f"KVCache layer {layer} lengths",
+                             f"the lengths of layer {layers[0]} (the block's first)",
+                             lens[list(layers).index(layer)].tolist())
+        return lens[0]
+
+    def prepare(self, x: Any, cache: Any, q_lens: Any = None
+                ) -> tuple[list, tuple[int, tuple[int, ...], list[int]]]:
+        """Graph inputs for block input ``x`` (see the module docstring; checked
+        against the cache: nothing is written when this raises) and
+        ``(B, tokens per row, layers)``."""
+        name = self.graph.name
+        shape = tuple(x.shape)
+        if q_lens is None:
+            if len(shape) < 2:
+                raise ShapeError(name, "block input with an atb.KVCache", "[B, S, ...]",
+                                 list(shape))
+            b, s = int(shape[0]), int(shape[1])
+            if not 1 <= b <= cache.max_batch:
+                raise InputError(name, "batch rows with an atb.KVCache",
+                                 f"1..{cache.max_batch} (the cache's max_batch)", b)
+            q = (s,) * b
+        else:
+            q = _q_lens(name, q_lens, shape, cache.max_batch)
+            b = len(q)
+        views, index = cache_state(cache)
+        layers = self.layers._layers(cache)
+        pairs = self._pairs(x, cache, views, layers)
+        p = self._past(cache, b, layers)
+        top = int((p + np.asarray(q)).max())
+        if top > cache.max_seq_len:
+            raise ShapeError(name, "tokens in the atb.KVCache after this call",
+                             f"<= max_seq_len {cache.max_seq_len}", top)
+        key = (framework_of(x), str(getattr(x, "device", "cpu")), cache.max_seq_len, q)
+        got = index.get(key)
+        if got is None:
+            got = index[key] = _IndexSet(x, cache.max_seq_len, q, p)
+        idx = got.at(p)
+        tkey = (id(idx[0]), *map(id, (t for kv in pairs for t in kv)))
+        tpl = self._template
+        if tpl is None or tpl[0] != tkey:  # the inputs but x, while the same tensors serve
+            feed = dict(zip(self.index, idx[:4] + (idx[5:] if LAST_ROWS in self.index else [])))
+            for slot, (k, v) in zip(self.slots, pairs):
+                feed[slot.key_cache], feed[slot.value_cache] = k, v
+                if slot.position_ids:
+                    feed[slot.position_ids] = idx[4]
+            feed[BLOCK_INPUT] = None
+            tpl = self._template = (tkey, [feed[i] for i in self.graph.inputs], pairs, idx)
+        inputs = list(tpl[1])
+        inputs[self._x_at] = x if q_lens is not None else x.reshape([sum(q), *shape[2:]])
+        return inputs, (b, q, layers)
+
+    def finish(self, out: Any, cache: Any, shape: tuple[int, tuple[int, ...], list[int]],
+               packed: bool = False) -> Any:
+        """Count the written tokens; the block output back as ``[B, S, ...]`` (``[B, 1,
+        ...]`` when the graph keeps each row's last token; packed ``[T, ...]`` as it
+        came when the tokens were given packed)."""
+        b, q, layers = shape
+        span = _span(layers)
+        for n in sorted(set(q)):
+            rows = [r for r in range(b) if q[r] == n]
+            rows = range(b) if len(rows) == b else rows
+            for layer in ([span] if span is not None else layers):
+                cache.advance(layer, n, rows)
+        if int(out.shape[0]) == b and (packed or sum(q) != b):
+            return out.reshape([b, 1, -1])                  # one (last) token per row
+        if packed:
+            return out
+        return out.reshape([b, q[0], -1])
