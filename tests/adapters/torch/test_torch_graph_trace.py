@@ -78,6 +78,24 @@ def test_a_weight_edit_rebuilds_the_program():
     assert torch.equal(out, _greedy(plain, ids, 10))
 
 
+def test_a_new_cache_or_batch_size_between_generates():
+    """A model given a fresh KVCache, or called with another batch size, still
+    decodes its own tokens (the program follows the model's cache)."""
+    import atbcore
+
+    model = _seed(6)
+    plain = copy_weights(model, PlainLLaMA(V, H, LAYERS, HEADS, MLP))
+    fast = atb.compile(model, mode="infer", opt_level=3)
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randint(0, V, (2, 5), generator=g), torch.randint(0, V, (1, 8), generator=g)
+    assert torch.equal(fast.generate(a, max_new_tokens=5), _greedy(plain, a, 5))
+    # the compiled model's tree (a shallow copy sharing every module) holds its cache
+    fast.model.kv_cache = atbcore.memory.KVCache(LAYERS, 2, 40, HEADS, H // HEADS, dtype="fp32")
+    assert torch.equal(fast.generate(b, max_new_tokens=7), _greedy(plain, b, 7))
+    assert fast._program is not None and fast._program.cache is fast.model.kv_cache
+    assert torch.equal(fast.generate(a, max_new_tokens=4), _greedy(plain, a, 4))
+
+
 class _Scaled(nn.Module):
     """The seed model with a torch op between its modules."""
 

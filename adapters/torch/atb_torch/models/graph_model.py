@@ -167,7 +167,7 @@ class CompiledGraphModel(torch.nn.Module):
         cpu = input_ids.device.type == "cpu"
         seq = input_ids
         logits = self.model(seq)[:, -1]
-        if self._program is not None and not self._program.current():
+        if self._program is not None and not self._program.current(self.model):
             self._program = None  # a GraphOp rebound changed weights in the prompt's run
         finished = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
         for i in range(max_new_tokens):

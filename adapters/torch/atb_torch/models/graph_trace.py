@@ -206,8 +206,11 @@ class StepProgram:
             share_cache_layers(op, self.cache, pinned)
         self.op = op
 
-    def current(self) -> bool:
-        """Whether the modules still hold what the program was made from."""
+    def current(self, model: torch.nn.Module) -> bool:
+        """Whether the modules still hold what the program was made from (and the
+        model still keeps the cache it wrote)."""
+        if self.cache is not None and getattr(model, "kv_cache", None) is not self.cache:
+            return False
         return _key(self.steps) == self.key
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
