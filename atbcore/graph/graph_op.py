@@ -278,7 +278,7 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
                 copy_into(slot, r)
         return outputs
 
-    def _run_hot(self, inputs: list) -> list | None:
+    def _run_hot(self, inputs: list, raw_now: tuple | None = None) -> list | None:
         """The last call's bound program again, when this call has its signature and
         nothing else could change what runs (no plugins, profiling or CUDA graphs, the
         plan still cached): no descriptors, lookups or conversions of same-framework
@@ -287,7 +287,9 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
         if hot is None or self._destroyed:
             return None
         raw, plan, key, framework = hot
-        if (plan.released or raw is None or raw_signature(inputs) != raw
+        if raw_now is None:
+            raw_now = raw_signature(inputs)
+        if (plan.released or raw is None or raw_now != raw
                 or self._plugins_active() or self._profiling()):
             return None
         entry = plan.entry_native

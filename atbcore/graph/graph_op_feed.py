@@ -28,7 +28,7 @@ import numpy as np
 
 from ..dtypes import Dtype
 from ..errors import DtypeError, InputError, ShapeError
-from ..tensor import convert, describe, framework_of
+from ..tensor import convert, describe, framework_of, raw_signature
 from .ir import Graph
 from .sequential import BLOCK_INPUT
 
@@ -138,8 +138,10 @@ class CacheFeeder:
         self.slots = cache_slots(graph)
         self.index = CACHE_INDEX + ((LAST_ROWS,) if LAST_ROWS in graph.inputs else ())
         self._x_at = graph.inputs.index(BLOCK_INPUT)
-        # (ids of the tensors, the graph inputs with x left out)
+        # (ids of the tensors, the graph inputs with x left out, their raw signatures
+        # before and after x)
         self._template: tuple | None = None
+        self.raw: tuple | None = None  # the last prepared call's raw signature
         if len(self.slots) != len(layers.slots):
             raise InputError(graph.name, "attention layers with a KV cache", len(layers.slots),
                              len(self.slots))
@@ -211,9 +213,15 @@ class CacheFeeder:
                 if slot.position_ids:
                     feed[slot.position_ids] = idx[4]
             feed[BLOCK_INPUT] = None
-            tpl = self._template = (tkey, [feed[i] for i in self.graph.inputs], pairs, idx)
+            ins = [feed[i] for i in self.graph.inputs]
+            sig = raw_signature([t for t in ins if t is not None]) or ()
+            # the signature of every input but x, read once per set of tensors
+            tpl = self._template = (tkey, ins, sig[:self._x_at], sig[self._x_at:])
         inputs = list(tpl[1])
-        inputs[self._x_at] = x if q_lens is not None else x.reshape([sum(q), *shape[2:]])
+        xt = x if q_lens is not None else x.reshape([sum(q), *shape[2:]])
+        inputs[self._x_at] = xt
+        xs = raw_signature([xt])
+        self.raw = None if xs is None or not tpl[2] + tpl[3] else tpl[2] + xs + tpl[3]
         return inputs, (b, q, layers)
 
     def finish(self, out: Any, cache: Any, shape: tuple[int, tuple[int, ...], list[int]],

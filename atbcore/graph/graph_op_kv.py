@@ -252,8 +252,10 @@ def run_in_place(op: Any, x: Any, cache: Any, q_lens: Any = None) -> Any:
     form = in_place_form(op, x3, cache)
     if form is None:
         return None
-    inputs, shape = form._feeder.prepare(x, cache, q_lens)
-    out = form.execute(inputs)[0]
+    feeder = form._feeder
+    inputs, shape = feeder.prepare(x, cache, q_lens)
+    hot = form._run_hot(inputs, feeder.raw) if feeder.raw is not None else None
+    out = (hot if hot is not None else form.execute(inputs))[0]
     return form._feeder.finish(out, cache, shape, packed=q_lens is not None)
 
 

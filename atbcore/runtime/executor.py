@@ -159,8 +159,12 @@ class ExecPlan:
 
     @property
     def launches(self) -> int:
-        """Device launches per run: the sum of the chosen kernels' ``launches``."""
-        return sum(c.launches for c in self.calls)
+        """Device launches per run: the sum of the chosen kernels' ``launches``
+        (fixed once the plan is built: asked on every run)."""
+        got = self.__dict__.get("_launches")
+        if got is None:
+            got = self.__dict__["_launches"] = sum(c.launches for c in self.calls)
+        return got
 
     @property
     def uses_torch(self) -> bool:

@@ -18,7 +18,24 @@ from . import kernel
 __all__ = ["gather", "embedding"]
 
 
-@kernel("Gather", impl="torch.index_select")
+def _bind_gather(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
+    """Rows of a 2-D ``x`` by 1-D indices (a LastToken's gather) straight into the
+    planned buffer; None (the generic call) for anything else."""
+    out, x, idx = outs[0], ins["x"], ins["indices"]
+    xs = x.desc.shape if type(x) is Slot else tuple(x.shape)
+    ids = idx.desc.shape if type(idx) is Slot else tuple(idx.shape)
+    if (type(out) is Slot or out.device.type != "cpu" or not out.is_contiguous()
+            or len(xs) != 2 or len(ids) != 1 or p.axis % 2 != 0):
+        return None
+    get_x, get_i = getter(x), getter(idx)
+
+    def call(env: list) -> None:
+        torch.index_select(get_x(env), 0, get_i(env), out=out)
+    return call
+
+
+@kernel("Gather", impl="torch.index_select; bound on the CPU for rows of a matrix: into "
+        "the planned buffer", bind=_bind_gather)
 def gather(p, ins):
     x, idx = ins["x"], ins["indices"]
     axis = p.axis % x.dim()

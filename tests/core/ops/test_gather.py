@@ -132,3 +132,23 @@ def test_bound_embedding_in_a_graph_op_writes_its_rows_and_refuses_bad_ids(ids_d
         with pytest.raises(atb.InputError, match="Embedding.*out of range"):
             op(torch.tensor([[3, bad, 0, 7]], dtype=ids_dtype))
     atb.assert_close(op(good), want, "fp32", "after the refused call")
+
+
+def test_bound_row_gather_in_a_graph():
+    """Rows of a matrix gathered inside a GraphOp (bound into the planned buffer): equal
+    to index_select; an index out of range is still refused by name."""
+    from atbcore.graph.builder import GraphBuilder
+    from atbcore.graph.graph_op import GraphOp
+
+    b = GraphBuilder("rows")
+    x = b.add_input("x", atb.TensorDesc((6, 4), "fp32"))
+    i = b.add_input("i", atb.TensorDesc((3,), "int64"))
+    g = b.add_node("Gather", [x, i], {"axis": 0})[0]
+    b.mark_output(b.add_node("Relu", [g])[0])
+    op = GraphOp(b.build(), backend="torch")
+    xs = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    idx = torch.tensor([5, 0, 5])
+    assert torch.equal(op(xs, idx), torch.relu(torch.index_select(xs, 0, idx)))
+    assert any(p.bound.get("gather") for p in op.last_plan.programs.values())
+    with pytest.raises(atb.InputError, match="out of range"):
+        op(xs, torch.tensor([0, 6, 1]))
