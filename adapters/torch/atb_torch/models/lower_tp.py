@@ -45,7 +45,7 @@ from .arch import LayerWeights, ModelSpec, ModelWeights, resolve_architecture
 from .lower import _a, _why_not, decoder_layers
 from .lower_moe import shard_experts
 
-__all__ = ["shard_plan", "shard_weights", "tp_decoder_layers", "lower_decoder_tp",
+__all__ = ["shard_plan", "plan_for_rank", "shard_weights", "tp_decoder_layers", "lower_decoder_tp",
            "weight_bytes"]
 
 
@@ -69,6 +69,15 @@ def shard_plan(config: Any, group: Any = None, tensor_parallel: int | None = Non
                               f"group of {world}")
     _, spec = _spec(config, "tensor_parallel")
     return ShardPlan.for_model(spec, group_rank(group, "tensor_parallel"), world)
+
+
+def plan_for_rank(config: Any, rank: int, world: int, op: str = "tensor_parallel"
+                  ) -> ShardPlan:
+    """Rank ``rank`` of ``world``'s :class:`ShardPlan` for ``config`` without a
+    process group: what a launcher checks before it starts any rank (the model must
+    lower and its heads, KV heads and MLP must split)."""
+    _, spec = _spec(config, op)
+    return ShardPlan.for_model(spec, rank, world)
 
 
 def _rows(t: Any, r: tuple[int, int]) -> Any:

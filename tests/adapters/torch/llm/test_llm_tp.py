@@ -1,0 +1,82 @@
+"""``LLM(path, tensor_parallel_size=2)``: rank 0 in this process, rank 1 started by the
+LLM itself, each reading its shard of the seeded local checkpoint. Greedy and seeded
+sampled texts equal the one-process LLM's; streaming and stop strings go through the
+same engine thread; close() stops rank 1 and leaves no process group behind; bad
+sizes and unsupported options are refused by name before any rank starts."""
+
+import pytest
+
+from atbcore.errors import CapabilityError, ParamsError
+
+PROMPTS = ["the quick brown fox", "hello world, this is", "one two three four five six",
+           "the lazy dog"]  # two of one length: batched together on the ranks
+
+
+@pytest.fixture(scope="module")
+def tp_llm(ckpt):
+    from atb_torch.llm import LLM
+
+    llm = LLM(ckpt, tensor_parallel_size=2, max_model_len=64)
+    yield llm
+    llm.close()
+
+
+def test_tp2_text_equals_one_process_text(tp_llm, llm):
+    assert tp_llm.is_driver and tp_llm.rank == 0 and isinstance(tp_llm, type(llm))
+    want = llm.generate_outputs(PROMPTS, max_new_tokens=20)
+    got = tp_llm.generate_outputs(PROMPTS, max_new_tokens=20)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert [o.text for o in got] == [o.text for o in want]
+    assert [o.finish_reason for o in got] == [o.finish_reason for o in want]
+    kw = dict(max_new_tokens=12, temperature=0.9, top_k=30, top_p=0.95, seed=5)
+    assert tp_llm.generate(PROMPTS, **kw) == llm.generate(PROMPTS, **kw)
+    assert tp_llm.generate(PROMPTS[0], max_new_tokens=20) == want[0].text
+
+
+def test_tp2_streams_and_stops_like_one_process(tp_llm, llm):
+    text = llm.generate(PROMPTS[1], max_new_tokens=16)
+    streamed = "".join(ev.text for ev in tp_llm.stream(PROMPTS[1], max_new_tokens=16))
+    assert streamed == text
+    stop = text[3:5]
+    assert tp_llm.generate(PROMPTS[1], max_new_tokens=16, stop=stop) == \
+        llm.generate(PROMPTS[1], max_new_tokens=16, stop=stop)
+
+
+def test_one_tp_llm_at_a_time_per_process(tp_llm, ckpt):
+    from atb_torch.llm import LLM
+
+    with pytest.raises(CapabilityError, match="another tensor-parallel LLM"):
+        LLM(ckpt, tensor_parallel_size=2)
+
+
+def test_length_limit_then_close_stops_the_ranks_and_the_group(tp_llm):
+    import torch.distributed as dist
+
+    procs = list(tp_llm._procs)
+    assert tp_llm.max_model_len == 64 and len(procs) == 1 and procs[0].is_alive()
+    out = tp_llm.generate_outputs("one two", max_new_tokens=200, ignore_eos=True)[0]
+    assert out.finish_reason == "length" and len(out.prompt_token_ids) + len(out.token_ids) == 64
+    tp_llm.close()
+    assert not procs[0].is_alive() and procs[0].exitcode == 0
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, None])
+def test_bad_sizes_are_refused(ckpt, bad):
+    from atb_torch.llm import LLM
+
+    with pytest.raises(ParamsError, match="tensor_parallel_size"):
+        LLM(ckpt, tensor_parallel_size=bad)
+
+
+def test_what_the_tp_path_does_not_run_is_refused_by_name(ckpt, hf):
+    from atb_torch.llm import LLM
+
+    with pytest.raises(CapabilityError, match="attention heads"):
+        LLM(ckpt, tensor_parallel_size=3)  # 4 heads do not split over 3 ranks
+    with pytest.raises(CapabilityError, match="quantize"):
+        LLM(ckpt, tensor_parallel_size=2, quantize="w8")
+    with pytest.raises(CapabilityError, match="enable_speculative"):
+        LLM(ckpt, tensor_parallel_size=2, enable_speculative=True)
+    with pytest.raises(CapabilityError, match="checkpoint directory"):
+        LLM(hf[0], tokenizer=hf[1], tensor_parallel_size=2)
