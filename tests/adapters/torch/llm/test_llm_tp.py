@@ -42,6 +42,32 @@ def test_tp2_streams_and_stops_like_one_process(tp_llm, llm):
         llm.generate(PROMPTS[1], max_new_tokens=16, stop=stop)
 
 
+def test_the_server_serves_a_tp_llm_like_a_one_process_one(tp_llm, llm):
+    """What `atb serve --tensor-parallel 2` serves: the OpenAI client gets the
+    one-process text, also streamed, and n=2 sampled choices."""
+    from atb_torch.llm.server import Served, build_app
+    from serve_server import RunningServer
+
+    s = RunningServer(build_app(lambda: Served(tp_llm, "tiny-tp"))).wait_ready()
+    try:
+        c = s.client()
+        ref = llm.generate_outputs(PROMPTS[2], max_new_tokens=10)[0]
+        r = c.completions.create(model="tiny-tp", prompt=PROMPTS[2], max_tokens=10,
+                                 temperature=0)
+        assert r.choices[0].text == ref.text
+        chunks = list(c.completions.create(model="tiny-tp", prompt=PROMPTS[2], max_tokens=10,
+                                           temperature=0, stream=True))
+        assert "".join(ch.choices[0].text for ch in chunks) == ref.text
+        r = c.completions.create(model="tiny-tp", prompt=PROMPTS[0], max_tokens=6,
+                                 temperature=0.9, seed=4, n=2)
+        want = llm.generate_outputs([PROMPTS[0]] * 2, max_new_tokens=6, temperature=0.9, seed=4)
+        assert [ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)] == \
+            [o.text for o in want]
+        assert s.metric("atb_kv_blocks_total") == 0  # no paged cache on this path
+    finally:
+        s.stop()
+
+
 def test_one_tp_llm_at_a_time_per_process(tp_llm, ckpt):
     from atb_torch.llm import LLM
 
