@@ -1,8 +1,11 @@
-"""``compile(model, tensor_parallel=N)``: a Hugging Face decoder sharded over the N
-ranks of an initialised process group, each rank running its share as one core
-GraphOp (:func:`.lower_tp.lower_decoder_tp`: column-parallel QKV and gate|up,
+"""``compile(model, tensor_parallel=N)``: a Hugging Face decoder (Llama, Mistral,
+Qwen2, Mixtral) sharded over the N ranks of an initialised process group, each rank
+running its share as one core GraphOp (:func:`.lower_tp.lower_decoder_tp`:
+column-parallel QKV and gate|up -- of every expert for Mixtral, :mod:`.lower_moe` --
 row-parallel output and down projections with one all-reduce each, vocab-parallel
-embedding and LM head) with its KV heads' cache written in place.
+embedding and LM head) with its KV heads' cache written in place. ``LLM(path,
+tensor_parallel_size=N)`` (:mod:`atb_torch.llm.tp`) runs the same ShardedDecoder
+on ranks it starts itself.
 
     dist.init_process_group("gloo")                      # torchrun, or atbcore.distributed
     fast = atb.compile(hf_model, tensor_parallel=2)      # on every rank, same model
