@@ -75,14 +75,13 @@ def test_generate_with_no_arguments_runs_the_embedded_model_with_a_real_tokenize
 
 def test_generate_tensor_parallel_2_prints_the_one_process_text(ckpt, capsys):
     """`--tensor-parallel 2`: this process is rank 0 and starts rank 1; both read their
-    shard of the checkpoint; the text is the one-process text (greedy and sampled)."""
+    shard of the checkpoint; the text is the one-process text."""
     args = ["generate", "--model", str(ckpt), "--prompt", "hello world", "--prompt",
             "the quick", "--max-new-tokens", "12"]
-    for extra in ([], ["--temperature", "0.8", "--top-k", "20", "--seed", "3"]):
-        assert main(args + extra) == 0
-        want = capsys.readouterr().out
-        assert main(args + extra + ["--tensor-parallel", "2"]) == 0
-        assert capsys.readouterr().out == want
+    assert main(args) == 0
+    want = capsys.readouterr().out
+    assert main(args + ["--tensor-parallel", "2"]) == 0
+    assert capsys.readouterr().out == want
     import torch.distributed as dist
 
     assert not dist.is_initialized()  # the ranks stopped with the command

@@ -1,8 +1,9 @@
 """``LLM(path, tensor_parallel_size=2)``: rank 0 in this process, rank 1 started by the
 LLM itself, each reading its shard of the seeded local checkpoint. Greedy and seeded
 sampled texts equal the one-process LLM's; streaming and stop strings go through the
-same engine thread; close() stops rank 1 and leaves no process group behind; bad
-sizes and unsupported options are refused by name before any rank starts."""
+same engine thread; close() stops rank 1 and leaves no process group behind; under
+torchrun every process constructs the LLM and rank 1 follows; bad sizes and
+unsupported options are refused by name before any rank starts."""
 
 import pytest
 
@@ -85,6 +86,35 @@ def test_length_limit_then_close_stops_the_ranks_and_the_group(tp_llm):
     tp_llm.close()
     assert not procs[0].is_alive() and procs[0].exitcode == 0
     assert not dist.is_initialized()
+
+
+TORCHRUN_SCRIPT = """
+import json, sys
+from atb_torch.llm import LLM
+llm = LLM(sys.argv[1], tensor_parallel_size=2)   # rank 1 follows rank 0 in here
+if llm.is_driver:
+    print("TEXT", json.dumps(llm.generate(sys.argv[2:], max_new_tokens=12)))
+    llm.close()
+else:
+    print("FOLLOWED", llm.rank)
+"""
+
+
+def test_under_torchrun_rank_0_drives_and_rank_1_follows(ckpt, llm, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "tp_script.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", str(script), str(ckpt), *PROMPTS[:2]],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    text = json.loads(next(ln for ln in lines if ln.startswith("TEXT "))[5:])
+    assert text == llm.generate(PROMPTS[:2], max_new_tokens=12)
+    assert "FOLLOWED 1" in lines
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, None])
