@@ -3,14 +3,15 @@ process (``lower_decoder``): decode tokens/s, per-layer communication volume and
 weight bytes each rank holds.
 
 The embedded default model's sizes (hidden 512, 8 layers, 8 heads, 2 KV heads, inter
-1376, vocab 32000), fp32, batch 1, a 32-token prompt. Rank 0 runs the TP 1 engine
+1376, vocab 32000) as a Llama and as a Mixtral (8 experts of inter 344, top-2, every
+expert split over the ranks), fp32, batch 1, a 32-token prompt. Rank 0 runs the TP 1 engine
 too, interleaved with the TP 2 pair (rank 1 waits at a barrier meanwhile), so both
 are timed in one process, taking turns; best and median per-step times of
 ``--samples`` samples of ``--steps`` decode steps. Communication is counted by
 wrapping the torch.distributed calls the kernels make during one decode step.
 Each rank and the TP 1 engine use ``--threads`` threads (default 1).
 
-    python benchmarks/tp_bench.py [--samples 9] [--steps 8] [--threads 1]
+    python benchmarks/tp_bench.py [--arch llama|mixtral|all] [--samples 9] [--steps 8]
 
 Design note for nccl/hccl: the kernels call torch.distributed with whatever backend
 the group was created with (``atbcore.distributed.backend_for_device``: gloo on CPU,
@@ -32,18 +33,25 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..")]
 
-H, L, NH, KV, I, V = 512, 8, 8, 2, 1376, 32000
+H, L, NH, KV, V = 512, 8, 8, 2, 32000
+# arch -> (MLP intermediate size, experts, experts per token); Mixtral's experts are a
+# quarter of the dense MLP each, 8 of them, top-2
+ARCHS = {"llama": (1376, 0, 0), "mixtral": (344, 8, 2)}
 PROMPT = 32
 
 
-def _model():
+def _model(arch: str):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers as tf
 
+    inter, experts, top_k = ARCHS[arch]
+    kw = dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=NH,
+              num_key_value_heads=KV, intermediate_size=inter, vocab_size=V)
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=NH,
-                                        num_key_value_heads=KV, intermediate_size=I,
-                                        vocab_size=V)).eval()
+    if arch == "mixtral":
+        return tf.MixtralForCausalLM(tf.MixtralConfig(
+            num_local_experts=experts, num_experts_per_tok=top_k, **kw)).eval()
+    return tf.LlamaForCausalLM(tf.LlamaConfig(**kw)).eval()
 
 
 def _count_comm(step) -> list[tuple[str, int]]:
@@ -70,7 +78,7 @@ def _count_comm(step) -> list[tuple[str, int]]:
     return calls
 
 
-def rank_main(rank: int, world: int, samples: int, steps: int, threads: int) -> dict:
+def rank_main(rank: int, world: int, arch: str, samples: int, steps: int, threads: int) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -80,7 +88,7 @@ def rank_main(rank: int, world: int, samples: int, steps: int, threads: int) -> 
 
     torch.set_num_threads(threads)
     torch.set_grad_enabled(False)
-    hf = _model()
+    hf = _model(arch)
     plan = shard_plan(hf.config)
     cap = PROMPT + (samples + 2) * steps + 8
     ids = torch.randint(3, V, (1, PROMPT), generator=torch.Generator().manual_seed(1))
@@ -113,27 +121,22 @@ def rank_main(rank: int, world: int, samples: int, steps: int, threads: int) -> 
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--samples", type=int, default=9)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args(argv)
-    from atbcore.distributed.launch import spawn_ranks
-
-    r0, r1 = spawn_ranks(rank_main, (a.samples, a.steps, a.threads), world=2, timeout=1800,
-                         threads=a.threads)
+def report(arch: str, r0: dict, r1: dict, threads: int) -> None:
+    inter, experts, top_k = ARCHS[arch]
     comm = r0["comm"]
     reduces = [b for n, b in comm if n == "all_reduce"]
     gathers = [b for n, b in comm if n == "all_gather"]
     per_layer = (sum(reduces) - reduces[0]) / L  # the first all-reduce is the embedding's
-    print(f"model: hidden {H}, {L} layers, {NH} heads / {KV} KV heads, inter {I}, vocab {V}, "
-          f"fp32, batch 1, prompt {PROMPT}; {a.threads} thread(s) per engine; shared machine")
+    mlp = (f"{experts} experts (inter {inter} each, top-{top_k}), every expert split"
+           if experts else f"inter {inter}")
+    print(f"== {arch}: hidden {H}, {L} layers, {NH} heads / {KV} KV heads, {mlp}, vocab {V}, "
+          f"fp32, batch 1, prompt {PROMPT}; {threads} thread(s) per engine; shared machine")
     print(f"comm per decode token (rank 0): {len(reduces)} all-reduces "
           f"({L} layers x 2 + embedding), {sum(reduces)} B; {len(gathers)} all-gather "
           f"(logits) {sum(gathers)} B in, {sum(gathers) * 2} B out")
     print(f"per layer: 2 all-reduces of {H * 4} B each = {per_layer:.0f} B payload "
-          f"(ring wire bytes per rank 2*(N-1)/N * payload = {per_layer:.0f} B at N=2)")
+          f"(ring wire bytes per rank 2*(N-1)/N * payload = {per_layer:.0f} B at N=2)"
+          + ("; the MoE block's is the same [T, H] as a dense MLP's" if experts else ""))
     full = r0["bytes_tp1"]
     print(f"weight bytes: TP1 {full}, TP2 rank 0 {r0['bytes']} ({r0['bytes'] / full:.3f}x), "
           f"rank 1 {r1['bytes']} ({r1['bytes'] / full:.3f}x)")
@@ -143,6 +146,21 @@ def main(argv: list[str] | None = None) -> int:
               f"best {1 / min(ts):.1f} tok/s")
     print(f"TP2 / TP1 tok/s: median {statistics.median(t1) / statistics.median(t2):.3f}, "
           f"best {min(t1) / min(t2):.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", choices=(*ARCHS, "all"), default="all")
+    ap.add_argument("--samples", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    from atbcore.distributed.launch import spawn_ranks
+
+    for arch in ARCHS if a.arch == "all" else (a.arch,):
+        r0, r1 = spawn_ranks(rank_main, (arch, a.samples, a.steps, a.threads), world=2,
+                             timeout=1800, threads=a.threads)
+        report(arch, r0, r1, a.threads)
     return 0
 
 

@@ -4,6 +4,7 @@
     atb generate --model ./tiny-llama --prompt "Once upon a time" --max-new-tokens 32
     atb generate --model DIR --prompt "a" --prompt "b" --temperature 0.8 --seed 1
     atb generate --model DIR --prompt "Hello" --stream --stats
+    atb generate --model DIR --prompt "Hello" --tensor-parallel 2   # 2 ranks (atb_torch.llm.tp)
 
 With no ``--model`` it runs the embedded default LLaMA-architecture model (the one
 ``atb bench`` measures, seeded random weights) with the WordPiece tokenizer that the
@@ -50,9 +51,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative", action="store_true",
                    help="prompt-lookup speculative decoding")
     p.add_argument("--no-prefix-caching", action="store_true")
+    add_tensor_parallel(p)
     p.add_argument("--stream", action="store_true", help="print tokens as they come")
     p.add_argument("--stats", action="store_true",
                    help="print generation statistics (JSON) to stderr")
+
+
+def add_tensor_parallel(p: argparse.ArgumentParser) -> None:
+    """``--tensor-parallel N``, shared by the commands that load an ``LLM``."""
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="shard the --model checkpoint over N ranks started here (CPU, gloo; "
+                   "each reads its shard of the files)")
+
+
+def tensor_parallel_error(args: argparse.Namespace) -> str | None:
+    """The one-line error for a ``--tensor-parallel`` value (None when fine)."""
+    n = args.tensor_parallel
+    if n < 1:
+        return f"--tensor-parallel must be >= 1, given {n}"
+    if n > 1 and args.model is None:
+        return ("--tensor-parallel needs --model DIR (each rank reads its shard of the "
+                "checkpoint's files; the embedded model has none)")
+    return None
 
 
 def device_error(device: str) -> str | None:
@@ -83,7 +103,7 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--top-p must be in (0, 1], given {args.top_p}"
     if args.seed < 0:
         return f"--seed must be >= 0, given {args.seed}"
-    return device_error(args.device)
+    return tensor_parallel_error(args) or device_error(args.device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"atb generate: {e}", file=sys.stderr)
         return 2
     hf_logging.disable_progress_bar()  # the CLI's output is the text (and --stats JSON)
+    llm = None
     try:
         llm = _load(args, LLM)
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -129,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
     except AtbError as e:
         print(f"atb generate: {e}", file=sys.stderr)
         return 1
+    finally:
+        if llm is not None:
+            llm.close()  # with --tensor-parallel: stops the other ranks
     if args.stats:
         print(json.dumps(llm.last_stats.as_dict(), indent=2), file=sys.stderr)
     return 0
@@ -145,6 +169,8 @@ def _load(args: argparse.Namespace, LLM):  # noqa: N803  (the class, passed in)
               enable_prefix_caching=not args.no_prefix_caching,
               enable_speculative=args.speculative)
     if args.model is not None:
+        if args.tensor_parallel > 1:
+            kw["tensor_parallel_size"] = args.tensor_parallel
         return LLM(args.model, **kw)
     from atb_torch.llm.bench.models import build_default_model, default_tokenizer
 

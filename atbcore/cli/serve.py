@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .generate import device_error
+from .generate import add_tensor_parallel, device_error, tensor_parallel_error
 
 __all__ = ["add_arguments", "check", "run"]
 
@@ -42,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda[:i] or npu[:i]")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0, help="the embedded model's weight seed")
+    add_tensor_parallel(p)
     p.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"))
 
@@ -66,7 +67,7 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--timeout must be > 0, given {args.timeout}"
     if args.api_key is not None and not args.api_key:
         return "--api-key must not be empty"
-    return device_error(args.device)
+    return tensor_parallel_error(args) or device_error(args.device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
     def load():  # on the server's loader thread: /health says 503 until it returns
         return load_served(args.model, device=args.device, dtype=args.dtype,
                            embedding_model=embed, served_model_name=args.served_model_name,
-                           seed=args.seed, max_batch_size=args.max_batch_size)
+                           seed=args.seed, max_batch_size=args.max_batch_size,
+                           **({"tensor_parallel_size": args.tensor_parallel}
+                              if args.tensor_parallel > 1 else {}))
 
     app = build_app(load, api_key=args.api_key, max_queue=args.max_queue,
                     timeout_s=args.timeout)

@@ -78,9 +78,13 @@ def backend_for_device(device: str) -> str:
     return backend
 
 
-def init_distributed(rank: int, world_size: int, init_method: str, device: str = "cpu") -> str:
+def init_distributed(rank: int, world_size: int, init_method: str, device: str = "cpu",
+                     timeout: float | None = None) -> str:
     """Initialise the default process group with the backend ``device`` needs;
-    returns the backend name. Already initialised: checks rank and size match."""
+    returns the backend name. Already initialised: checks rank and size match.
+    ``timeout``: seconds a collective may wait for a peer (None: torch's default)."""
+    import datetime
+
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -90,7 +94,9 @@ def init_distributed(rank: int, world_size: int, init_method: str, device: str =
                               (rank, world_size), given)
         return str(dist.get_backend())
     backend = backend_for_device(device)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+    kw = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            **kw)
     return backend
 
 

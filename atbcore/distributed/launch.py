@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import AtbError
 
-__all__ = ["spawn_ranks"]
+__all__ = ["spawn_ranks", "start_ranks"]
 
 
 def _rank_main(rank: int, world: int, store: str, device: str, threads: int | None,
@@ -49,24 +49,36 @@ def _rank_main(rank: int, world: int, store: str, device: str, threads: int | No
             dist.destroy_process_group()
 
 
+def start_ranks(worker: Callable, args: Sequence[Any], world: int, ranks: Sequence[int],
+                store: str, *, device: str = "cpu", threads: int | None = 1) -> tuple[list, Any]:
+    """Start ``worker(rank, world, *args)`` for each of ``ranks`` in its own process
+    (joining the group of ``world`` at the file ``store``) and return at once:
+    ``(processes, results)``, where ``results`` (a queue) gets ``(rank, ok, value
+    or traceback)`` from each. The ranks not started here (an ``LLM``'s rank 0, the
+    caller itself) join with ``init_distributed(rank, world, f"file://{store}")``."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, daemon=True,
+                         args=(r, world, store, device, threads, worker, tuple(args), results))
+             for r in ranks]
+    for p in procs:
+        p.start()
+    return procs, results
+
+
 def spawn_ranks(worker: Callable, args: Sequence[Any] = (), world: int = 2, *,
                 device: str = "cpu", timeout: float = 300.0, threads: int | None = 1
                 ) -> list[Any]:
     """``[worker(rank, world, *args) for each rank]``, each in its own process
     (module docstring). ``threads``: torch threads per rank (None: torch's default)."""
-    import torch.multiprocessing as mp
-
     if not isinstance(world, int) or world < 1:
         raise AtbError("spawn_ranks", "world", "an int >= 1", repr(world))
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_rank_main, daemon=True,
-                             args=(r, world, store, device, threads, worker, tuple(args), results))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
+        procs, results = start_ranks(worker, args, world, range(world), store, device=device,
+                                     threads=threads)
         got: dict[int, Any] = {}
         failed = True
         try:

@@ -71,3 +71,28 @@ def test_generate_with_no_arguments_runs_the_embedded_model_with_a_real_tokenize
     want = tok.decode(new, skip_special_tokens=True)
     assert len(new) >= 1 and want.strip()  # real words come out
     assert text == want + "\n"
+
+
+def test_generate_tensor_parallel_2_prints_the_one_process_text(ckpt, capsys):
+    """`--tensor-parallel 2`: this process is rank 0 and starts rank 1; both read their
+    shard of the checkpoint; the text is the one-process text."""
+    args = ["generate", "--model", str(ckpt), "--prompt", "hello world", "--prompt",
+            "the quick", "--max-new-tokens", "12"]
+    assert main(args) == 0
+    want = capsys.readouterr().out
+    assert main(args + ["--tensor-parallel", "2"]) == 0
+    assert capsys.readouterr().out == want
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # the ranks stopped with the command
+
+
+@pytest.mark.parametrize("cmd", ["generate", "serve"])
+def test_tensor_parallel_flag_errors_are_one_line(ckpt, cmd, capsys):
+    assert main([cmd, "--tensor-parallel", "0"]) == 2
+    assert "--tensor-parallel must be >= 1, given 0" in capsys.readouterr().err
+    assert main([cmd, "--tensor-parallel", "2"]) == 2  # the embedded model: no files to shard
+    assert "--tensor-parallel needs --model DIR" in capsys.readouterr().err
+    if cmd == "generate":  # what does not split is the LLM's error, exit status 1
+        assert main([cmd, "--model", str(ckpt), "--tensor-parallel", "3"]) == 1
+        assert "attention heads" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Serving text generation with atb: :class:`LLM` (continuous batching over a paged KV
 cache, prefix caching, prompt-lookup speculative decoding, streaming) as a client of
-one engine thread (:mod:`.loop`), the OpenAI-compatible server (:mod:`.server`) and
+one engine thread (:mod:`.loop`), sharded over ranks with ``tensor_parallel_size``
+(:mod:`.tp`), the OpenAI-compatible server (:mod:`.server`) and
 the ``atb bench`` harness (:mod:`.bench`)."""
 
 from .llm import LLM

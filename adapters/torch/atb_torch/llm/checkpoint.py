@@ -9,7 +9,7 @@ from typing import Any
 
 from atbcore.errors import InputError
 
-__all__ = ["check_checkpoint_dir", "load_checkpoint"]
+__all__ = ["check_checkpoint_dir", "load_checkpoint", "load_tokenizer"]
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -36,20 +36,27 @@ def check_checkpoint_dir(path: str | os.PathLike, who: str = "LLM") -> Path:
     return d
 
 
+def load_tokenizer(d: Path, who: str = "LLM") -> Any:
+    """The tokenizer of checkpoint directory ``d`` (local files only)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise InputError(who, f"tokenizer of {d}", "tokenizer files (tokenizer.json or "
+                         "tokenizer_config.json + vocab) in the checkpoint directory",
+                         f"{type(e).__name__}: {e}") from e
+
+
 def load_checkpoint(path: str | os.PathLike, dtype: Any = None, device: str = "cpu",
                     who: str = "LLM") -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a local causal-LM checkpoint: weights through
     ``from_pretrained(local_files_only=True, use_safetensors=True)``, the tokenizer
     through ``AutoTokenizer`` (local files only)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     d = check_checkpoint_dir(path, who)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise InputError(who, f"tokenizer of {d}", "tokenizer files (tokenizer.json or "
-                         "tokenizer_config.json + vocab) in the checkpoint directory",
-                         f"{type(e).__name__}: {e}") from e
+    tokenizer = load_tokenizer(d, who)
     kw: dict[str, Any] = {"local_files_only": True, "use_safetensors": True}
     if dtype is not None:
         kw["dtype"] = dtype

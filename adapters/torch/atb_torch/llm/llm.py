@@ -77,7 +77,16 @@ class LLM:
     Serving limits: ``max_batch_size`` running sequences, ``max_prefill_tokens`` per
     prefill step, the KV cache as ``num_blocks`` blocks of ``block_size`` tokens
     (default: room for ``max_batch_size`` full-length sequences within
-    ``kv_cache_memory`` bytes)."""
+    ``kv_cache_memory`` bytes). ``tensor_parallel_size`` N > 1: the checkpoint
+    sharded over N ranks that this call starts (or those of ``torchrun``), see
+    :mod:`.tp`."""
+
+    def __new__(cls, *args: Any, tensor_parallel_size: int = 1, **kwargs: Any) -> "LLM":
+        from .tp import TensorParallelLLM, check_tensor_parallel_size
+
+        if check_tensor_parallel_size(tensor_parallel_size) > 1 and cls is LLM:
+            cls = TensorParallelLLM  # sharded over ranks (.tp); the same methods
+        return super().__new__(cls)
 
     def __init__(self, model: str | os.PathLike | Any, device: str = "cpu", dtype: Any = None,
                  quantize: str | None = None, enable_prefix_caching: bool = True,
@@ -85,7 +94,7 @@ class LLM:
                  opt_level: int = 2, max_batch_size: int = 32, max_prefill_tokens: int = 4096,
                  block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_memory: int = 256 * 2**20, num_speculative_tokens: int = 4,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, tensor_parallel_size: int = 1) -> None:
         if quantize not in (None, "w8"):
             raise ParamsError("LLM", "quantize", "None or 'w8'", repr(quantize))
         tdtype = _dtype(dtype)
@@ -103,6 +112,7 @@ class LLM:
         spec = self.runner.spec
         if spec.kind != "decoder" or self.runner.lm_head is None:
             raise InputError("LLM", "model", "a causal LM (decoder with an LM head)", spec.arch)
+        self.vocab_size = self.runner.embed_w.shape[0]
         self.max_model_len = max_model_len or getattr(hf.config, "max_position_embeddings", None)
         self.eos_ids = self._eos_ids(hf)
         del hf  # the runner holds what it needs; drop HF's copies of the weights
@@ -147,7 +157,7 @@ class LLM:
             ids = [int(t) for t in prompt]
         if not ids:
             raise InputError("LLM.generate", "prompt", "at least one token", "an empty prompt")
-        vocab = self.runner.embed_w.shape[0]
+        vocab = self.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise InputError("LLM.generate", "prompt token ids", f"in [0, {vocab})", bad[:5])

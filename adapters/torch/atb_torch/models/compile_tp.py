@@ -1,8 +1,11 @@
-"""``compile(model, tensor_parallel=N)``: a Hugging Face decoder sharded over the N
-ranks of an initialised process group, each rank running its share as one core
-GraphOp (:func:`.lower_tp.lower_decoder_tp`: column-parallel QKV and gate|up,
+"""``compile(model, tensor_parallel=N)``: a Hugging Face decoder (Llama, Mistral,
+Qwen2, Mixtral) sharded over the N ranks of an initialised process group, each rank
+running its share as one core GraphOp (:func:`.lower_tp.lower_decoder_tp`:
+column-parallel QKV and gate|up -- of every expert for Mixtral, :mod:`.lower_moe` --
 row-parallel output and down projections with one all-reduce each, vocab-parallel
-embedding and LM head) with its KV heads' cache written in place.
+embedding and LM head) with its KV heads' cache written in place. ``LLM(path,
+tensor_parallel_size=N)`` (:mod:`atb_torch.llm.tp`) runs the same ShardedDecoder
+on ranks it starts itself.
 
     dist.init_process_group("gloo")                      # torchrun, or atbcore.distributed
     fast = atb.compile(hf_model, tensor_parallel=2)      # on every rank, same model
@@ -30,19 +33,22 @@ _MAX_DEFAULT_LEN = 4096
 
 class ShardedDecoder(torch.nn.Module):
     """This rank's share of a decoder (``.op``, a core GraphOp) and its KV cache:
-    ``forward(input_ids [B, S]) -> logits [B, S, V]``, the cache advanced by S."""
+    ``forward(input_ids [B, S]) -> logits [B, S, V]``, the cache advanced by S.
+    ``weights``: this rank's already-sharded weights (:func:`.shard_load.load_shard`;
+    ``model`` may then be anything with the ``config``)."""
 
-    def __init__(self, model: Any, tensor_parallel: int, max_seq_len: int | None = None
-                 ) -> None:
+    def __init__(self, model: Any, tensor_parallel: int, max_seq_len: int | None = None,
+                 *, weights: Any = None) -> None:
         super().__init__()
         from .lower_tp import lower_decoder_tp, shard_plan
 
         cfg = model.config
-        self.op = lower_decoder_tp(model, tensor_parallel=tensor_parallel)
+        self.op = lower_decoder_tp(model, tensor_parallel=tensor_parallel, weights=weights)
         self.plan = shard_plan(cfg, tensor_parallel=tensor_parallel)
         self.layers = cfg.num_hidden_layers
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = (weights.final_norm.dtype if weights is not None
+                      else next(model.parameters()).dtype)
         self.max_seq_len = int(max_seq_len or min(
             getattr(cfg, "max_position_embeddings", _MAX_DEFAULT_LEN), _MAX_DEFAULT_LEN))
         self.kv_cache: Any = None
@@ -59,6 +65,11 @@ class ShardedDecoder(torch.nn.Module):
                                          self.plan.local_kv_heads, self.head_dim,
                                          dtype=Dtype.of(self.dtype).name.lower())
         return kv
+
+    def reset(self) -> None:
+        """Empty the KV cache (the next call is a prompt)."""
+        if self.kv_cache is not None:
+            self.kv_cache.reset()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if input_ids.dim() != 2:

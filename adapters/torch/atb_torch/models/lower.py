@@ -18,7 +18,8 @@ plan, one bound program per decode step; 58 launches for the default model's ste
 ``explain()`` shows what it became.
 
 Covered: pre-norm RmsNorm decoders with default RoPE (full rotary), gated SiLU MLPs,
-GQA, q/k/v biases and sliding windows (Llama, Qwen2, Mistral); anything else raises
+GQA, q/k/v biases, sliding windows and top-k MoE blocks (Llama, Qwen2, Mistral,
+Mixtral: :mod:`.lower_moe`); anything else raises
 ``CapabilityError`` naming what is missing. ``compile()`` still runs its own decode
 plan (:mod:`.plan`): on this machine that plan is still faster (0.83-0.86x, see
 ``benchmarks/graph_decode.py``) and serves paged batches, padding and CUDA graphs,
@@ -42,6 +43,7 @@ from atbcore.graph.layers_block import LastToken
 
 from ..graph_layers import OpLayer
 from .arch import ModelSpec, ModelWeights, resolve_architecture
+from .lower_moe import moe_layer
 
 __all__ = ["lower_decoder", "decoder_layers"]
 
@@ -52,7 +54,6 @@ def _why_not(spec: ModelSpec) -> str:
         (spec.kind != "decoder", f"a {spec.kind} model (decoders only)"),
         (spec.norm != "rms", f"{spec.norm} norms (RmsNorm only)"),
         (spec.post_norm, "post-norm blocks"),
-        (spec.moe is not None, "mixture-of-experts blocks"),
         (spec.qk_norm, "q/k norms"),
         (spec.position != "rope" or r is None, f"{spec.position} positions (RoPE only)"),
         (r is not None and (r.rope_type != "default" or r.rotary_dim != spec.head_dim
@@ -111,6 +112,7 @@ def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False) -
             L.ResidualAdd(f"l{i}.attn_out", residual=prev),
             L.RmsNorm(f"l{i}.mlp_norm", eps=spec.norm_eps).load_weights(
                 {"weight": _a(lw.mlp_norm)}),
+            moe_layer(f"l{i}.mlp", spec, lw, _a) if spec.moe is not None else
             FusedFeedForward(f"l{i}.mlp", intermediate_size=spec.intermediate_size,
                              activation_type="swiglu").load_weights(
                 {"gate_proj.weight": _a(lw.gate), "up_proj.weight": _a(lw.up),

@@ -13,7 +13,8 @@ Per rank (:class:`atbcore.distributed.ShardPlan` says which rows): the merged QK
 Linear holds its q heads and KV heads (KV heads replicated when fewer than ranks);
 the attention runs on those heads; the output projection is a ``LinearParallel``
 (row-parallel + all-reduce); the gated FFN holds ``intermediate / N`` of gate/up
-rows and down columns and is followed by one ``AllReduce``; the embedding is a
+rows and down columns (a MoE block: of every expert's, :mod:`.lower_moe`) and is
+followed by one ``AllReduce``; the embedding is a
 ``VocabParallelEmbedding`` and the LM head a column-parallel Linear whose logits
 are all-gathered (padded vocab sliced off). Norms are replicated. Two all-reduces
 per layer, one for the embedding, one all-gather for the logits.
@@ -42,8 +43,9 @@ from atbcore.graph.graph_op import GraphOp
 from ..graph_layers import OpLayer
 from .arch import LayerWeights, ModelSpec, ModelWeights, resolve_architecture
 from .lower import _a, _why_not, decoder_layers
+from .lower_moe import shard_experts
 
-__all__ = ["shard_plan", "shard_weights", "tp_decoder_layers", "lower_decoder_tp",
+__all__ = ["shard_plan", "plan_for_rank", "shard_weights", "tp_decoder_layers", "lower_decoder_tp",
            "weight_bytes"]
 
 
@@ -69,6 +71,15 @@ def shard_plan(config: Any, group: Any = None, tensor_parallel: int | None = Non
     return ShardPlan.for_model(spec, group_rank(group, "tensor_parallel"), world)
 
 
+def plan_for_rank(config: Any, rank: int, world: int, op: str = "tensor_parallel"
+                  ) -> ShardPlan:
+    """Rank ``rank`` of ``world``'s :class:`ShardPlan` for ``config`` without a
+    process group: what a launcher checks before it starts any rank (the model must
+    lower and its heads, KV heads and MLP must split)."""
+    _, spec = _spec(config, op)
+    return ShardPlan.for_model(spec, rank, world)
+
+
 def _rows(t: Any, r: tuple[int, int]) -> Any:
     return None if t is None else t[r[0]:r[1]]
 
@@ -92,11 +103,16 @@ def shard_weights(w: ModelWeights, plan: ShardPlan) -> ModelWeights:
     """This rank's slices of ``w`` (full tensors or lazy slices) per ``plan``."""
     layers = []
     for lw in w.layers:
-        if lw.router is not None or lw.q_norm is not None:
-            raise CapabilityError("tensor_parallel", "MoE or q/k-norm blocks",
-                                  "a Llama-family decoder", "one of them")
+        if lw.q_norm is not None:
+            raise CapabilityError("tensor_parallel", "q/k-norm blocks",
+                                  "a Llama-family decoder", "q/k norms")
         q, kv, f = plan.q_rows, plan.kv_rows, plan.ffn_rows
-        layers.append(LayerWeights(
+        moe: dict[str, Any] = {}
+        if lw.router is not None:  # every expert split like the dense FFN (.lower_moe)
+            gu, dn = shard_experts(lw.experts_gate_up, lw.experts_down, f,
+                                   plan.intermediate_size)
+            moe = {"router": lw.router[:], "experts_gate_up": gu, "experts_down": dn}
+        layers.append(LayerWeights(**moe,
             q=_rows(lw.q, q), k=_rows(lw.k, kv), v=_rows(lw.v, kv), o=_cols(lw.o, q),
             q_b=_rows(lw.q_b, q), k_b=_rows(lw.k_b, kv), v_b=_rows(lw.v_b, kv),
             o_b=None if lw.o_b is None else lw.o_b[:],   # added once, after the reduce

@@ -10,8 +10,9 @@ Tensors are opened with ``safetensors.safe_open`` and read through ``get_slice``
 a rank reads the rows (or columns) :class:`~atbcore.distributed.ShardPlan` gives
 it and nothing else, so no rank ever holds the full model. Replicated tensors
 (norms, KV heads when fewer than ranks) are read whole. Llama-family names
-(``model.layers.{i}.self_attn.q_proj.weight`` ...), sharded over several files
-or not; tied embeddings (no ``lm_head.weight``) use the embedding table.
+(``model.layers.{i}.self_attn.q_proj.weight`` ...; Mixtral's experts too, each
+expert's rows read apart: :mod:`.lower_moe`), sharded over several files or not;
+tied embeddings (no ``lm_head.weight``) use the embedding table.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from atbcore.distributed import ShardPlan
 from atbcore.errors import InputError
 
 from .arch import LayerWeights, ModelWeights
+from .lower_moe import lazy_moe_weights
 from .lower_tp import shard_weights
 
 __all__ = ["load_shard", "open_checkpoint"]
@@ -63,15 +65,17 @@ def _lazy_weights(t: dict[str, Any], num_layers: int) -> ModelWeights:
     for i in range(num_layers):
         p = f"model.layers.{i}."
         at, mlp = p + "self_attn.", p + "mlp."
-        layers.append(LayerWeights(
+        moe = lazy_moe_weights(t, get, p)
+        dense = moe is None
+        layers.append(LayerWeights(**(moe or {}),
             q=get(at + "q_proj.weight"), k=get(at + "k_proj.weight"),
             v=get(at + "v_proj.weight"), o=get(at + "o_proj.weight"),
             q_b=get(at + "q_proj.bias", False), k_b=get(at + "k_proj.bias", False),
             v_b=get(at + "v_proj.bias", False), o_b=get(at + "o_proj.bias", False),
             attn_norm=get(p + "input_layernorm.weight"),
             mlp_norm=get(p + "post_attention_layernorm.weight"),
-            gate=get(mlp + "gate_proj.weight"), up=get(mlp + "up_proj.weight"),
-            down=get(mlp + "down_proj.weight")))
+            gate=get(mlp + "gate_proj.weight", dense), up=get(mlp + "up_proj.weight", dense),
+            down=get(mlp + "down_proj.weight", dense)))
     embed = get("model.embed_tokens.weight")
     return ModelWeights(embed=embed, layers=layers, final_norm=get("model.norm.weight"),
                         lm_head=t.get("lm_head.weight", embed))

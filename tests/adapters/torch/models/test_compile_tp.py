@@ -23,7 +23,7 @@ STEPS = 8
 IDS = torch.randint(3, 250, (2, 6), generator=torch.Generator().manual_seed(11)).numpy()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mixtral"])
 def test_compiled_tp2_generate_equals_hugging_face(arch):
     got = run_ranks(run_compiled, (arch, IDS, STEPS), world=2, timeout=240)
     hf = tiny(arch)

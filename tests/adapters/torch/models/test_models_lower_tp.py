@@ -3,7 +3,8 @@ on 2 real gloo processes: logits against Hugging Face within fp32 tolerance, gre
 tokens identical to the single-process lowering, and each rank holding <= 0.6x of
 the weight bytes. Llama (each rank reading only its slices of a safetensors
 checkpoint) and Qwen2 (from the in-memory model), KV heads split; Qwen2 with 1 KV
-head (replicated on both ranks) and a vocab that does not split evenly (padded)."""
+head (replicated on both ranks) and a vocab that does not split evenly (padded);
+Mixtral with every expert split over the ranks, read from safetensors."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ CASES = {
     "llama-from-safetensors-shards": ("llama", {}),
     "qwen2": ("qwen2", {}),
     "qwen2-1kv-odd-vocab": ("qwen2", {"num_key_value_heads": 1, "vocab_size": VOCAB - 5}),
+    # every expert's gate/up rows and down columns split, read per expert from the files
+    "mixtral-experts-split-from-safetensors": ("mixtral", {}),
 }
 
 
@@ -68,6 +71,7 @@ def test_tp2_logits_tokens_and_bytes(ranks, name):
         assert ops.count("LinearParallel") == layers and ops.count("AllReduce") == layers, ops
         assert ops.count("VocabParallelEmbedding") == 1 and ops.count("AllGather") == 1, ops
         assert "Embedding" not in ops
+        assert ops.count("MoE") == (layers if arch == "mixtral" else 0), ops
     # both ranks compute the same logits (they all-gather one result)
     np.testing.assert_array_equal(ranks[name][0]["logits"], ranks[name][1]["logits"])
     kv = hf.config.num_key_value_heads
@@ -104,5 +108,5 @@ def test_one_process_tp_graph_equals_hugging_face():
 def test_refusals_name_what_is_wrong():
     with pytest.raises(CapabilityError, match="tensor_parallel 2.*group of 1"):
         lower_decoder_tp(tiny("llama"), tensor_parallel=2)
-    with pytest.raises(CapabilityError, match="mixture-of-experts"):
-        lower_decoder_tp(tiny("mixtral"))
+    with pytest.raises(CapabilityError, match="q/k norms"):
+        lower_decoder_tp(tiny("qwen3"))

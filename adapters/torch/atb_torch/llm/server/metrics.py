@@ -57,17 +57,11 @@ class ServerMetrics:
 
     def attach(self, llm: Any) -> None:
         """Read the engine's state at scrape time and observe every model step."""
-        manager, loop = llm.cache.manager, llm.loop
-        self.kv_used.set_function(lambda: manager.num_used_blocks)
-        self.kv_total.set(llm.cache.num_blocks)
+        loop = llm.loop
         self.running.set_function(lambda: loop.num_running)
         self.waiting.set_function(lambda: loop.num_waiting)
-
-        def hit_rate() -> float:
-            prefix = manager.prefix
-            return float(prefix.stats()["hit_rate"]) if prefix is not None else 0.0
-
-        self.prefix_hit_rate.set_function(hit_rate)
+        if llm.cache is not None:  # a tensor-parallel LLM has no paged cache: gauges stay 0
+            self._attach_cache(llm.cache.manager, llm.cache.num_blocks)
 
         earlier = llm.engine.on_step  # another server on the same LLM keeps its own
 
@@ -77,6 +71,16 @@ class ServerMetrics:
                 earlier(kind, batch_size, num_tokens)
 
         llm.engine.on_step = on_step
+
+    def _attach_cache(self, manager: Any, num_blocks: int) -> None:
+        self.kv_used.set_function(lambda: manager.num_used_blocks)
+        self.kv_total.set(num_blocks)
+
+        def hit_rate() -> float:
+            prefix = manager.prefix
+            return float(prefix.stats()["hit_rate"]) if prefix is not None else 0.0
+
+        self.prefix_hit_rate.set_function(hit_rate)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
