@@ -31,6 +31,7 @@ __all__ = ["available", "empty", "place", "placed", "Arena", "on_hugepages", "HU
            "arena_scope", "weight_empty"]
 
 HUGE = 2 << 20  # bytes per huge page (x86-64 and arm64 PMD size)
+ARENA_MIN = 256 << 10  # prepared weights smaller than this stay off the arenas
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # storage address -> the mapping (weakly), for each mapping :func:`empty` made (so
 # :func:`place` leaves a tensor already there where it is: a second compile of a
@@ -169,10 +170,17 @@ def arena_scope(arena: "Arena | None") -> Any:
 
 def weight_empty(shape: Any, dtype: Any) -> Any:
     """An uninitialised tensor for a prepared weight: in the current
-    :func:`arena_scope` arena (small weights get huge pages too, and one model's
-    weights lie side by side), else :func:`empty`."""
+    :func:`arena_scope` arena (weights under a huge page get huge pages too, and one
+    model's weights lie side by side), else :func:`empty`. Weights under
+    ``ARENA_MIN`` bytes stay out of the arena (a GraphOp of tiny layers would pin a
+    whole huge page for them)."""
     arena = _ARENA.get()
-    return arena.empty(shape, dtype) if arena is not None else empty(shape, dtype)
+    n = dtype.itemsize
+    for d in shape:
+        n *= int(d)
+    if arena is None or n < ARENA_MIN:  # a tiny weight is no TLB cost; a chunk would be
+        return empty(shape, dtype)
+    return arena.empty(shape, dtype)
 
 
 def on_hugepages(t: Any) -> int:
