@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Layer", "Linear", "LayerNorm", "RmsNorm", "ResidualAdd", "SiLU", "Gelu", "Relu",
            "QuickGelu", "Activation", "SwiGLU", "host_array", "FlashAttention", "RoPE",
-           "FusedFeedForward", "Block", "LastToken"]
+           "FusedFeedForward"]
 
 
 def host_array(x: Any) -> np.ndarray:
@@ -330,4 +330,3 @@ class Activation(_Act):
 
 
 from .layers_attention import FlashAttention, FusedFeedForward, RoPE  # noqa: E402
-from .layers_block import Block, LastToken  # noqa: E402
