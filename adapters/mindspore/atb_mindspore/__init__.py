@@ -8,7 +8,8 @@ Re-exports the core API (``Builder``, ``Dtype``, ``TensorDesc``, ``AtbError`` ..
   ``SiLU()``, ``ResidualAdd()``, ``RmsNorm``, ``RoPE``, ``FusedFeedForward`` ...;
 * every other core op (``MatMul``, ``Softmax``, ``AddRmsNorm``, ``PagedAttention`` ...)
   as a Cell called on its tensors; all ops that way under ``atb_mindspore.ops``;
-* ``GraphOp([...])`` (``register_plugin(point, plugin)``, ``explain()`` ...).
+* ``GraphOp([...])`` (``register_plugin(point, plugin)``, ``explain()`` ...);
+* ``compile(cell)`` of a model built from GraphOps, with ``generate``.
 
     import mindspore, atb_mindspore as atb
     mlp = atb.GraphOp([atb.LayerNorm(eps=1e-5), atb.Linear(out_features=mlp_dim), atb.SiLU(),
@@ -79,12 +80,14 @@ _LAZY = frozenset({"GraphOp", "AtbCell", "OpCell", "LayerCell", *_HOOKS, *_ALIAS
 for _name in _LAZY:
     globals().pop(_name, None)
 
-__all__ = sorted(set(_core_all) - _LAZY) + ["ops"] + sorted(_LAZY)
+__all__ = sorted(set(_core_all) - _LAZY) + ["ops", "compile"] + sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
     # Cells import MindSpore: only when first asked for (PEP 562).
-    if name == "ops":
+    if name == "compile":
+        value = importlib.import_module(f"{__name__}.compiled").compile
+    elif name == "ops":
         value = importlib.import_module(f"{__name__}.ops")
     elif name in _HOOKS:
         value = getattr(importlib.import_module(f"{__name__}.hooks"), name)

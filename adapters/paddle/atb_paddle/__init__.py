@@ -8,7 +8,8 @@ Re-exports the core API (``Builder``, ``Dtype``, ``TensorDesc``, ``AtbError`` ..
   ``SiLU()``, ``ResidualAdd()``, ``RmsNorm``, ``RoPE``, ``FusedFeedForward`` ...;
 * every other core op (``MatMul``, ``Softmax``, ``AddRmsNorm``, ``PagedAttention`` ...)
   as a layer called on its tensors; all ops that way under ``atb_paddle.ops``;
-* ``GraphOp([...])`` (``register_plugin(point, plugin)``, ``explain()`` ...).
+* ``GraphOp([...])`` (``register_plugin(point, plugin)``, ``explain()`` ...);
+* ``compile(layer)`` of a model built from GraphOps, with ``generate``.
 
     import paddle, atb_paddle as atb
     mlp = atb.GraphOp([atb.LayerNorm(eps=1e-5), atb.Linear(out_features=mlp_dim), atb.SiLU(),
@@ -45,12 +46,14 @@ _LAZY = frozenset({"GraphOp", "AtbLayer", "OpLayer", *_ALIASES, *_list_operation
 for _name in _LAZY:
     globals().pop(_name, None)
 
-__all__ = [n for n in _core_all if n not in _LAZY] + ["ops"] + sorted(_LAZY)
+__all__ = [n for n in _core_all if n not in _LAZY] + ["ops", "compile"] + sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
     # Layers import Paddle: only when first asked for (PEP 562).
-    if name in _LAZY:
+    if name == "compile":
+        value = importlib.import_module(f"{__name__}.compiled").compile
+    elif name in _LAZY:
         value = getattr(importlib.import_module(f"{__name__}.layers"), name)
     elif name == "ops":
         value = importlib.import_module(f"{__name__}.ops")

@@ -114,18 +114,9 @@ class CompiledGraphModel(torch.nn.Module):
 
     def reset_cache(self) -> bool:
         """Empty the model's ``kv_cache`` state; False when it keeps none."""
-        m = self.model
-        if not hasattr(m, "kv_cache"):
-            return False
-        kv = m.kv_cache
-        if kv is None or isinstance(kv, (dict, list)):
-            m.kv_cache = None
-        elif hasattr(kv, "reset"):
-            kv.reset()
-        else:
-            raise CapabilityError("compile", "kv_cache state", "None, a dict, a list or a "
-                                  "cache with reset()", type(kv).__name__)
-        return True
+        from atbcore.graph.model_generate import reset_model_cache
+
+        return reset_model_cache(self.model)
 
     def _step(self, ids: torch.Tensor) -> torch.Tensor:
         """One decode step: the whole-step program when the model's step records as
