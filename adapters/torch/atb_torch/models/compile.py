@@ -136,10 +136,28 @@ def _compile_hf(model: Any, options: dict) -> Any:
         weights.layers = _CountedLayers(weights.layers, advance)
         runner = ModelRunner(spec, weights, opt_level=opt, dtype=options["dtype"],
                              quantize=options["quantize"], device=dev)
+    _warn_points(runner.spec.arch)
     logger.debug("compile: %s as %s, opt_level %d (%s), dtype %s, quantize %s",
                  type(model).__name__, runner.spec.arch, opt, OPT_LEVELS[opt], runner.dtype,
                  options["quantize"])
     return wrap_hf(model, runner, options)
+
+
+def _warn_points(arch: str) -> None:
+    """Say so when plugins implement execution points that a compiled Hugging Face
+    model does not run yet (its decode plan is hand-written; GraphOps and
+    ``lower_decoder`` graphs run them)."""
+    from atbcore.plugin.manager import EXECUTION_HOOKS, get_plugin_manager
+
+    pm = get_plugin_manager()
+    if not pm.execution_hooks_active():
+        return
+    names = sorted({i.plugin_name for h in EXECUTION_HOOKS
+                    for i in getattr(pm.hook, h).get_hookimpls()})
+    logger.warning("compile: %s runs its hand-written decode plan, which does not call the "
+                   "plugin points (atb_preprocess / atb_postprocess / atb_rope) of %s; "
+                   "GraphOps and atb_torch.models.lower.lower_decoder(model) run them",
+                   arch, ", ".join(names))
 
 
 class _CountedLayers(list):

@@ -133,3 +133,29 @@ def test_bad_plugin_answer_is_a_plugin_error():
 
 def test_config_helper_defaults():
     assert config("llama").num_key_value_heads == 2  # the tiny configs the suite relies on
+
+
+def test_plugin_points_a_compiled_model_does_not_run_are_named_in_a_warning(caplog):
+    """A plugin implementing an execution point (here ``atb_rope``) is not applied by a
+    compiled Hugging Face model's decode plan: compile() says so, naming the plugin
+    (GraphOps and lower_decoder graphs run it; tested with the example plugin)."""
+    import logging
+
+    class Rope:
+        @hookimpl
+        def atb_rope(self, payload):
+            return None
+
+    pm = get_plugin_manager()
+    plugin = Rope()
+    m = tiny("llama")
+    with caplog.at_level(logging.WARNING, logger="atb"):
+        compile(m)
+        assert not [r for r in caplog.records if "plugin points" in r.getMessage()]
+        pm.register(plugin, name="rope-warning-test")
+        try:
+            compile(m)
+        finally:
+            pm.unregister(plugin)
+    msgs = [r.getMessage() for r in caplog.records if "plugin points" in r.getMessage()]
+    assert len(msgs) == 1 and "rope-warning-test" in msgs[0] and "lower_decoder" in msgs[0]
