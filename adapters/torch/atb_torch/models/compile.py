@@ -18,7 +18,9 @@ together, FlashAttention, MoE); 2 = + memory planning and plan caching (decode r
 as a prebuilt plan over preallocated buffers and a preallocated KV cache, reused
 every step); 3 = + device-graph capture (CUDA graphs; elsewhere it runs as 2, logged).
 ``dtype``: compute/weight dtype (default: the model's). ``quantize="w8"``: weight-only
-int8 per output channel for every Linear. ``enable_prefix_caching``: batch-1
+int8 per output channel for every Linear; ``"w4"``: 4-bit codes with an fp16 scale per
+group of 32 inputs (or a GPTQ/AWQ checkpoint's own codes, see :mod:`.gptq_load`), run by
+the C w4 matmul. ``enable_prefix_caching``: batch-1
 ``generate`` calls reuse the KV of a prompt prefix shared with the previous call.
 ``enable_speculative``: greedy batch-1 ``generate`` uses prompt-lookup decoding.
 ``progress``: a display of the layers' weights being prepared, on stderr when it is a
@@ -71,8 +73,8 @@ def _check(mode: str, opt_level: Any, quantize: Any) -> None:
                               repr(mode))
     if isinstance(opt_level, bool) or opt_level not in OPT_LEVELS:
         raise ParamsError("compile", "opt_level", "0, 1, 2 or 3", repr(opt_level))
-    if quantize not in (None, "w8"):
-        raise ParamsError("compile", "quantize", "None or 'w8'", repr(quantize))
+    if quantize not in (None, "w8", "w4"):
+        raise ParamsError("compile", "quantize", "None, 'w8' or 'w4'", repr(quantize))
 
 
 def compile(model: Any, mode: str = "infer", opt_level: int = 2,
