@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "a scale per group of 32 inputs (w4)")
     p.add_argument("--baseline", action="append", choices=BASELINES, default=[],
                    help="extra baseline: torch.compile (HF + static cache), llama.cpp "
-                   "(GGUF F32/BF16/Q8_0 via llama-cpp-python); onnxruntime (MiniLM's "
+                   "(GGUF F32/BF16/Q8_0/Q4_0 via llama-cpp-python); onnxruntime (MiniLM's "
                    "transformer-optimized export) runs whenever installed, in --quick "
                    "only when named")
     p.add_argument("--quick", action="store_true",
