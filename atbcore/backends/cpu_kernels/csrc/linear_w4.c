@@ -131,20 +131,25 @@ tile_vnni(const W4Job *job, int MB, const uint8_t *wp, const uint16_t *sp, const
           int64_t m, float *res) {
     const W4Args *a = job->a;
     const int64_t nblk = job->nblk, kp = nblk * W4_BLOCK, bpg = a->group / W4_BLOCK;
-    const __m512i low = _mm512_set1_epi8(0x0F);
+    /* the high nibbles are summed in place (16 q, masked, not shifted: one op less per
+     * 4 k), so their sums, zero term and scale carry a factor 16 (exact: a power of 2) */
+    const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
     __m512 f[2 * W4_MB];
     for (int i = 0; i < 2 * MB; ++i) f[i] = _mm512_setzero_ps();
     __m512 s0 = _mm512_setzero_ps(), s1 = s0;
-    __m512i z0 = _mm512_set1_epi32(8), z1 = z0;
+    __m512i z0 = _mm512_set1_epi32(8), z1 = _mm512_set1_epi32(8 * 16);
     for (int64_t b = 0; b < nblk; ++b) {
         const uint8_t *blk = wp + b * W4_BLOCK_BYTES;
         if (b % bpg == 0) { /* a new weight group: its scales and zero points */
             const int64_t g = b / bpg;
             s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + g * W4_PANEL)));
-            s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + g * W4_PANEL + 16)));
+            s1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(
+                                   (const __m256i *)(sp + g * W4_PANEL + 16))),
+                               _mm512_set1_ps(1.f / 16.f));
             if (zp) {
                 z0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(zp + g * W4_PANEL)));
-                z1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(zp + g * W4_PANEL + 16)));
+                z1 = _mm512_slli_epi32(_mm512_cvtepu8_epi32(
+                                           _mm_loadu_si128((const __m128i *)(zp + g * W4_PANEL + 16))), 4);
             }
         }
         __m512i acc[2 * W4_MB];
@@ -153,7 +158,7 @@ tile_vnni(const W4Job *job, int MB, const uint8_t *wp, const uint16_t *sp, const
         for (int kk = 0; kk < 8; ++kk) {
             const __m512i v = _mm512_loadu_si512((const void *)(blk + kk * 64));
             const __m512i lo = _mm512_and_si512(v, low);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            const __m512i hi = _mm512_and_si512(v, high);
             for (int i = 0; i < MB; ++i) {
                 int32_t x4;
                 memcpy(&x4, job->xq + (m + i) * kp + b * W4_BLOCK + kk * 4, 4);
@@ -163,10 +168,17 @@ tile_vnni(const W4Job *job, int MB, const uint8_t *wp, const uint16_t *sp, const
             }
         }
         for (int i = 0; i < MB; ++i) {
+            const int32_t x_sum = job->xsum[(m + i) * nblk + b];
             const __m512 dx = _mm512_set1_ps(job->dx[(m + i) * nblk + b]);
-            const __m512i xs = _mm512_set1_epi32(job->xsum[(m + i) * nblk + b]);
-            const __m512i d0 = _mm512_sub_epi32(acc[2 * i], _mm512_mullo_epi32(z0, xs));
-            const __m512i d1 = _mm512_sub_epi32(acc[2 * i + 1], _mm512_mullo_epi32(z1, xs));
+            __m512i d0, d1;
+            if (zp) {
+                const __m512i xs = _mm512_set1_epi32(x_sum);
+                d0 = _mm512_sub_epi32(acc[2 * i], _mm512_mullo_epi32(z0, xs));
+                d1 = _mm512_sub_epi32(acc[2 * i + 1], _mm512_mullo_epi32(z1, xs));
+            } else { /* z = 8 everywhere: the zero term is one number */
+                d0 = _mm512_sub_epi32(acc[2 * i], _mm512_set1_epi32(8 * x_sum));
+                d1 = _mm512_sub_epi32(acc[2 * i + 1], _mm512_set1_epi32(8 * 16 * x_sum));
+            }
             f[2 * i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s0, dx), f[2 * i]);
             f[2 * i + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, dx),
                                            f[2 * i + 1]);
