@@ -163,3 +163,32 @@ def _deq(exact, layer):
     codes, scales, zeros = exact[f"model.layers.{layer}.self_attn.q_proj"]
     return (codes.float() - zeros.float().repeat_interleave(32, 1)) * \
         scales.float().repeat_interleave(32, 1)
+
+
+def test_w4_without_c_kernels_runs_dequantized(monkeypatch):
+    """Where the C w4 matmul cannot run, the codes' dequantized weight runs as a dense
+    Linear: the same model up to the int8 activation blocks the kernel adds."""
+    import atb_torch.models.weight_w4 as w4mod
+
+    m = tiny("llama")
+    c_kernel = compile(m, quantize="w4")
+    monkeypatch.setattr(w4mod, "w4_reason", lambda prep: "C kernels disabled (test)")
+    dense = compile(m, quantize="w4")
+    lin = dense.atb_runner.blocks[0].qkv
+    assert lin.w4 is None and "dequantized w4" in lin.kernel and "disabled" in lin.kernel
+    assert torch.equal(lin.w, c_kernel.atb_runner.blocks[0].qkv.w4.dequantize())
+    ids, mask = left_padded([6, 9])
+    with torch.no_grad():
+        a = c_kernel(ids, attention_mask=mask).logits
+        b = dense(ids, attention_mask=mask).logits
+    assert _cos(a, b, mask) >= 0.99
+
+
+def test_w4_bf16_compute():
+    m = tiny("llama")
+    c = compile(m, quantize="w4", dtype=torch.bfloat16)
+    ids, mask = left_padded([5, 8])
+    with torch.no_grad():
+        out = c(ids, attention_mask=mask).logits
+        ref = m(ids, attention_mask=mask).logits
+    assert out.dtype == torch.bfloat16 and _cos(out, ref, mask) >= 0.975
