@@ -76,19 +76,35 @@ static void quant_row(const float *x, int64_t K, int64_t nblk, int8_t *xq, float
     }
 }
 
-/* y[m, n0 .. n0+nv) from the fp32 sums r (bias, accumulate, one rounding) */
-static void w4_emit(const W4Args *a, int64_t m, int64_t n0, const float *r) {
-    const int64_t nv = a->n - n0 < W4_PANEL ? a->n - n0 : W4_PANEL;
+/* y[m, n0 .. n0+nv) from the fp32 sums r (bias, accumulate, one rounding); NV a
+ * constant for whole panels, so that r (just stored by the tile) is read back by
+ * whole-vector loads, which the store forwards to (masked loads of a variable count
+ * waited for the stores to retire: two thirds of a small matmul's time) */
+static inline __attribute__((always_inline)) void emit_n(const W4Args *a, int64_t m, int64_t n0,
+                                                         const float *r, int64_t NV) {
     float v[W4_PANEL], bb[W4_PANEL], yy[W4_PANEL];
-    const float *bi = a->bias ? atb_load(PTR(a->bias), (int)a->bias_dt, n0, nv, bb) : NULL;
+    const float *bi = a->bias ? atb_load(PTR(a->bias), (int)a->bias_dt, n0, NV, bb) : NULL;
     const int64_t off = m * a->y_stride + n0;
-    const float *acc = a->accumulate ? atb_load(PTR(a->y), (int)a->y_dt, off, nv, yy) : NULL;
-    for (int64_t j = 0; j < nv; ++j) {
+    const float *acc = a->accumulate ? atb_load(PTR(a->y), (int)a->y_dt, off, NV, yy) : NULL;
+    for (int64_t j = 0; j < NV; ++j) {
         float t = r[j];
         if (bi) t += bi[j];
         v[j] = acc ? acc[j] + t : t;
     }
-    atb_store((void *)PTR(a->y), (int)a->y_dt, off, nv, v);
+    if (a->y_dt == ATB_F32) {
+        float *d = (float *)PTR(a->y) + off;
+        for (int64_t j = 0; j < NV; ++j) d[j] = v[j];
+    } else {
+        atb_store((void *)PTR(a->y), (int)a->y_dt, off, NV, v);
+    }
+}
+
+static void w4_emit(const W4Args *a, int64_t m, int64_t n0, const float *r) {
+    const int64_t nv = a->n - n0 < W4_PANEL ? a->n - n0 : W4_PANEL;
+    if (nv == W4_PANEL)
+        emit_n(a, m, n0, r, W4_PANEL);
+    else
+        emit_n(a, m, n0, r, nv);
 }
 
 /* sums of MB rows against one panel, generic C (the same integer math) */
@@ -138,10 +154,12 @@ tile_vnni(const W4Job *job, int MB, const uint8_t *wp, const uint16_t *sp, const
     for (int i = 0; i < 2 * MB; ++i) f[i] = _mm512_setzero_ps();
     __m512 s0 = _mm512_setzero_ps(), s1 = s0;
     __m512i z0 = _mm512_set1_epi32(8), z1 = _mm512_set1_epi32(8 * 16);
+    int64_t g = -1, in_group = bpg - 1; /* counters, not a division per block */
     for (int64_t b = 0; b < nblk; ++b) {
         const uint8_t *blk = wp + b * W4_BLOCK_BYTES;
-        if (b % bpg == 0) { /* a new weight group: its scales and zero points */
-            const int64_t g = b / bpg;
+        if (++in_group == bpg) { /* a new weight group: its scales and zero points */
+            in_group = 0;
+            ++g;
             s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + g * W4_PANEL)));
             s1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(
                                    (const __m256i *)(sp + g * W4_PANEL + 16))),
@@ -152,21 +170,28 @@ tile_vnni(const W4Job *job, int MB, const uint8_t *wp, const uint16_t *sp, const
                                            _mm_loadu_si128((const __m128i *)(zp + g * W4_PANEL + 16))), 4);
             }
         }
-        __m512i acc[2 * W4_MB];
-        for (int i = 0; i < 2 * MB; ++i) acc[i] = _mm512_setzero_si512();
+        /* few rows: even and odd sub-blocks in separate sums, so that more VPDPBUSD
+         * chains run at once (one row's two chains alone wait on its latency) */
+        enum { SPLIT = 2 };
+        __m512i acc[2 * W4_MB * SPLIT];
+        const int chains = MB <= 2 ? SPLIT : 1;
+        for (int i = 0; i < 2 * MB * chains; ++i) acc[i] = _mm512_setzero_si512();
         _mm_prefetch((const char *)(blk + 8 * W4_BLOCK_BYTES), _MM_HINT_T0);
         for (int kk = 0; kk < 8; ++kk) {
             const __m512i v = _mm512_loadu_si512((const void *)(blk + kk * 64));
             const __m512i lo = _mm512_and_si512(v, low);
             const __m512i hi = _mm512_and_si512(v, high);
+            const int c = chains > 1 ? (kk & 1) * 2 * MB : 0;
             for (int i = 0; i < MB; ++i) {
                 int32_t x4;
                 memcpy(&x4, job->xq + (m + i) * kp + b * W4_BLOCK + kk * 4, 4);
                 const __m512i xb = _mm512_set1_epi32(x4);
-                acc[2 * i] = _mm512_dpbusd_epi32(acc[2 * i], lo, xb);
-                acc[2 * i + 1] = _mm512_dpbusd_epi32(acc[2 * i + 1], hi, xb);
+                acc[c + 2 * i] = _mm512_dpbusd_epi32(acc[c + 2 * i], lo, xb);
+                acc[c + 2 * i + 1] = _mm512_dpbusd_epi32(acc[c + 2 * i + 1], hi, xb);
             }
         }
+        if (chains > 1)
+            for (int i = 0; i < 2 * MB; ++i) acc[i] = _mm512_add_epi32(acc[i], acc[2 * MB + i]);
         for (int i = 0; i < MB; ++i) {
             const int32_t x_sum = job->xsum[(m + i) * nblk + b];
             const __m512 dx = _mm512_set1_ps(job->dx[(m + i) * nblk + b]);
