@@ -212,8 +212,13 @@ def linear_w4_bound(x: torch.Tensor, w4: W4Weight, out: torch.Tensor, *,
     cut = _ARGS.size - 16           # threads then norm_eps: the last two fields
     pre, post = head[:cut], head[cut + 8:]
     fn, q = _fn("linear_w4"), struct.Struct("<q").pack
+    packed: dict[int, bytes] = {}  # per thread count: the whole argument block
 
     def call() -> None:
-        _check(fn(pre + q(pool_threads()) + post), "linear_w4")
+        n = pool_threads()
+        args = packed.get(n)
+        if args is None:
+            args = packed[n] = pre + q(n) + post
+        _check(fn(args), "linear_w4")
     call.keep = (x, w4, out, bias, rms_norm_weight)  # type: ignore[attr-defined]
     return call
