@@ -138,3 +138,39 @@ def test_linear_w4_errors():
     with pytest.raises(ShapeError, match="pack_w4"):
         pack_w4(torch.zeros(8, 64, dtype=torch.uint8), torch.zeros(8, 1, dtype=torch.float16),
                 None, 32)
+
+
+_GENERIC = r"""
+import sys, torch
+from atbcore.backends.cpu_kernels import bindings
+from atbcore.backends.cpu_kernels.torch_linear_w4 import linear_w4, pack_w4
+assert bindings.build_info().isa == "generic", bindings.build_info()
+d = torch.load(sys.argv[1])
+w4 = pack_w4(d["codes"], d["scales"], d["zeros"], 64, k=d["x"].shape[1])
+torch.save(linear_w4(d["x"], w4, threads=2), sys.argv[2])
+"""
+
+
+def test_linear_w4_generic_build_matches(tmp_path):
+    """The plain C path (a build without AVX-512, as on other CPUs) does the same
+    integer sums; its fp32 steps round apart (no FMA in the baseline ISA), so it is held
+    to the same float64 reference as the VNNI kernel."""
+    import os
+    import subprocess
+    import sys
+
+    from atbcore.backends.cpu_kernels.torch_linear_w4 import linear_w4, pack_w4, quantize_w4
+
+    g = torch.Generator().manual_seed(9)
+    codes, scales, zeros, grp = quantize_w4(torch.randn(45, 150, generator=g), 64, False)
+    x = torch.randn(3, 150, generator=g)
+    torch.save({"codes": codes, "scales": scales, "zeros": zeros, "x": x}, tmp_path / "in.pt")
+    env = dict(os.environ, ATB_CPU_ISA="generic", ATB_CPU_KERNELS_CACHE=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, "-c", _GENERIC, str(tmp_path / "in.pt"),
+                    str(tmp_path / "out.pt")], env=env, check=True, timeout=300)
+    generic = torch.load(tmp_path / "out.pt")
+    wref = _np_weight(codes, scales, zeros, grp)
+    exact = _np_quant_x(x.numpy(), wref.shape[1]) @ wref.T
+    assert_close(generic, exact.astype(np.float32), "fp32", "w4 generic C vs numpy")
+    vnni = linear_w4(x, pack_w4(codes, scales, zeros, grp, k=150))
+    assert_close(generic, vnni, "fp32", "w4 generic C vs the VNNI kernel")

@@ -122,7 +122,9 @@ def load_quantized(d: str | Path, dtype: torch.dtype | None = None, who: str = "
         with torch.no_grad():
             lin.weight.copy_(w.to(lin.weight.dtype))
         if group % 32 == 0:  # the w4 kernel's groups are whole blocks of 32 inputs
-            PREQUANTIZED.register(lin.weight, W4Codes(codes, scales, zeros, group))
+            sym = bool((zeros == 8).all())  # symmetric (sym=True): the kernel's z = 8 form
+            PREQUANTIZED.register(lin.weight, W4Codes(codes, scales, None if sym else zeros,
+                                                      group))
     missing, unexpected = model.load_state_dict(plain, strict=False)
     quantized = {f"{p}.weight" for p in prefixes}
     left = [m for m in missing if m not in quantized and "rotary" not in m]
