@@ -3,9 +3,11 @@
 
 Sections (``--only`` picks some; all by default):
 
-* ``decode``  — prompt 128, 64 new tokens, batch 1: fp32, bf16 and w8 against HF eager
-  (w8 against HF eager fp32), through ``atb bench``'s harness; ``--llama-cpp`` adds
-  llama.cpp (GGUF F32/BF16/Q8_0) when llama-cpp-python is installed, ``--torch-compile``
+* ``decode``  — prompt 128, 64 new tokens, batch 1: fp32, bf16, w8 and w4 against HF
+  eager (w8 and w4 against HF eager fp32), through ``atb bench``'s harness
+  (``--precisions`` picks some); ``--llama-cpp`` adds llama.cpp (GGUF F32/BF16/Q8_0 beside
+  fp32, Q4_0 beside w4, each with its logits cosine to HF fp32) when llama-cpp-python is
+  installed, ``--torch-compile``
   HF under torch.compile with a static cache (and its compile time).
 * ``batch``   — 16 prompts of lengths 16..512, 64 new tokens each: ``LLM.generate``
   (continuous batching, paged KV cache) vs HF eager ``generate`` on the left-padded batch.
@@ -53,17 +55,28 @@ def decode(args: argparse.Namespace) -> dict:
     out = {}
     extra = (["llama.cpp"] if args.llama_cpp else []) + (["torch.compile"] if args.torch_compile
                                                          else [])
+    lcpp = {"fp32": ("F32", "BF16", "Q8_0"), "w4": ("Q4_0",)}
     for label, dtype, quant in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
-                                ("w8", torch.float32, "w8")):
+                                ("w8", torch.float32, "w8"), ("w4", torch.float32, "w4")):
+        if args.precisions and label not in args.precisions.split(","):
+            continue
         log(f"decode {label}")
         s = DecoderSettings(prompt_len=128, new_tokens=64, dtype=dtype, quantize=quant,
-                            repeats=args.repeats, baselines=extra if label == "fp32" else [])
+                            repeats=args.repeats, gguf_types=lcpp.get(label),
+                            baselines=[b for b in extra if label == "fp32" or
+                                       (b == "llama.cpp" and label in lcpp)])
         r = bench_decoder(build_default_model(0, dtype), s)
         out[label] = r
         log(f"  speedup {r['speedup']:.2f}x (decode {r['decode_speedup']:.2f}x), launches "
             f"{r['runs']['atb']['launches_per_step']}/{r['runs']['hf_eager']['launches_per_step']}"
             f", max|dlogits| {r['max_abs_logits_diff']:.2e}, cos "
             f"{r['runs']['atb']['logits_cosine_min']:.6f}")
+        ours = r["runs"]["atb"]["decode_tokens_per_s"]
+        for name, run in r["runs"].items():
+            if name.startswith("llama_cpp") and run.get("status") == "ok":
+                log(f"  atb {label} {ours:.1f} vs {name} {run['decode_tokens_per_s']:.1f} decode "
+                    f"tok/s ({ours / run['decode_tokens_per_s']:.2f}x), {name} cos "
+                    f"{run['logits_cosine_min']:.6f}")
     return out
 
 
@@ -194,6 +207,8 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--llama-cpp", action="store_true", help="add llama.cpp to decode")
+    ap.add_argument("--precisions", default="", help="decode labels to run: fp32,bf16,w8,w4 "
+                    "(default all)")
     ap.add_argument("--torch-compile", action="store_true", help="add torch.compile to decode")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="bench-results/cpu_targets.json")

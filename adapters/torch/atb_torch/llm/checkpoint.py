@@ -52,11 +52,19 @@ def load_checkpoint(path: str | os.PathLike, dtype: Any = None, device: str = "c
                     who: str = "LLM") -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a local causal-LM checkpoint: weights through
     ``from_pretrained(local_files_only=True, use_safetensors=True)``, the tokenizer
-    through ``AutoTokenizer`` (local files only)."""
+    through ``AutoTokenizer`` (local files only). A 4-bit GPTQ/AWQ checkpoint loads
+    through :func:`atb_torch.models.gptq_load.load_quantized`."""
+    import json
+
     from transformers import AutoModelForCausalLM
+
+    from ..models.gptq_load import load_quantized, quantization_method
 
     d = check_checkpoint_dir(path, who)
     tokenizer = load_tokenizer(d, who)
+    if quantization_method(json.loads((d / "config.json").read_text())):
+        # GPTQ/AWQ: the float model of its codes, the codes kept for quantize="w4"
+        return load_quantized(d, dtype, who).to(device), tokenizer
     kw: dict[str, Any] = {"local_files_only": True, "use_safetensors": True}
     if dtype is not None:
         kw["dtype"] = dtype

@@ -18,7 +18,11 @@ together, FlashAttention, MoE); 2 = + memory planning and plan caching (decode r
 as a prebuilt plan over preallocated buffers and a preallocated KV cache, reused
 every step); 3 = + device-graph capture (CUDA graphs; elsewhere it runs as 2, logged).
 ``dtype``: compute/weight dtype (default: the model's). ``quantize="w8"``: weight-only
-int8 per output channel for every Linear. ``enable_prefix_caching``: batch-1
+int8 per output channel for every Linear; ``"w4"``: 4-bit codes with an fp16 scale per
+group of 32 inputs (or a GPTQ/AWQ checkpoint's own codes, see :mod:`.gptq_load`), run by
+the C w4 matmul. ``kv_cache_dtype="int8"``: the KV cache
+stored as int8 with a scale per token and head (:mod:`.cache_int8`), about half a bf16
+cache's bytes (decode steps then take the general path, not the prebuilt plan). ``enable_prefix_caching``: batch-1
 ``generate`` calls reuse the KV of a prompt prefix shared with the previous call.
 ``enable_speculative``: greedy batch-1 ``generate`` uses prompt-lookup decoding.
 ``progress``: a display of the layers' weights being prepared, on stderr when it is a
@@ -65,27 +69,30 @@ def _dtype(dtype: Any) -> torch.dtype | None:
     return t
 
 
-def _check(mode: str, opt_level: Any, quantize: Any) -> None:
+def _check(mode: str, opt_level: Any, quantize: Any, kv_cache_dtype: Any = None) -> None:
     if mode != "infer":
         raise CapabilityError("compile", "mode", "'infer' (compiled models are inference-only)",
                               repr(mode))
     if isinstance(opt_level, bool) or opt_level not in OPT_LEVELS:
         raise ParamsError("compile", "opt_level", "0, 1, 2 or 3", repr(opt_level))
-    if quantize not in (None, "w8"):
-        raise ParamsError("compile", "quantize", "None or 'w8'", repr(quantize))
+    if quantize not in (None, "w8", "w4"):
+        raise ParamsError("compile", "quantize", "None, 'w8' or 'w4'", repr(quantize))
+    if kv_cache_dtype not in (None, "int8"):
+        raise ParamsError("compile", "kv_cache_dtype", "None or 'int8'", repr(kv_cache_dtype))
 
 
 def compile(model: Any, mode: str = "infer", opt_level: int = 2,
             enable_prefix_caching: bool = False, enable_speculative: bool = False,
             dtype: Any = None, quantize: str | None = None,
-            progress: bool | None = None, tensor_parallel: int | None = None) -> Any:
+            progress: bool | None = None, tensor_parallel: int | None = None,
+            kv_cache_dtype: str | None = None) -> Any:
     """Compile ``model`` for inference; see the module docstring. Unsupported
     architectures and config options raise CapabilityError naming them."""
-    _check(mode, opt_level, quantize)
+    _check(mode, opt_level, quantize, kv_cache_dtype)
     tdtype = _dtype(dtype)
     options = {"opt_level": opt_level, "enable_prefix_caching": bool(enable_prefix_caching),
                "enable_speculative": bool(enable_speculative), "dtype": tdtype,
-               "quantize": quantize, "progress": progress}
+               "quantize": quantize, "progress": progress, "kv_cache_dtype": kv_cache_dtype}
     if tensor_parallel is not None and (isinstance(tensor_parallel, bool) or not isinstance(
             tensor_parallel, int) or tensor_parallel < 1):
         raise ParamsError("compile", "tensor_parallel", "None or an int >= 1",
@@ -104,6 +111,9 @@ def compile(model: Any, mode: str = "infer", opt_level: int = 2,
     from .graph_model import compile_graph_model, is_graph_model
 
     if is_graph_model(model):
+        if kv_cache_dtype is not None:
+            raise CapabilityError("compile", "kv_cache_dtype for a GraphOp model", "None (its "
+                                  "KVCache is the model's own)", repr(kv_cache_dtype))
         return compile_graph_model(model, options)
     raise CapabilityError("compile", "model type", "a Hugging Face transformers model, a "
                           "sentence-transformers model or a model built from atb GraphOps",
@@ -135,7 +145,8 @@ def _compile_hf(model: Any, options: dict) -> Any:
         weights = arch.extract(model, spec)
         weights.layers = _CountedLayers(weights.layers, advance)
         runner = ModelRunner(spec, weights, opt_level=opt, dtype=options["dtype"],
-                             quantize=options["quantize"], device=dev)
+                             quantize=options["quantize"], device=dev,
+                             kv_cache_dtype=options.get("kv_cache_dtype"))
     _warn_points(runner.spec.arch)
     logger.debug("compile: %s as %s, opt_level %d (%s), dtype %s, quantize %s",
                  type(model).__name__, runner.spec.arch, opt, OPT_LEVELS[opt], runner.dtype,

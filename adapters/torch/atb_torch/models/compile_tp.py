@@ -84,7 +84,8 @@ def compile_tensor_parallel(model: Any, tensor_parallel: int, options: dict) -> 
     import torch.distributed as dist
 
     for name, off in (("quantize", None), ("enable_prefix_caching", False),
-                      ("enable_speculative", False), ("dtype", None)):
+                      ("enable_speculative", False), ("dtype", None),
+                      ("kv_cache_dtype", None)):
         if options.get(name) != off:
             raise CapabilityError("compile(tensor_parallel)", f"{name} with tensor parallelism",
                                   f"{name}={off!r}", repr(options.get(name)))

@@ -187,7 +187,7 @@ def to_atb_cache(cache: Any, runner: Any, capacity: int) -> AtbCache:
     kv = out.storage(k0.shape[0], max(capacity, n + 1))
     for i, layer in enumerate(layers):
         # HF layers are [B, Hkv, S, D]; static ones are longer than their filled part
-        kv.keys(i)[:, :n] = layer.keys[:, :, :n].transpose(1, 2).to(kv.dtype)
-        kv.values(i)[:, :n] = layer.values[:, :, :n].transpose(1, 2).to(kv.dtype)
+        kv.write(i, layer.keys[:, :, :n].transpose(1, 2), layer.values[:, :, :n].transpose(1, 2),
+                 0)  # [B, S, Hkv, D]; an int8 cache quantizes them
     kv.length = n
     return out

@@ -81,9 +81,11 @@ class Lin:
             self.b = torch.cat([detach(b, prep.dtype) if b is not None else
                                 torch.zeros(w.shape[0], dtype=prep.dtype, device=w.device)
                                 for w, b in zip(ws, biases)]).to(prep.device)
-        self.scale = self.scale32 = self.panels = None
+        self.scale = self.scale32 = self.panels = self.w4 = None
         self.rows_why = rows_reason(prep) if prep.fused or prep.quantize else "opt_level 0"
-        if prep.quantize == "w8":
+        if prep.quantize == "w4":
+            self._init_w4(weights, ws, prep)
+        elif prep.quantize == "w8":
             from atbcore.ops.linear import quantize_w8
 
             w = torch.cat(ws) if len(ws) > 1 else ws[0]
@@ -129,21 +131,40 @@ class Lin:
             self.mode = "dense"
             self.k = Kern("Linear", bias=self.b is not None)
 
+    def _init_w4(self, weights: list, ws: list, prep: Prep) -> None:
+        """w4: the C w4 matmul at every row count on packed 4-bit codes (:mod:`.weight_w4`),
+        or, where it cannot run, the dequantized weight as a dense Linear."""
+        from .weight_w4 import w4_reason, w4_weight
+
+        self.rows_why = w4_reason(prep)
+        w4 = w4_weight(weights, ws)
+        self.mode = "w4"
+        self.k = Kern("Linear", bias=self.b is not None)
+        if self.rows_why:
+            self.w = w4.dequantize(prep.dtype).to(prep.device)            # [out, in]
+        else:
+            self.w4 = w4
+            self.w = torch.empty((w4.n, w4.k), dtype=prep.dtype, device="meta")
+
     @property
     def rows(self) -> bool:
         """True when few-row calls run the C matmul."""
-        return self.mode in ("rows", "w8") and not self.rows_why
+        return self.mode in ("rows", "w8", "w4") and not self.rows_why
 
     def _few(self, x: torch.Tensor) -> bool:
-        return self.rows and x.numel() <= ROWS_MAX * self.in_features
+        return self.rows and (self.w4 is not None or x.numel() <= ROWS_MAX * self.in_features)
 
     @property
     def kernel(self) -> str:
         """What runs, for explain(): few-row (decode) and many-row (prefill) kernels."""
         many = {"dense": "F.linear", "t": "torch.mm (pre-transposed [in, out])",
                 "rows": "torch F.linear on [out, in]",
-                "w8": "atb w8 Linear (int8pack / dequantize + GEMM)"}[self.mode]
+                "w8": "atb w8 Linear (int8pack / dequantize + GEMM)",
+                "w4": "F.linear on the dequantized w4 weight"}[self.mode]
         dt = str(self.w.dtype).replace("torch.", "")
+        if self.w4 is not None:
+            return (f"C w4 matmul (4-bit codes, group {self.w4.group}, int8 activation "
+                    "blocks, VNNI), any row count")
         if self.panels is not None:
             return (f"C few-row matmul ({dt} weights, 32-output panels, <= {ROWS_MAX} rows) | "
                     "C panel GEMM (64-row blocks)")
@@ -156,6 +177,10 @@ class Lin:
         """The C matmul on this Linear's weight (its panels when packed, the fp32 scale
         of int8 weights, the bias): :func:`~atbcore.backends.cpu_kernels.torch_decode.
         linear_rows` with ``kw``."""
+        if self.w4 is not None:
+            from atbcore.backends.cpu_kernels.torch_linear_w4 import linear_w4
+
+            return linear_w4(x, self.w4, bias=self.b, **kw)
         from atbcore.backends.cpu_kernels.torch_decode import linear_rows
 
         return linear_rows(x, self.w, scale=self.scale32, bias=self.b, panels=self.panels, **kw)
@@ -163,7 +188,7 @@ class Lin:
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ W^T + b``; ``out`` (contiguous ``[..., out_features]`` in x's dtype), when
         given, receives a many-row GEMM's result (the prefill workspace), which is returned."""
-        if self._few(x) or self.panels is not None:  # panels: the C GEMM at any row count
+        if self._few(x) or self.panels is not None:  # panels, w4: the C GEMM at any row count
             return self._c(x, out=out)
         if (out is not None and self.mode in ("rows", "t") and x.dtype == self.w.dtype
                 and (self.b is None or self.b.dtype == x.dtype)):
@@ -201,6 +226,13 @@ class Lin:
         to copy): then call the method."""
         if not self._few(x2) or (norm is not None and (accumulate or not norm.fusable)):
             return None
+        norm_kw = {"rms_norm_eps": None if norm is None else norm.eps,
+                   "rms_norm_weight": None if norm is None else norm.w}
+        if self.w4 is not None:
+            from atbcore.backends.cpu_kernels.torch_linear_w4 import linear_w4_bound
+
+            return linear_w4_bound(x2, self.w4, out, bias=self.b, accumulate=accumulate,
+                                   **norm_kw)
         from atbcore.backends.cpu_kernels.torch_decode import linear_rows_bound
 
         return linear_rows_bound(x2, self.w, out, scale=self.scale32, bias=self.b,
@@ -220,6 +252,8 @@ class Lin:
     def nbytes(self) -> int:
         """Bytes a decode step reads: the panels when there are (the ``[out, in]``
         weight stays for many-row GEMMs), else the weight; and the scales."""
+        if self.w4 is not None:
+            return self.w4.nbytes
         w = self.w if self.panels is None else self.panels
         n = w.numel() * w.element_size()
         for t in (self.scale, self.scale32):

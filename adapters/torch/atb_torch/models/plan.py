@@ -64,7 +64,9 @@ def plan_for(runner: Any, cache: ContiguousKVCache) -> "DecodePlan | None":
     if key in plans:
         return plans[key]
     plans.clear()  # storage moved or the batch changed: older plans are stale
-    why = DecodePlan.unsupported_reason(runner, static)
+    why = DecodePlan.unsupported_reason(runner, static) or (
+        "int8 KV cache (the plan binds float cache storage)"
+        if getattr(cache, "quantized", False) else "")
     if why:
         logger.debug("compile: no decode plan (%s); general path", why)
         plans[key] = None

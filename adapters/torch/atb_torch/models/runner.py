@@ -59,15 +59,17 @@ __all__ = ["ModelRunner", "PagedCtx"]
 
 class ModelRunner(PagedMixin):
     """See the module docstring. ``opt_level`` 0..3, ``dtype`` (compute and weight
-    dtype; None = the weights'), ``quantize`` None | "w8", ``device``."""
+    dtype; None = the weights'), ``quantize`` None | "w8" | "w4", ``device``;
+    ``kv_cache_dtype`` None (the compute dtype) | "int8" (:mod:`.cache_int8`)."""
 
     def __init__(self, spec: ModelSpec, weights: ModelWeights, *, opt_level: int = 2,
                  dtype: torch.dtype | None = None, quantize: str | None = None,
-                 device: Any = None) -> None:
+                 device: Any = None, kv_cache_dtype: str | None = None) -> None:
         dtype = dtype or weights.embed.dtype
         device = torch.device(device) if device is not None else weights.embed.device
         self.spec, self.dtype, self.device = spec, dtype, device
         self.opt_level, self.quantize = int(opt_level), quantize
+        self.kv_cache_dtype = kv_cache_dtype
         arena = hugepages.Arena() if device.type == "cpu" and spec.kind == "decoder" else None
         self.prep = prep = Prep(self.opt_level, dtype, quantize, device,
                                 rows_kernel=spec.kind == "decoder", arena=arena)
@@ -104,9 +106,12 @@ class ModelRunner(PagedMixin):
     # ------------------------------------------------------------------ helpers
     def new_cache(self, batch: int, capacity: int) -> ContiguousKVCache:
         """An empty contiguous cache for this model (from atb's memory pool)."""
+        from .cache_int8 import Int8KVCache
+
         s = self.spec
-        return ContiguousKVCache(s.num_layers, batch, capacity, s.num_kv_heads, s.head_dim,
-                                 self.dtype, self.device)
+        kind = Int8KVCache if self.kv_cache_dtype == "int8" else ContiguousKVCache
+        return kind(s.num_layers, batch, capacity, s.num_kv_heads, s.head_dim, self.dtype,
+                    self.device)
 
     def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 cos/sin ``[P >= length, rotary_dim]`` (neox "half" layout), built in

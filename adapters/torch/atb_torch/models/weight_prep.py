@@ -19,7 +19,7 @@ __all__ = ["Prep", "ROWS_MAX", "panels_enabled", "rows_reason", "rows_weight", "
 @dataclass(frozen=True)
 class Prep:
     """How weights are prepared: ``opt_level`` (0 = unfused, model weights as they
-    are), compute ``dtype``, ``quantize`` (None | "w8"), ``device``; ``rows_kernel``:
+    are), compute ``dtype``, ``quantize`` (None | "w8" | "w4"), ``device``; ``rows_kernel``:
     decoding calls the Linears with a few rows, so prepare the weights for the C
     matmul (:mod:`atbcore.backends.cpu_kernels`) where it runs: panels, or
     ``[out, in]`` rows with ``ATB_PANELS=0``;

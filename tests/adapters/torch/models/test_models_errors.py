@@ -54,7 +54,7 @@ def test_cross_attention_refused():
 def test_bad_compile_arguments():
     m = tiny("llama")
     _raises(ParamsError, "opt_level")(lambda: compile(m, opt_level=4))
-    _raises(ParamsError, "quantize")(lambda: compile(m, quantize="w4"))
+    _raises(ParamsError, "quantize")(lambda: compile(m, quantize="w3"))
     _raises(ParamsError, "dtype")(lambda: compile(m, dtype=torch.int32))
     _raises(CapabilityError, "mode")(lambda: compile(m, mode="train"))
     _raises(CapabilityError, "model type")(lambda: compile(torch.nn.Linear(2, 2)))

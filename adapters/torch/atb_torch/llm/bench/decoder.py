@@ -30,7 +30,8 @@ class DecoderSettings:
     """What to run: ``batch`` rows of ``prompt_len`` random tokens, ``new_tokens``
     greedy tokens; ``dtype`` of the baselines, ``atb_dtype`` of atb (None = dtype,
     bf16 under w8), ``quantize``; ``repeats`` timed rounds after ``warmup``;
-    ``baselines``: extra engines ("torch.compile", "llama.cpp")."""
+    ``baselines``: extra engines ("torch.compile", "llama.cpp"); ``gguf_types``: the
+    llama.cpp precisions run (None = all of :data:`.llamacpp.GGUF_TYPES`)."""
 
     batch: int = 1
     prompt_len: int = 128
@@ -43,6 +44,7 @@ class DecoderSettings:
     opt_level: int = 2
     seed: int = 0
     baselines: list[str] = field(default_factory=list)
+    gguf_types: tuple[str, ...] | None = None
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -169,8 +171,9 @@ def bench_decoder(model: Any, s: DecoderSettings, progress: Progress | None = No
     if "llama.cpp" in s.baselines:
         from .llamacpp import GGUF_TYPES, LlamaCppDecoder
 
-        step = tick("llama.cpp: converting to GGUF", len(GGUF_TYPES))
-        for qt in GGUF_TYPES:
+        types = s.gguf_types or GGUF_TYPES
+        step = tick("llama.cpp: converting to GGUF", len(types))
+        for qt in types:
             name = f"llama_cpp_{qt.lower()}"
             lc = LlamaCppDecoder.create(model, qt, s.batch, s.prompt_len + n + 8)
             step()
@@ -215,7 +218,8 @@ def bench_decoder(model: Any, s: DecoderSettings, progress: Progress | None = No
         runs["torch_compile"].update(compile_s=static.compile_s)
     for name, lc in lcpp.items():
         runs[name].update(convert_s=lc.convert_s,
-                          tokens_match=bool(torch.equal(timed[name][-1][1].tokens, ref.tokens)))
+                          tokens_match=bool(torch.equal(timed[name][-1][1].tokens, ref.tokens)),
+                          **_accuracy(ref, lc.greedy(ids, n, record=True, forced=ref.tokens)))
     for name, info in extra.items():
         runs[name] = info
     floor = weight_matmul_floor(decode_weights(model), s.batch, s.compute_dtype, s.quantize,

@@ -1,5 +1,5 @@
 """llama.cpp baseline: the bench model's own weights written as GGUF (F32, BF16,
-Q8_0) with the ``gguf`` package, run by ``llama-cpp-python`` in the same process.
+Q8_0, Q4_0) with the ``gguf`` package, run by ``llama-cpp-python`` in the same process.
 
 The conversion follows llama.cpp's LLaMA layout: tensor names ``blk.N.attn_q`` ...,
 q/k projection rows reordered from Hugging Face's rotate-half RoPE layout to
@@ -23,7 +23,7 @@ from .hf import DecodeRun
 
 __all__ = ["LlamaCppDecoder", "write_gguf", "GGUF_TYPES"]
 
-GGUF_TYPES = ("F32", "BF16", "Q8_0")
+GGUF_TYPES = ("F32", "BF16", "Q8_0", "Q4_0")
 
 
 def _permute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -48,16 +48,16 @@ def _vocab(n: int, bos: int | None, eos: int | None) -> tuple[list[str], list[in
 
 
 def write_gguf(model: Any, path: str | Path, qtype: str = "F32") -> Path:
-    """Write a LLaMA-architecture HF model as GGUF ``qtype`` (F32, BF16 or Q8_0)."""
+    """Write a LLaMA-architecture HF model as GGUF ``qtype`` (F32, BF16, Q8_0 or Q4_0)."""
     import gguf
 
     cfg = model.config
     if getattr(cfg, "model_type", None) not in ("llama", "mistral"):
         raise ValueError(f"GGUF conversion here covers LLaMA-style models, not {cfg.model_type}")
     q = {"F32": gguf.GGMLQuantizationType.F32, "BF16": gguf.GGMLQuantizationType.BF16,
-         "Q8_0": gguf.GGMLQuantizationType.Q8_0}[qtype]
+         "Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}[qtype]
     ftype = {"F32": gguf.LlamaFileType.ALL_F32, "BF16": gguf.LlamaFileType.MOSTLY_BF16,
-             "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype]
+             "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[qtype]
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
     w = gguf.GGUFWriter(str(path), "llama")
@@ -160,18 +160,28 @@ class LlamaCppDecoder:
         ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
-    def greedy(self, ids: torch.Tensor, new_tokens: int) -> DecodeRun:
+    def greedy(self, ids: torch.Tensor, new_tokens: int, record: bool = False,
+               forced: torch.Tensor | None = None) -> DecodeRun:
+        """Greedy tokens; ``forced`` [1, new_tokens] feeds those tokens instead (and
+        ``record`` keeps each step's logits), for accuracy along another engine's path."""
         llm = self.llm
         prompt = [int(t) for t in ids[0]]
+        seen: list[torch.Tensor] = []
+
+        def pick(i: int) -> int:
+            logits = self._last_logits()
+            if record:
+                seen.append(torch.from_numpy(logits.copy())[None].float())
+            return int(np.argmax(logits)) if forced is None else int(forced[0, i])
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(prompt)
-        nxt = int(np.argmax(self._last_logits()))
+        nxt = pick(0)
         toks = [nxt]
         t1 = time.perf_counter()
-        for _ in range(1, new_tokens):
+        for i in range(1, new_tokens):
             llm.eval([nxt])
-            nxt = int(np.argmax(self._last_logits()))
+            nxt = pick(i)
             toks.append(nxt)
         t2 = time.perf_counter()
-        return DecodeRun(torch.tensor([toks]), t1 - t0, t2 - t1)
+        return DecodeRun(torch.tensor([toks]), t1 - t0, t2 - t1, seen)

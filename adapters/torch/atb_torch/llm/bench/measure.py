@@ -215,7 +215,7 @@ def weight_matmul_floor(weights: Iterable[torch.Tensor], rows: int, dtype: torch
     ``weights`` are ``[out, in]`` matrices (every projection of every layer and the LM
     head, each once). With ``quantize="w8"`` each weight is int8 per output channel
     and timed through ``aten._weight_int8pack_mm`` (bf16 activations), the weight-only
-    int8 kernel. Each matmul's faster form is picked first (fp32/bf16: ``F.linear`` or a
+    int8 kernel; with ``"w4"`` the C w4 matmul on group-32 4-bit codes. Each matmul's faster form is picked first (fp32/bf16: ``F.linear`` or a
     matmul against a pre-transposed copy); the floor is the best of ``repeats`` passes
     over all of them after warm-up passes (first calls of a shape are slow).
     Returns ``seconds``, ``bytes`` (weight bytes read) and ``gbps``."""
@@ -224,7 +224,15 @@ def weight_matmul_floor(weights: Iterable[torch.Tensor], rows: int, dtype: torch
     with torch.inference_mode():
         for w in weights:
             w = w.detach()
-            if quantize == "w8":
+            if quantize == "w4":  # the C w4 matmul on symmetric group-32 codes
+                from atbcore.backends.cpu_kernels.torch_linear_w4 import (linear_w4, pack_w4,
+                                                                          quantize_w4)
+
+                w4 = pack_w4(*quantize_w4(w.float()), k=w.shape[1])
+                x = torch.randn(rows, w.shape[1], dtype=dtype)
+                calls.append(lambda x=x, w4=w4: linear_w4(x, w4))
+                nbytes += w4.nbytes
+            elif quantize == "w8":
                 scale = w.float().abs().amax(dim=1).clamp_min(1e-8) / 127.0
                 q = torch.round(w.float() / scale[:, None]).to(torch.int8).contiguous()
                 x = torch.randn(rows, w.shape[1], dtype=torch.bfloat16)

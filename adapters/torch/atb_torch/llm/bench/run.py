@@ -86,8 +86,8 @@ _NOTES = [
     "peak memory: resident bytes of the engine's tensors (weights, preallocated caches, "
     "plan buffers) + the allocator-level transient peak of one run (torch.profiler "
     "memory events), not process RSS.",
-    "floors: 'matmuls' = the weight matmuls of one decode step alone with torch's kernels, "
-    "at atb's dtype/quantization; 'bandwidth' = weight bytes / the memory read bandwidth "
+    "floors: 'matmuls' = the weight matmuls of one decode step alone with torch's kernels "
+    "(w4: atb's C w4 kernel, torch has none), at atb's dtype/quantization; 'bandwidth' = weight bytes / the memory read bandwidth "
     "(the fastest all-thread vectorized read of 1 GiB), the limit of decoding from memory.",
     "spread: ± half the fastest-slowest range of the timed rounds, as a share of the median.",
 ]
