@@ -79,13 +79,15 @@ _LAZY = frozenset({"GraphOp", "AtbCell", "OpCell", "LayerCell", *_HOOKS, *_ALIAS
 for _name in _LAZY:
     globals().pop(_name, None)
 
-__all__ = sorted(set(_core_all) - _LAZY) + ["ops"] + sorted(_LAZY)
+__all__ = sorted(set(_core_all) - _LAZY) + ["ops", "LLM"] + sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
     # Cells import MindSpore: only when first asked for (PEP 562).
     if name == "ops":
         value = importlib.import_module(f"{__name__}.ops")
+    elif name == "LLM":
+        value = importlib.import_module(f"{__name__}.llm").LLM
     elif name in _HOOKS:
         value = getattr(importlib.import_module(f"{__name__}.hooks"), name)
     elif name in _LAZY:

@@ -4,37 +4,12 @@ directory, never from a hub and never through pickle."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from atbcore.errors import InputError
+from atbcore.models.checkpoint import check_checkpoint_dir
 
 __all__ = ["check_checkpoint_dir", "load_checkpoint"]
-
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-def check_checkpoint_dir(path: str | os.PathLike, who: str = "LLM") -> Path:
-    """The directory, after checking it holds ``config.json`` and safetensors weights.
-
-    A missing directory, a missing config or pickle-only weights (``.bin``) raise an
-    :class:`~atbcore.errors.InputError` naming what was found: pickle files can run
-    code when loaded, so they are refused rather than loaded."""
-    d = Path(path).expanduser()
-    if not d.is_dir():
-        raise InputError(who, "checkpoint", "a local directory with config.json and "
-                         "*.safetensors (hub names are not fetched)", str(path))
-    if not (d / "config.json").is_file():
-        raise InputError(who, f"checkpoint {d}", "a config.json", sorted(p.name for p in d.iterdir()))
-    names = sorted(p.name for p in d.iterdir() if p.is_file())
-    if not any(n.endswith(".safetensors") for n in names):
-        pickles = [n for n in names if n.endswith(_PICKLE_SUFFIXES)]
-        given = f"only pickle weights {pickles}" if pickles else f"no weights ({names})"
-        raise InputError(who, f"checkpoint {d} weights",
-                         "safetensors files (convert .bin with save_pretrained("
-                         "safe_serialization=True); pickle is never loaded)", given)
-    return d
-
 
 def load_checkpoint(path: str | os.PathLike, dtype: Any = None, device: str = "cpu",
                     who: str = "LLM") -> tuple[Any, Any]:
