@@ -181,8 +181,9 @@ def _wrap(io: TensorIO, op: str, spec: Any, k: Kernel) -> Kernel:
             return fallback(p, ins)
         io.note(op, path)
         inplace = getattr(spec, "inplace", ())
-        outs = [ins[n] for n in inplace] or [io.empty(shape, dt)
-                                              for shape, dt in spec.outputs(p, views)]
+        # an output named by a string is that input, written in place
+        outs = [ins[n] for n in inplace] or [ins[o] if isinstance(o, str) else io.empty(*o)
+                                              for o in spec.outputs(p, views)]
         ws = None
         nbytes = spec.workspace(p, {n: v.shape for n, v in views.items()})
         if nbytes:
@@ -220,7 +221,7 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
 
     def bind(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any
              ) -> Callable[[list], None] | None:
-        if _OFF[0] or getattr(spec, "inplace", ()):
+        if _OFF[0] or getattr(spec, "inplace", ()) or not getattr(spec, "bindable", True):
             return None  # in-place ops run their fn (the plan's generic call)
         views: dict[str, NativeView] = {}
         dyn_in: list[tuple[str, int]] = []

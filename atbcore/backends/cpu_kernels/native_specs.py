@@ -18,6 +18,7 @@ from ...ops.ffn import ffn_layout
 from .native import CACHE, DTYPE_CODES, NativeView
 from .native_ops import (Step, activation_steps, layer_norm_steps, linear_steps,
                          rms_norm_steps, softmax_steps)
+from .native_attention import PagedDecodeSpec, RopeKVCacheSpec
 from .native_rope import RopeSpec
 
 __all__ = ["SPECS", "MAX_ROWS", "c_activation"]
@@ -345,4 +346,5 @@ SPECS: dict[str, Any] = {
     "Linear": LinearSpec(), "RmsNormLinear": LinearSpec(norm=True), "Softmax": SoftmaxSpec(),
     "FusedFeedForward": FfnSpec(), "ReshapeAndCache": ReshapeAndCacheSpec(),
     **{op: ActivationSpec() for op in _ACTS}, "RoPE": RopeSpec(),
+    "PagedAttention": PagedDecodeSpec(), "RopeKVCache": RopeKVCacheSpec(),
 }
