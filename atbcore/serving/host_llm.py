@@ -97,7 +97,7 @@ class HostLLM:
         rows = max(1, min(max_batch_size, kv_cache_memory // per_row))
         self.cache = KVCache(spec.num_layers, rows, self.max_model_len, spec.num_kv_heads,
                              spec.head_dim, dtype=self.dtype)
-        self.loop = DecodeLoop(RowFeeder(self.op, self.cache, self.framework), self.max_model_len)
+        self.loop = DecodeLoop(RowFeeder(self.op, self.cache, self.framework, self.vocab_size), self.max_model_len)
         self.eos_ids = eos_token_ids(d, self.config)
         self.last_stats = GenerationStats()
 

@@ -10,7 +10,7 @@ cache and reads it where it is: ``cache.block_tables`` names the cache row of ea
 batch row, ``cache.slot_mapping`` where each token goes, ``cache.context_lens`` the
 length of each row after the call) with index tensors built per call:
 
-    feeder = RowFeeder(op, cache, "mindspore")
+    feeder = RowFeeder(op, cache, "mindspore", vocab_size)
     logits = feeder.run(ids, rows=[3], pasts=[0])          # ids [1, S] -> [S, V]
     logits = feeder.run(next_ids, rows=[0, 3], pasts=[9, 5])  # [2, 1] -> [2, V]
 """
@@ -31,9 +31,10 @@ __all__ = ["RowFeeder"]
 class RowFeeder:
     """The in-place cache form of ``op`` for ``cache``, fed row by row (see the module
     docstring); ``framework``: the tensors' framework (``numpy``, ``mindspore``,
-    ``paddle``, ``torch``), whose backend runs the plan."""
+    ``paddle``, ``torch``), whose backend runs the plan; ``vocab_size``: the rows of
+    the embedding table (token ids are checked against it here)."""
 
-    def __init__(self, op: Any, cache: Any, framework: str) -> None:
+    def __init__(self, op: Any, cache: Any, framework: str, vocab_size: int) -> None:
         self.cache, self.framework = cache, framework
         probe = convert(np.zeros((1, 1), dtype=np.int64), framework)
         if op.graph is None:  # the block's own lowering first: it assigns the cache layers
@@ -45,6 +46,10 @@ class RowFeeder:
                              "a block without it")
         self.form = form
         feeder = form._feeder
+        # the token ids are checked here against the table (run() below), so the plan
+        # need not read them back from the framework's tensor
+        form._trusted = form._trusted | {feeder.graph.inputs[feeder._x_at]}
+        self.vocab = int(vocab_size)
         self.layers = feeder.layers._layers(cache)
         names = list(form.graph.inputs)
         self._x_at = names.index(feeder.graph.inputs[feeder._x_at])
@@ -63,6 +68,9 @@ class RowFeeder:
         cache grow by ``S``."""
         ids = np.asarray(ids, dtype=np.int64)
         b, s = ids.shape
+        if self.vocab and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab):
+            raise InputError(self.form.name, "token ids", f"in [0, {self.vocab})",
+                             ids.reshape(-1)[:8].tolist())
         rows_a = np.asarray(rows, dtype=np.int64)
         past = np.asarray(pasts, dtype=np.int64)
         cap = self.cache.max_seq_len

@@ -78,10 +78,10 @@ class PagedDecodeSpec:
 class RopeKVCacheSpec(RopeSpec):
     """RopeKVCache with ``slot_mapping`` (the paged form a lowered decoder uses): q
     rotated into a new output, k rotated and v copied into the caches at their slots,
-    in one ``atb_rope`` call. Its outputs are q_out and the caches themselves, so it
-    runs as a call of its own in a plan (not bound)."""
+    in one ``atb_rope`` call. Its outputs are q_out and the caches themselves (named
+    by :meth:`outputs`: a bound call hands the input tensors on as those outputs)."""
 
-    bindable = False
+    in_place_outputs = True
     max_table_len = MAX_TABLE_LEN
 
     def why_not(self, p: Any, views: Mapping[str, NativeView]) -> str | None:

@@ -21,7 +21,7 @@ from atbcore.dtypes import Dtype
 
 from . import MS_KERNELS
 # the kernels wrapped below must be registered first
-from . import activation, ffn, linear, norm, paged, rope, softmax  # noqa: F401
+from . import activation, ffn, gather, linear, norm, paged, rope, shape, softmax  # noqa: F401
 from .._env import device_name, mindspore
 from .common import note
 
