@@ -38,9 +38,12 @@ def reshape(p, ins):
         if x.dtype != _ms().bfloat16 and device_name(x) == "cpu":
             # the same memory through NumPy: Tensor.view is a PyNative op dispatched
             # asynchronously, which the C kernels reading it next must wait for
+            from .native import host_tensor
+
             a = x.asnumpy()
-            if a.ctypes.data == x.data_ptr():
-                return [_ms().Tensor.from_numpy(a.reshape(shape))]
+            if a.ctypes.data == getattr(x, "_atb_address", None) or \
+                    a.ctypes.data == x.data_ptr():
+                return [host_tensor(a.reshape(shape))]
         return [x.view(shape)]
     logger.info("Reshape: a non-contiguous MindSpore input allows no view; copying")
     return [x.contiguous().view(shape)]
