@@ -362,7 +362,10 @@ def copy_into(dst: Any, src: Any, native: str | None = None) -> None:
     seen as ``native`` tensors (default: NumPy for a NumPy ``dst``, else torch; the
     views share ``dst``'s memory, so the caller's tensor receives the values)."""
     if native is None:
-        native = "numpy" if framework_of(dst) == "numpy" else "torch"
+        fw = framework_of(dst)
+        if fw not in ("numpy", "torch") and _copy_by_address(dst, convert(src, fw)):
+            return  # MindSpore / Paddle CPU tensors: no detour through torch
+        native = "numpy" if fw == "numpy" else "torch"
     view, value = convert(dst, native), convert(src, native)
     if native == "numpy":
         import numpy as np
@@ -370,3 +373,22 @@ def copy_into(dst: Any, src: Any, native: str | None = None) -> None:
         np.copyto(view, value)
     else:
         view.copy_(value)
+
+
+def _copy_by_address(dst: Any, src: Any) -> bool:
+    """Copy ``src`` into ``dst`` byte for byte when both are contiguous CPU tensors of
+    one dtype and shape (True), else leave them (False)."""
+    import ctypes
+
+    from .backends.cpu_kernels.native import view_of
+    from .errors import AtbError
+
+    try:
+        d, v = view_of(dst), view_of(src)
+    except AtbError:
+        return False
+    if d.shape != v.shape or d.dtype != v.dtype or not (d.contiguous and v.contiguous):
+        return False
+    if d.address != v.address and d.numel:
+        ctypes.memmove(d.address, v.address, d.numel * d.dtype.itemsize)
+    return True

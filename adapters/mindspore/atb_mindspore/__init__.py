@@ -80,7 +80,7 @@ _LAZY = frozenset({"GraphOp", "AtbCell", "OpCell", "LayerCell", *_HOOKS, *_ALIAS
 for _name in _LAZY:
     globals().pop(_name, None)
 
-__all__ = sorted(set(_core_all) - _LAZY) + ["ops", "compile"] + sorted(_LAZY)
+__all__ = sorted(set(_core_all) - _LAZY) + ["ops", "compile", "LLM"] + sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
@@ -89,6 +89,8 @@ def __getattr__(name: str) -> Any:
         value = importlib.import_module(f"{__name__}.compiled").compile
     elif name == "ops":
         value = importlib.import_module(f"{__name__}.ops")
+    elif name == "LLM":
+        value = importlib.import_module(f"{__name__}.llm").LLM
     elif name in _HOOKS:
         value = getattr(importlib.import_module(f"{__name__}.hooks"), name)
     elif name in _LAZY:

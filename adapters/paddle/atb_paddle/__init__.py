@@ -46,7 +46,7 @@ _LAZY = frozenset({"GraphOp", "AtbLayer", "OpLayer", *_ALIASES, *_list_operation
 for _name in _LAZY:
     globals().pop(_name, None)
 
-__all__ = [n for n in _core_all if n not in _LAZY] + ["ops", "compile"] + sorted(_LAZY)
+__all__ = [n for n in _core_all if n not in _LAZY] + ["ops", "compile", "LLM"] + sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
@@ -57,6 +57,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(f"{__name__}.layers"), name)
     elif name == "ops":
         value = importlib.import_module(f"{__name__}.ops")
+    elif name == "LLM":
+        value = importlib.import_module(f"{__name__}.llm").LLM
     else:
         raise AttributeError(f"module 'atb_paddle' has no attribute {name!r}")
     globals()[name] = value

@@ -181,8 +181,9 @@ def _wrap(io: TensorIO, op: str, spec: Any, k: Kernel) -> Kernel:
             return fallback(p, ins)
         io.note(op, path)
         inplace = getattr(spec, "inplace", ())
-        outs = [ins[n] for n in inplace] or [io.empty(shape, dt)
-                                              for shape, dt in spec.outputs(p, views)]
+        # an output named by a string is that input, written in place
+        outs = [ins[n] for n in inplace] or [ins[o] if isinstance(o, str) else io.empty(*o)
+                                              for o in spec.outputs(p, views)]
         ws = None
         nbytes = spec.workspace(p, {n: v.shape for n, v in views.items()})
         if nbytes:
@@ -238,9 +239,16 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
                 views[name] = io.view(v)
         if spec.why_not(p, views):
             return None
-        out_views, dyn_out = [], []
+        out_views, dyn_out, aliases = [], [], []
+        named = spec.outputs(p, views) if getattr(spec, "in_place_outputs", False) else ()
         for i, o in enumerate(outs):
-            if type(o) is Slot:
+            if i < len(named) and isinstance(named[i], str):  # input named[i], in place
+                src = ins[named[i]]
+                if type(o) is not Slot:
+                    return None
+                aliases.append((o.index, src.index if type(src) is Slot else None, src))
+                out_views.append(views[named[i]])
+            elif type(o) is Slot:
                 key = f"<out{i}>"
                 out_views.append(_slot_view(key, o.desc))
                 dyn_out.append((key, o.index, tuple(o.desc.shape), o.desc.dtype))
@@ -270,14 +278,15 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
                                      e.need - 1) from None
                 runs.append(compile_steps(spec.steps(p, views, out_views, table_len=e.need)))
                 runs[-1](addrs)
-        return _bound_call(io, run, tuple(dyn_in), tuple(dyn_out), (keep, fixed))
+        return _bound_call(io, run, tuple(dyn_in), tuple(dyn_out), (keep, fixed),
+                           tuple(aliases))
 
     bind.fills_slots = True  # type: ignore[attr-defined]  # it allocates its slot outputs
     return bind
 
 
 def _bound_call(io: TensorIO, run: Callable[[Mapping[str, int]], None], dyn_in: tuple,
-                dyn_out: tuple, keep: Any) -> Callable[[list], None]:
+                dyn_out: tuple, keep: Any, aliases: tuple = ()) -> Callable[[list], None]:
     address, is_contiguous, empty = io.address, io.is_contiguous, io.empty
 
     def call(env: list) -> None:
@@ -293,6 +302,8 @@ def _bound_call(io: TensorIO, run: Callable[[Mapping[str, int]], None], dyn_in: 
             t = env[i] = empty(shape, dtype)
             addrs[key] = address(t)
         run(addrs)
+        for out, src, tensor in aliases:  # outputs that are inputs written in place
+            env[out] = env[src] if src is not None else tensor
         del held
     call.keep = keep  # type: ignore[attr-defined]  # bound buffers live with the call
     return call

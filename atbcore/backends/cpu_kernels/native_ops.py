@@ -208,13 +208,16 @@ def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: Nativ
                  scale: NativeView | None = None, accumulate: bool = False,
                  norm_weight: NativeView | None = None,
                  norm_eps: float | None = None,
-                 residual: NativeView | None = None) -> list[Step]:
+                 residual: NativeView | None = None,
+                 panels: NativeView | None = None) -> list[Step]:
     """``y (+)= x @ w.T * scale + bias`` for ``x`` [..., K] and a row-major ``w`` [N, K]
     (its rows may be any stride apart); fp32 sums, one rounding into ``y`` [..., N]
     (``y``'s dtype may differ from x's: fp32 intermediates). With ``norm_eps`` the
     rows of x are RmsNorm'd first (weight ``norm_weight`` [K], optional), rounded to
     x's dtype as the RmsNorm kernel would store them. ``residual`` (shaped as ``y``,
-    contiguous; not with ``accumulate``) is added to the result, one rounding."""
+    contiguous; not with ``accumulate``) is added to the result, one rounding.
+    ``panels``: ``w`` packed in 32-output panels (:mod:`.native_panels`), streamed
+    instead of ``w``."""
     op = "linear_rows"
     xdt = _float(op, "x", x)
     wdt = _float(op, "w", w, WEIGHT_CODES)
@@ -251,10 +254,10 @@ def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: Nativ
         res = (residual.address, _float(op, "residual", residual), n)
     if rows == 0 or n == 0:
         return []
-    head = (x.address, w.address, sp, bp, y.address, xdt, wdt, bdt, ydt, rows, k, n, k,
-            w.strides[0] if n > 1 else k, n)
+    head = (x.address, w.address if panels is None else panels.address, sp, bp, y.address,
+            xdt, wdt, bdt, ydt, rows, k, n, k, w.strides[0] if n > 1 else k, n)
     tail = (THREADS, int(accumulate), int(norm_eps is not None), nwp, nwdt,
-            float(norm_eps or 0.0), 0.0, 0, *res)
+            float(norm_eps or 0.0), 0.0, int(panels is not None), *res)
     return [Step("linear_rows", LINEAR, (*head, *tail))]
 
 

@@ -18,6 +18,9 @@ from ...ops.ffn import ffn_layout
 from .native import CACHE, DTYPE_CODES, NativeView
 from .native_ops import (Step, activation_steps, layer_norm_steps, linear_steps,
                          rms_norm_steps, softmax_steps)
+from .native_attention import PagedDecodeSpec, RopeKVCacheSpec
+from .native_gather import EmbeddingSpec, SplitSpec
+from .native_panels import panel_view
 from .native_rope import RopeSpec
 
 __all__ = ["SPECS", "MAX_ROWS", "c_activation"]
@@ -159,7 +162,8 @@ class LinearSpec(_Spec):
                             scale=views.get("scale") if p.quant == "w8" else None,
                             norm_weight=views.get("norm_weight"),
                             norm_eps=float(p.eps) if self.norm else None,
-                            residual=views.get("residual"))
+                            residual=views.get("residual"),
+                            panels=panel_view(views["weight"]))
 
 
 class ActivationSpec(_Spec):
@@ -276,23 +280,28 @@ class FfnSpec(_Spec):
         steps: list = []
         if p.gate_up_merged:
             gu, h = buf(0, 2 * inter), buf(2 * inter, inter)                       # [T, 2I], [T, I]
-            steps += linear_steps(x2, views["gate_up_w"], views.get("gate_up_b"), gu, **norm)
+            steps += linear_steps(x2, views["gate_up_w"], views.get("gate_up_b"), gu,
+                                  panels=panel_view(views["gate_up_w"]), **norm)
             steps += activation_steps(gu, act, h, split=True)
         elif p.activation.gated:
             g, u = buf(0, inter), buf(inter, inter)
-            steps += linear_steps(x2, views["gate_w"], views.get("gate_b"), g, **norm)
-            steps += linear_steps(x2, views["up_w"], views.get("up_b"), u, **norm)
+            steps += linear_steps(x2, views["gate_w"], views.get("gate_b"), g,
+                                  panels=panel_view(views["gate_w"]), **norm)
+            steps += linear_steps(x2, views["up_w"], views.get("up_b"), u,
+                                  panels=panel_view(views["up_w"]), **norm)
             steps += activation_steps(g, act, g, up=u)                             # h = g, in place
             h = g
         else:
             h = buf(0, inter)
-            steps += linear_steps(x2, views["up_w"], views.get("up_b"), h, **norm)
+            steps += linear_steps(x2, views["up_w"], views.get("up_b"), h,
+                                  panels=panel_view(views["up_w"]), **norm)
             steps += activation_steps(h, act, h)                                   # in place
         y2 = NativeView(y.address, (rows, hid), (hid, 1), y.dtype)                 # [T, H]
         r = views.get("residual")
         steps += linear_steps(h, views["down_w"], views.get("down_b"), y2, residual=None
                               if r is None else NativeView(r.address, (rows, hid), (hid, 1),
-                                                           r.dtype))
+                                                           r.dtype),
+                              panels=panel_view(views["down_w"]))
         return steps
 
 
@@ -345,4 +354,6 @@ SPECS: dict[str, Any] = {
     "Linear": LinearSpec(), "RmsNormLinear": LinearSpec(norm=True), "Softmax": SoftmaxSpec(),
     "FusedFeedForward": FfnSpec(), "ReshapeAndCache": ReshapeAndCacheSpec(),
     **{op: ActivationSpec() for op in _ACTS}, "RoPE": RopeSpec(),
+    "PagedAttention": PagedDecodeSpec(), "RopeKVCache": RopeKVCacheSpec(),
+    "Embedding": EmbeddingSpec(), "Split": SplitSpec(),
 }

@@ -21,11 +21,25 @@ from atbcore.dtypes import Dtype
 
 from . import MS_KERNELS
 # the kernels wrapped below must be registered first
-from . import activation, ffn, linear, norm, paged, rope, softmax  # noqa: F401
+from . import activation, ffn, gather, linear, norm, paged, rope, softmax  # noqa: F401
+from . import shape as _shape_kernels  # noqa: F401
 from .._env import device_name, mindspore
 from .common import note
 
-__all__ = ["MindSporeIO"]
+__all__ = ["MindSporeIO", "host_tensor"]
+
+# Set on the NumPy-backed tensors atb makes: their address, known when they are made.
+# MindSpore's data_ptr() / is_contiguous() wait for its asynchronous op queue (tenths
+# of a millisecond each on a busy machine); a decode step reads ~200 addresses.
+_ADDRESS = "_atb_address"
+
+
+def host_tensor(a: np.ndarray) -> Any:
+    """``Tensor.from_numpy(a)`` (sharing ``a``'s memory; ``a`` contiguous) with its
+    address remembered for :class:`MindSporeIO`."""
+    t = mindspore().Tensor.from_numpy(a)
+    setattr(t, _ADDRESS, a.ctypes.data)
+    return t
 
 
 class MindSporeIO(MethodsIO):
@@ -41,7 +55,14 @@ class MindSporeIO(MethodsIO):
     def empty(self, shape: tuple[int, ...], dtype: Dtype) -> Any:
         if dtype is Dtype.BF16:  # MindSpore takes no ml_dtypes array
             return self.ms.mint.empty(shape, dtype=self.ms.bfloat16)
-        return self.ms.Tensor.from_numpy(np.empty(shape, dtype.numpy))
+        return host_tensor(np.empty(shape, dtype.numpy))
+
+    def address(self, t: Any) -> int:
+        a = getattr(t, _ADDRESS, None)
+        return t.data_ptr() if a is None else a
+
+    def is_contiguous(self, t: Any) -> bool:
+        return getattr(t, _ADDRESS, None) is not None or t.is_contiguous()
 
     def why_not(self, t: Any) -> str | None:
         if not isinstance(t, self.ms.Tensor):

@@ -10,6 +10,8 @@ from atbcore.log import logger
 from atbcore.ops.shape import resolve_shape, slice_bounds, split_sizes
 from atbcore.tensor import describe
 
+from .._env import device_name
+from .._env import mindspore as _ms
 from . import kernel
 from .common import mint
 
@@ -27,11 +29,21 @@ def transpose(p, ins):
     return [fresh(mint().permute(ins["x"], tuple(p.perm)))]
 
 
-@kernel("Reshape", impl="mindspore Tensor.view (zero-copy)", launches=0)
+@kernel("Reshape", impl="a NumPy view as a MindSpore tensor, or Tensor.view (zero-copy)",
+        launches=0)
 def reshape(p, ins):
     x = ins["x"]
     shape = resolve_shape("Reshape", p.shape, tuple(x.shape))
     if x.is_contiguous():
+        if x.dtype != _ms().bfloat16 and device_name(x) == "cpu":
+            # the same memory through NumPy: Tensor.view is a PyNative op dispatched
+            # asynchronously, which the C kernels reading it next must wait for
+            from .native import host_tensor
+
+            a = x.asnumpy()
+            if a.ctypes.data == getattr(x, "_atb_address", None) or \
+                    a.ctypes.data == x.data_ptr():
+                return [host_tensor(a.reshape(shape))]
         return [x.view(shape)]
     logger.info("Reshape: a non-contiguous MindSpore input allows no view; copying")
     return [x.contiguous().view(shape)]

@@ -21,7 +21,7 @@ from atbcore.dtypes import Dtype
 from . import PADDLE_KERNELS
 from .common import PATHS
 # the kernels wrapped below must be registered first
-from . import activation, ffn, linear, norm, paged, rope  # noqa: F401
+from . import activation, ffn, linear, norm, paged, rope, shape  # noqa: F401
 
 __all__ = ["PaddleIO"]
 

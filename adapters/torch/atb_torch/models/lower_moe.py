@@ -1,7 +1,8 @@
 """Mixture-of-experts blocks in the lowered decoder (:mod:`.lower`) and their
 tensor-parallel shards (:mod:`.lower_tp`, :mod:`.shard_load`).
 
-A Mixtral block's MLP becomes one core ``MoE`` node (router ``[E, H]``, experts'
+A Mixtral block's MLP becomes one core ``MoE`` node
+(:func:`atbcore.models.decoder.moe_layer`: router ``[E, H]``, experts'
 gate|up ``[E, 2I, H]`` gate rows first, down ``[E, H, I]``): fp32 softmax routing
 over all experts, top-k renormalised, the chosen experts' SwiGLU FFNs weighted and
 summed -- the numerics of the hand-written runner's ``moe_forward`` and of Hugging
@@ -32,23 +33,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..graph_layers import OpLayer
-from .arch import LayerWeights, ModelSpec
+from atbcore.models.decoder import moe_layer
 
 __all__ = ["moe_layer", "shard_experts", "lazy_moe_weights"]
-
-
-def moe_layer(name: str, spec: ModelSpec, lw: LayerWeights,
-              to_array: Callable[[Any], Any]) -> OpLayer:
-    """Block ``lw``'s experts as one ``MoE`` node named ``name`` (``to_array``: a
-    weight as a host array, :func:`.lower._a`)."""
-    m = spec.moe
-    return OpLayer(name, op="MoE", kind="moe",
-                   params={"num_experts": m.num_experts, "top_k": m.top_k,
-                           "norm_topk_prob": m.norm_topk_prob, "activation_type": "swiglu"},
-                   weights={"router_w": to_array(lw.router),
-                            "w_gate_up": to_array(lw.experts_gate_up),
-                            "w_down": to_array(lw.experts_down)})
 
 
 def _t(part: Any) -> torch.Tensor:

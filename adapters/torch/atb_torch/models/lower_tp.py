@@ -39,10 +39,12 @@ import torch
 from atbcore.distributed import ShardPlan, group_rank, group_size
 from atbcore.errors import CapabilityError
 from atbcore.graph.graph_op import GraphOp
+from atbcore.models.decoder import decoder_layers
+from atbcore.models.decoder import host_weight as _a
+from atbcore.models.decoder import why_not_lowered as _why_not
 
 from ..graph_layers import OpLayer
 from .arch import LayerWeights, ModelSpec, ModelWeights, resolve_architecture
-from .lower import _a, _why_not, decoder_layers
 from .lower_moe import shard_experts
 
 __all__ = ["shard_plan", "plan_for_rank", "shard_weights", "tp_decoder_layers", "lower_decoder_tp",

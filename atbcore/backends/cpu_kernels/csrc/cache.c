@@ -1,4 +1,5 @@
-/* ReshapeAndCache: tokens' keys and values into a paged cache, in place.
+/* ReshapeAndCache: tokens' keys and values into a paged cache, in place; and the
+ * row gather an Embedding is (atb_gather_rows, below).
  *
  *   kc[slot / block_size, slot % block_size] = k[t]   (and v into vc)
  *
@@ -47,6 +48,33 @@ ATB_API int64_t atb_reshape_and_cache(const void *args) {
                (const char *)P(a.k) + t * a.k_stride * a.elem_size, bytes);
         memcpy((char *)P(a.vc) + (blk * a.vc_block + off * a.vc_slot) * a.elem_size,
                (const char *)P(a.v) + t * a.v_stride * a.elem_size, bytes);
+    }
+    return 0;
+}
+
+typedef struct {
+    int64_t table, ids, out;              /* addresses */
+    int64_t ids_i32, elem_size, count, row, table_rows;
+} GatherArgs;
+
+/* out[i] = table[ids[i]] for `count` ids, rows of `row` contiguous elements (an
+ * Embedding lookup). Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_CACHE_OVERFLOW
+ * for an id outside [0, table_rows) (nothing written). */
+ATB_API int64_t atb_gather_rows(const void *args) {
+    GatherArgs a;
+    memcpy(&a, args, sizeof a);
+    if (!a.table || !a.ids || !a.out || a.count < 0 || a.row <= 0 || a.table_rows < 0 ||
+        (a.elem_size != 1 && a.elem_size != 2 && a.elem_size != 4 && a.elem_size != 8))
+        return ATB_ERR_ARGS;
+    for (int64_t i = 0; i < a.count; ++i) {
+        int64_t id = a.ids_i32 ? ((const int32_t *)P(a.ids))[i] : ((const int64_t *)P(a.ids))[i];
+        if (id < 0 || id >= a.table_rows) return ATB_ERR_CACHE_OVERFLOW;
+    }
+    const size_t bytes = (size_t)(a.row * a.elem_size);
+    for (int64_t i = 0; i < a.count; ++i) {
+        int64_t id = a.ids_i32 ? ((const int32_t *)P(a.ids))[i] : ((const int64_t *)P(a.ids))[i];
+        memcpy((char *)P(a.out) + i * (int64_t)bytes, (const char *)P(a.table) + id * (int64_t)bytes,
+               bytes);
     }
     return 0;
 }

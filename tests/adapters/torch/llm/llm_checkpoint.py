@@ -32,23 +32,31 @@ def build_tokenizer():
                                    eos_token="</s>")
 
 
-def build_checkpoint(path: Path, seed: int = 0, layers: int = 2) -> Path:
-    """Write the tiny checkpoint into ``path`` and return it."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build_checkpoint(path: Path, seed: int = 0, layers: int = 2, arch: str = "llama") -> Path:
+    """Write the tiny checkpoint into ``path`` and return it. ``arch``: "llama",
+    "qwen2" (q/k/v biases, given random values: HF starts them at zero) or
+    "mistral" (a sliding window of 8 tokens)."""
+    import transformers as tf
 
+    classes = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
+               "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, {}),
+               "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {"sliding_window": 8})}
+    cfg_cls, model_cls, extra = classes[arch]
     path = Path(path)
     tok = build_tokenizer()
     tok.save_pretrained(path)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, vocab_size=len(tok),
-                      max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
-                      pad_token_id=0, rms_norm_eps=1e-6)
-    model = LlamaForCausalLM(cfg).eval()
+    cfg = cfg_cls(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, vocab_size=len(tok),
+                  max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0, rms_norm_eps=1e-6, tie_word_embeddings=False, **extra)
+    model = model_cls(cfg).eval()
     # larger weights than HF's 0.02 init: sharper logits, so argmax ties are rare
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.mul_(4.0)
+            elif name.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.5)
     model.save_pretrained(path, safe_serialization=True)
     return path
