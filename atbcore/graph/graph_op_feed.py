@@ -12,7 +12,9 @@ for a call from the cache's per-row lengths:
 * ``x`` ``[B, S, ...]``: every row gets ``S`` new tokens, after its own past (rows
   may hold different lengths: a batch whose prompts had different lengths);
 * ``x`` packed ``[T, ...]`` with ``q_lens`` (``B`` ints summing to ``T``): row ``b``
-  gets ``q_lens[b]`` tokens (a left-padded batch given without its padding).
+  gets ``q_lens[b]`` tokens (a left-padded batch given without its padding);
+* ``rows``: which cache row each batch row is (default ``0..B-1``): a server runs the
+  rows of its running requests, wherever they sit in the cache.
 
 The index tensors are kept per (framework, device, capacity, batch, tokens per row)
 and moved forward in place as the rows grow, so decode steps feed the very tensors
@@ -22,7 +24,7 @@ the bound program packed (no repacking, no allocation).
 from __future__ import annotations
 
 import weakref
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +37,7 @@ from .sequential import BLOCK_INPUT
 __all__ = ["CacheFeeder", "LAST_ROWS", "cache_state"]
 
 LAST_ROWS = "cache.last_rows"  # int64 [B]: each row's last token (LastToken's gather)
+_MAX_INDEX_SETS = 64  # index tensor sets kept per cache
 
 # cache object -> (version, {(framework, layer): (keys, values) views}, {key: _IndexSet}):
 # every block of a step, and every step, reads the same tensors (bound programs pack
@@ -57,14 +60,15 @@ class _IndexSet:
     NumPy arrays and the framework's tensors of them (sharing memory where they can,
     so a new past is written into them in place)."""
 
-    def __init__(self, x: Any, cap: int, q: tuple[int, ...], p: np.ndarray) -> None:
+    def __init__(self, x: Any, cap: int, q: tuple[int, ...], p: np.ndarray,
+                 rows: tuple[int, ...]) -> None:
         b = len(q)
         self.row_of = np.repeat(np.arange(b), q)                    # [T] row of each token
         offset = np.arange(len(self.row_of)) - np.repeat(np.cumsum(q) - q, q)
         pos = p[self.row_of] + offset
-        qa = np.asarray(q, dtype=np.int64)
-        self.arrays = [(self.row_of * cap + pos).astype(np.int32),
-                       np.arange(b, dtype=np.int32)[:, None], (p + qa).astype(np.int32),
+        qa, ra = np.asarray(q, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+        self.arrays = [(ra[self.row_of] * cap + pos).astype(np.int32),
+                       ra.astype(np.int32)[:, None], (p + qa).astype(np.int32),
                        qa.astype(np.int32), pos.astype(np.int64), np.cumsum(qa) - 1]
         self.p, self.where = p.copy(), (framework_of(x), getattr(x, "device", None))
         self.tensors = [_on(*self.where, a) for a in self.arrays]
@@ -109,6 +113,19 @@ def _span(layers: list[int]) -> range | None:
     if layers and layers[-1] - layers[0] == len(layers) - 1:
         return range(layers[0], layers[-1] + 1)
     return None
+
+
+def _rows(name: str, rows: Any, b: int, max_batch: int) -> tuple[int, ...]:
+    if rows is None:
+        return tuple(range(b))
+    try:
+        r = tuple(int(v) for v in np.asarray(rows).reshape(-1))
+    except (TypeError, ValueError):
+        raise InputError(name, "rows", "one cache row per batch row", repr(rows)) from None
+    if len(r) != b or len(set(r)) != b or not all(0 <= v < max_batch for v in r):
+        raise InputError(name, "rows", f"{b} distinct cache rows in 0..{max_batch - 1}",
+                         list(r))
+    return r
 
 
 def _q_lens(name: str, q_lens: Any, x_shape: tuple, max_batch: int) -> tuple[int, ...]:
@@ -158,12 +175,12 @@ class CacheFeeder:
             views.update(((fw, layer), kv) for layer, kv in zip(layers, pairs))
         return pairs
 
-    def _past(self, cache: Any, b: int, layers: list[int]) -> np.ndarray:
+    def _past(self, cache: Any, rows: tuple[int, ...], layers: list[int]) -> np.ndarray:
         """Each row's past length (checked equal across the block's layers)."""
-        name = self.graph.name
-        span = _span(layers)
-        lens = cache.seq_lens(range(b), span) if span is not None else \
-            np.stack([cache.seq_lens(range(b), layer) for layer in layers])
+        name, b = self.graph.name, len(rows)
+        span, ids = _span(layers), list(rows)
+        lens = cache.seq_lens(ids, span) if span is not None else \
+            np.stack([cache.seq_lens(ids, layer) for layer in layers])
         lens = np.asarray(lens, dtype=np.int64).reshape(-1, b)
         if (lens != lens[0]).any():
             layer = layers[int(np.argwhere((lens != lens[0]).any(axis=1))[0][0])]
@@ -172,11 +189,11 @@ class CacheFeeder:
                              lens[list(layers).index(layer)].tolist())
         return lens[0]
 
-    def prepare(self, x: Any, cache: Any, q_lens: Any = None
-                ) -> tuple[list, tuple[int, tuple[int, ...], list[int]]]:
-        """Graph inputs for block input ``x`` (see the module docstring; checked
-        against the cache: nothing is written when this raises) and
-        ``(B, tokens per row, layers)``."""
+    def prepare(self, x: Any, cache: Any, q_lens: Any = None, rows: Any = None
+                ) -> tuple[list, tuple[tuple[int, ...], tuple[int, ...], list[int]]]:
+        """Graph inputs for block input ``x`` (see the module docstring; ``rows``: the
+        cache row of each batch row, default ``0..B-1``; checked against the cache:
+        nothing is written when this raises) and ``(rows, tokens per row, layers)``."""
         name = self.graph.name
         shape = tuple(x.shape)
         if q_lens is None:
@@ -191,18 +208,21 @@ class CacheFeeder:
         else:
             q = _q_lens(name, q_lens, shape, cache.max_batch)
             b = len(q)
+        rows = _rows(name, rows, b, cache.max_batch)
         views, index = cache_state(cache)
         layers = self.layers._layers(cache)
         pairs = self._pairs(x, cache, views, layers)
-        p = self._past(cache, b, layers)
+        p = self._past(cache, rows, layers)
         top = int((p + np.asarray(q)).max())
         if top > cache.max_seq_len:
             raise ShapeError(name, "tokens in the atb.KVCache after this call",
                              f"<= max_seq_len {cache.max_seq_len}", top)
-        key = (framework_of(x), str(getattr(x, "device", "cpu")), cache.max_seq_len, q)
+        key = (framework_of(x), str(getattr(x, "device", "cpu")), cache.max_seq_len, q, rows)
         got = index.get(key)
         if got is None:
-            got = index[key] = _IndexSet(x, cache.max_seq_len, q, p)
+            if len(index) >= _MAX_INDEX_SETS:  # a server's many prompt lengths: oldest out
+                index.pop(next(iter(index)))
+            got = index[key] = _IndexSet(x, cache.max_seq_len, q, p, rows)
         idx = got.at(p)
         tkey = (id(idx[0]), *map(id, (t for kv in pairs for t in kv)))
         tpl = self._template
@@ -222,20 +242,21 @@ class CacheFeeder:
         inputs[self._x_at] = xt
         xs = raw_signature([xt])
         self.raw = None if xs is None or not tpl[2] + tpl[3] else tpl[2] + xs + tpl[3]
-        return inputs, (b, q, layers)
+        return inputs, (rows, q, layers)
 
-    def finish(self, out: Any, cache: Any, shape: tuple[int, tuple[int, ...], list[int]],
+    def finish(self, out: Any, cache: Any,
+               shape: tuple[tuple[int, ...], tuple[int, ...], list[int]],
                packed: bool = False) -> Any:
         """Count the written tokens; the block output back as ``[B, S, ...]`` (``[B, 1,
         ...]`` when the graph keeps each row's last token; packed ``[T, ...]`` as it
         came when the tokens were given packed)."""
-        b, q, layers = shape
-        span = _span(layers)
+        rows, q, layers = shape
+        b, span = len(rows), _span(layers)
         for n in sorted(set(q)):
-            rows = [r for r in range(b) if q[r] == n]
-            rows = range(b) if len(rows) == b else rows
+            these = [r for r, m in zip(rows, q) if m == n]
+            these = range(b) if these == list(range(b)) else these
             for layer in ([span] if span is not None else layers):
-                cache.advance(layer, n, rows)
+                cache.advance(layer, n, these)
         if int(out.shape[0]) == b and (packed or sum(q) != b):
             return out.reshape([b, 1, -1])                  # one (last) token per row
         if packed:
