@@ -20,7 +20,16 @@ import numpy as np
 from ..errors import CapabilityError, ParamsError
 from ..tensor import convert, to_numpy
 
-__all__ = ["generate_ids", "reset_model_cache"]
+__all__ = ["generate_ids", "reset_model_cache", "check_compile"]
+
+
+def check_compile(mode: Any, opt_level: Any) -> None:
+    """``compile``'s shared arguments: inference mode, opt_level 0..3."""
+    if mode != "infer":
+        raise CapabilityError("compile", "mode", "'infer' (compiled models are inference-only)",
+                              repr(mode))
+    if isinstance(opt_level, bool) or opt_level not in (0, 1, 2, 3):
+        raise ParamsError("compile", "opt_level", "0, 1, 2 or 3", repr(opt_level))
 
 
 def reset_model_cache(model: Any) -> bool:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from atbcore.errors import CapabilityError, ParamsError
-from atbcore.graph.model_generate import generate_ids
+from atbcore.errors import CapabilityError
+from atbcore.graph.model_generate import check_compile, generate_ids
 
 import paddle
 
@@ -58,11 +58,7 @@ class CompiledLayer(paddle.nn.Layer):
 
 def compile(model: Any, mode: str = "infer", opt_level: int = 2) -> CompiledLayer:
     """Wrap a Paddle model built from atb GraphOps (see the module docstring)."""
-    if mode != "infer":
-        raise CapabilityError("compile", "mode", "'infer' (compiled models are inference-only)",
-                              repr(mode))
-    if isinstance(opt_level, bool) or opt_level not in (0, 1, 2, 3):
-        raise ParamsError("compile", "opt_level", "0, 1, 2 or 3", repr(opt_level))
+    check_compile(mode, opt_level)
     if not isinstance(model, paddle.nn.Layer) or not _graph_ops(model):
         raise CapabilityError("compile", "model type", "a paddle.nn.Layer built from "
                               "atb_paddle GraphOps", type(model).__name__)
