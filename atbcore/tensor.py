@@ -26,6 +26,7 @@ __all__ = [
     "to_numpy",
     "to_torch",
     "from_torch",
+    "reshape",
     "from_numpy",
     "convert",
     "copy_into",
@@ -119,6 +120,10 @@ class _Bridge:
 
     def from_numpy(self, a: np.ndarray) -> Any:
         return self.from_torch(_numpy_to_torch(a))
+
+    def reshape(self, x: Any, shape: Sequence[int]) -> Any:
+        """``x`` seen as ``shape`` (a view where the framework makes one)."""
+        return x.reshape(list(shape))
 
 
 def _module_root(x: Any) -> str:
@@ -334,6 +339,13 @@ def convert(x: Any, framework: str) -> Any:
     if src in _FROM:
         return _FROM[src](x, framework)
     return from_torch(to_torch(x), framework)
+
+
+def reshape(x: Any, shape: Sequence[int]) -> Any:
+    """``x`` (any framework's tensor) as ``shape``, through its framework's bridge (a
+    MindSpore tensor atb made over a host array is reshaped through the array: no
+    MindSpore op, nothing for the next host read to wait for)."""
+    return _BRIDGES[framework_of(x)].reshape(x, shape)
 
 
 def raw_signature(xs: Sequence[Any]) -> tuple | None:

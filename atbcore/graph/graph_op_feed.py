@@ -30,7 +30,7 @@ import numpy as np
 
 from ..dtypes import Dtype
 from ..errors import DtypeError, InputError, ShapeError
-from ..tensor import convert, describe, framework_of, raw_signature
+from ..tensor import convert, describe, framework_of, raw_signature, reshape
 from .ir import Graph
 from .sequential import BLOCK_INPUT
 
@@ -258,7 +258,7 @@ class CacheFeeder:
             for layer in ([span] if span is not None else layers):
                 cache.advance(layer, n, these)
         if int(out.shape[0]) == b and (packed or sum(q) != b):
-            return out.reshape([b, 1, -1])                  # one (last) token per row
+            return reshape(out, [b, 1, -1])                 # one (last) token per row
         if packed:
             return out
-        return out.reshape([b, q[0], -1])
+        return reshape(out, [b, q[0], -1])

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import InputError
-from ..tensor import convert
+from ..tensor import convert, reshape
 from ..graph.graph_op_kv import in_place_form, run_in_place
 
 __all__ = ["RowFeeder"]
@@ -70,4 +70,4 @@ class RowFeeder:
             raise InputError(self.form.name, "pasts", f"the cache rows' lengths {held.tolist()}",
                              list(pasts))
         out = run_in_place(self.op, convert(ids, self.framework), self.cache, rows=rows)
-        return out.reshape([b * s, -1])
+        return reshape(out, [b * s, -1])

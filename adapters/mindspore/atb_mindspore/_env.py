@@ -46,6 +46,8 @@ def mindspore() -> Any:
 
 def device_name(t: Any) -> str:
     """atb's device name of a MindSpore tensor: ``cpu``, ``npu:0``, ``cuda:0``."""
+    if getattr(t, "_atb_array", None) is not None:  # made by atb over a host array
+        return "cpu"  # (asking MindSpore waits for its queue of pending ops)
     dev = str(getattr(t, "device", "CPU") or "CPU")
     kind, _, idx = dev.partition(":")
     kind = {"cpu": "cpu", "ascend": "npu", "npu": "npu", "gpu": "cuda", "cuda": "cuda"}.get(

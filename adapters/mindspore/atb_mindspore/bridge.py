@@ -64,7 +64,18 @@ class MindSporeBridge(_MindSporeBridge):
     def describe(self, x: Any) -> TensorDesc:
         return TensorDesc(tuple(x.shape), Dtype.of(str(x.dtype)), device=device_name(x))
 
+    def reshape(self, x: Any, shape: Any) -> Any:
+        a = getattr(x, "_atb_array", None)
+        if a is not None:  # through the array atb made it over: no MindSpore op
+            from .backend.native import host_tensor
+
+            return host_tensor(a.reshape(tuple(shape)))
+        return x.reshape(tuple(shape))
+
     def to_numpy(self, x: Any) -> np.ndarray:
+        a = getattr(x, "_atb_array", None)
+        if a is not None:  # a tensor atb made over this very array (backend/native.py)
+            return a
         _refuse_device(x, "NumPy view")
         ms = mindspore()
         if x.dtype == ms.bfloat16:

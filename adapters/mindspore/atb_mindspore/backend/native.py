@@ -26,12 +26,13 @@ from . import shape as _shape_kernels  # noqa: F401
 from .._env import device_name, mindspore
 from .common import note
 
-__all__ = ["MindSporeIO", "host_tensor"]
+__all__ = ["MindSporeIO", "host_tensor", "ARRAY"]
 
 # Set on the NumPy-backed tensors atb makes: their address, known when they are made.
 # MindSpore's data_ptr() / is_contiguous() wait for its asynchronous op queue (tenths
 # of a millisecond each on a busy machine); a decode step reads ~200 addresses.
 _ADDRESS = "_atb_address"
+ARRAY = "_atb_array"  # ... and the array itself
 
 
 def host_tensor(a: np.ndarray) -> Any:
@@ -39,6 +40,7 @@ def host_tensor(a: np.ndarray) -> Any:
     address remembered for :class:`MindSporeIO`."""
     t = mindspore().Tensor.from_numpy(a)
     setattr(t, _ADDRESS, a.ctypes.data)
+    setattr(t, ARRAY, a)  # its views (Reshape) come from the array, asking MindSpore nothing
     return t
 
 
