@@ -102,10 +102,21 @@ void atb_panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float 
             continue;
         }
         const float *acc = add ? atb_load(add, adt, (m + i) * as + n, nv, yy) : NULL;
-        for (int64_t j = 0; j < nv; ++j) {
-            float t = sc ? r[j] * sc[j] : r[j];
-            if (bi) t += bi[j];
-            v[j] = acc ? acc[j] + t : t;
+        /* one branch-free loop per term, so each vectorises (the same sums in the
+         * same order as r * sc + bi + acc element by element) */
+        if (sc) {
+#pragma omp simd
+            for (int64_t j = 0; j < nv; ++j) v[j] = r[j] * sc[j];
+        } else {
+            memcpy(v, r, (size_t)nv * sizeof(float));
+        }
+        if (bi) {
+#pragma omp simd
+            for (int64_t j = 0; j < nv; ++j) v[j] += bi[j];
+        }
+        if (acc) {
+#pragma omp simd
+            for (int64_t j = 0; j < nv; ++j) v[j] += acc[j];
         }
         atb_store((void *)P(a->y), (int)a->y_dt, off, nv, v);
     }
