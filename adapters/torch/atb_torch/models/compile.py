@@ -71,8 +71,8 @@ def _check(mode: str, opt_level: Any, quantize: Any) -> None:
                               repr(mode))
     if isinstance(opt_level, bool) or opt_level not in OPT_LEVELS:
         raise ParamsError("compile", "opt_level", "0, 1, 2 or 3", repr(opt_level))
-    if quantize not in (None, "w8"):
-        raise ParamsError("compile", "quantize", "None or 'w8'", repr(quantize))
+    if quantize not in (None, "w8", "w8a8"):
+        raise ParamsError("compile", "quantize", "None, 'w8' or 'w8a8'", repr(quantize))
 
 
 def compile(model: Any, mode: str = "infer", opt_level: int = 2,
