@@ -57,3 +57,30 @@ def test_w8a8_bad_quantize_named():
 
     with pytest.raises(ParamsError, match="w8a8"):
         compile(tiny("llama"), quantize="w4a4")
+
+
+@pytest.mark.parametrize("heavy_padding", [False, True])
+def test_w8a8_encoder_fast_path(heavy_padding):
+    """BERT under w8a8 takes the fast encoder layers (C w8a8 GEMMs, residuals inside):
+    hidden states close to HF fp32 and to the general (op by op) w8a8 path."""
+    from atb_torch.models.encoder_fast import fast_encoder_reason
+
+    bert = tiny("bert")
+    c = compile(bert, quantize="w8a8")
+    assert fast_encoder_reason(c.atb_runner) is None
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 256, (4, 16), generator=g)
+    tt = torch.randint(0, 2, (4, 16), generator=g)
+    mask = torch.ones(4, 16, dtype=torch.long)
+    mask[1, (4 if heavy_padding else 14):] = 0
+    mask[3, (2 if heavy_padding else 13):] = 0
+    with torch.no_grad():
+        out = c(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
+        ref = bert(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
+    assert _cos(out, ref, mask) >= 0.99
+    assert not torch.equal(out[mask.bool()], ref[mask.bool()])
+    general = compile(bert, quantize="w8a8", opt_level=1)
+    general.atb_runner.__dict__["_fast_encoder"] = None  # the general encoder path
+    with torch.no_grad():
+        gen = general(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
+    assert _cos(out, gen, mask) >= 0.999
