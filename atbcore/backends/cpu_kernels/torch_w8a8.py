@@ -19,7 +19,8 @@ from .threads import pool_threads
 from .torch_linear import _Q, _linear_fields
 from .torch_ops import DTYPE_CODES, _check, _deliver, _fn, _rows
 
-__all__ = ["pack_w8a8", "w8a8_shape", "linear_w8a8", "quantize_rows_reference"]
+__all__ = ["pack_w8a8", "w8a8_shape", "linear_w8a8", "linear_w8a8_bound",
+           "quantize_rows_reference"]
 
 PANEL = 32  # outputs per panel (ATB_GEMM_PANEL)
 QUAD = 4    # k per VPDPBUSD lane
@@ -67,6 +68,64 @@ def linear_w8a8(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, *,
     as the output) is added, or with ``accumulate`` the result is added into ``out``.
     The result is in x's dtype unless ``out`` says otherwise."""
     op = "linear_w8a8"
+    _check_args(op, x, packed, scale, bias, out, residual, accumulate, threads, rms_norm_eps,
+                rms_norm_weight)
+    k, n = x.shape[-1], scale.numel()
+    shape = (*x.shape[:-1], n)
+    if x.numel() == 0:
+        if accumulate:
+            return out
+        y = out if out is not None else torch.empty(shape, dtype=x.dtype)
+        return y.copy_(residual) if residual is not None else y
+    x2, rows, xs = _rows(x, k)
+    y = out if (out is not None and out.shape == shape and out.dtype in DTYPE_CODES
+                and out.is_contiguous()) else None
+    if y is None:
+        y = out.contiguous() if accumulate else torch.empty(shape, dtype=x.dtype)
+    scale, bias, nw = (None if t is None else t.contiguous()
+                       for t in (scale, bias, rms_norm_weight))
+    head, tail = _fields(x2, rows, xs, packed, scale, bias, y, accumulate, rms_norm_eps, nw,
+                         residual)
+    _check(_fn("linear_w8a8")(head + _Q.pack(threads or pool_threads()) + tail), op)
+    return _deliver(out, y)
+
+
+def linear_w8a8_bound(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                      out: torch.Tensor, *, bias: torch.Tensor | None = None,
+                      accumulate: bool = False, rms_norm_eps: float | None = None,
+                      rms_norm_weight: torch.Tensor | None = None):
+    """:func:`linear_w8a8` of these very buffers, its arguments packed once: the
+    returned ``call()`` reruns it (the pool's thread count read per call), for a
+    prebuilt decode plan whose ``x`` and ``out`` are fixed. None when the buffers are
+    not as the kernel reads them in place (x and out contiguous, out in a kernel
+    dtype): then call :func:`linear_w8a8`. Bad arguments raise at bind time."""
+    op = "linear_w8a8_bound"
+    _check_args(op, x, packed, scale, bias, out, None, accumulate, None, rms_norm_eps,
+                rms_norm_weight)
+    k, n = x.shape[-1], scale.numel()
+    if (x.numel() == 0 or not x.is_contiguous() or not out.is_contiguous()
+            or out.shape != (*x.shape[:-1], n) or out.dtype not in DTYPE_CODES
+            or not scale.is_contiguous() or (bias is not None and not bias.is_contiguous())
+            or (rms_norm_weight is not None and not rms_norm_weight.is_contiguous())):
+        return None
+    head, tail = _fields(x, x.numel() // k, k, packed, scale, bias, out, accumulate,
+                         rms_norm_eps, rms_norm_weight, None)
+    fn = _fn("linear_w8a8")
+
+    def call() -> None:
+        _check(fn(head + _Q.pack(pool_threads()) + tail), "linear_w8a8")
+    call.keep = (x, packed, scale, out, bias, rms_norm_weight)  # type: ignore[attr-defined]
+    return call
+
+
+def _fields(x2, rows, xs, packed, scale, bias, y, accumulate, eps, nw, residual) -> tuple:
+    """LinArgs around its threads field, the weight given by its packed panels."""
+    w = torch.empty(scale.numel(), x2.shape[-1], dtype=torch.int8, device="meta")  # shape, dtype
+    return _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, packed, residual)
+
+
+def _check_args(op, x, packed, scale, bias, out, residual, accumulate, threads, rms_norm_eps,
+                rms_norm_weight) -> None:
     chk.tensor(op, "x", x, dims=tuple(range(1, 65)))
     chk.tensor(op, "packed", packed, (torch.int8,), dims=(4,))
     chk.tensor(op, "scale", scale, (torch.float32,), dims=(1,))
@@ -96,23 +155,6 @@ def linear_w8a8(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, *,
     chk.vector(op, "rms_norm_weight", rms_norm_weight, k)
     if threads is not None:
         chk.integer(op, "threads", threads, 1, 1 << 16)
-    if x.numel() == 0:
-        if accumulate:
-            return out
-        y = out if out is not None else torch.empty(shape, dtype=x.dtype)
-        return y.copy_(residual) if residual is not None else y
-    x2, rows, xs = _rows(x, k)
-    y = out if (out is not None and out.shape == shape and out.dtype in DTYPE_CODES
-                and out.is_contiguous()) else None
-    if y is None:
-        y = out.contiguous() if accumulate else torch.empty(shape, dtype=x.dtype)
-    scale, bias, nw = (None if t is None else t.contiguous()
-                       for t in (scale, bias, rms_norm_weight))
-    w = torch.empty(n, k, dtype=torch.int8, device="meta")  # the shape and dtype LinArgs take
-    head, tail = _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, rms_norm_eps, nw,
-                                packed, residual)
-    _check(_fn("linear_w8a8")(head + _Q.pack(threads or pool_threads()) + tail), op)
-    return _deliver(out, y)
 
 
 def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

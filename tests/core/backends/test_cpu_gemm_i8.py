@@ -133,3 +133,19 @@ def test_w8a8_bad_packed_shape():
     wq = torch.zeros(40, 12, dtype=torch.int8)
     with pytest.raises(ShapeError, match="packed"):
         linear_w8a8(torch.randn(2, 16), pack_w8a8(wq), torch.ones(40))
+
+
+def test_w8a8_bound_call_matches():
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, linear_w8a8_bound, pack_w8a8
+
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 70, generator=g)
+    wq, s = _weights(g, 50, 70)
+    p, b = pack_w8a8(wq), torch.randn(50, generator=g)
+    out = torch.zeros(3, 50)
+    call = linear_w8a8_bound(x, p, s, out, bias=b)
+    x.mul_(2)  # the call reads the buffers as they are when it runs
+    call()
+    assert torch.equal(out, linear_w8a8(x, p, s, bias=b))
+    strided = torch.randn(3, 140, generator=g)[:, ::2]  # not read in place: no bound call
+    assert linear_w8a8_bound(strided, p, s, out) is None

@@ -216,9 +216,15 @@ class Lin:
         one prebuilt C call (a decode plan's); None where that cannot be (more rows
         than the C matmul takes, a norm it cannot apply itself, buffers it would have
         to copy): then call the method."""
-        if (not self._few(x2) or (norm is not None and (accumulate or not norm.fusable))
-                or self.mode == "w8a8"):  # w8a8: its calls pack their arguments each time
+        if not self._few(x2) or (norm is not None and (accumulate or not norm.fusable)):
             return None
+        nw, eps = (None, None) if norm is None else (norm.w, norm.eps)
+        if self.mode == "w8a8":
+            from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8_bound
+
+            return linear_w8a8_bound(x2, self.packed, self.scale32, out, bias=self.b,
+                                     accumulate=accumulate, rms_norm_eps=eps,
+                                     rms_norm_weight=nw)
         from atbcore.backends.cpu_kernels.torch_decode import linear_rows_bound
 
         return linear_rows_bound(x2, self.w, out, scale=self.scale32, bias=self.b,
