@@ -59,8 +59,12 @@ static void quantize_rows(void *ctx, int64_t r0, int64_t r1) {
         for (int64_t k0 = 0; k0 < K; k0 += 1024) { /* pass 1: the row's largest |x| */
             const int64_t n = K - k0 < 1024 ? K - k0 : 1024;
             const float *v = atb_load(job->x, dt, r * job->xs + k0, n, buf);
+            /* a compare, not fmaxf: fmaxf's NaN rule keeps it a libm call per element */
 #pragma omp simd reduction(max : amax)
-            for (int64_t i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(v[i]));
+            for (int64_t i = 0; i < n; ++i) {
+                const float t = fabsf(v[i]);
+                amax = t > amax ? t : amax;
+            }
         }
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         job->sx[r] = amax / 127.0f;
