@@ -12,8 +12,9 @@ Sections (``--only`` picks some; all by default):
 * ``prefill`` — 2048-token prefill: allocator peak against HF with
   ``attn_implementation="eager"``, time against HF's default (SDPA) attention.
 * ``precisions`` — atb's prefill of 512 and 2048 tokens at fp32, bf16 (VDPBF16PS GEMMs
-  where the CPU has them) and w8a8 (int8 activations x int8 weights, VNNI), as ratios
-  to atb fp32, interleaved.
+  and attention where the CPU has them) and w8a8 (int8 activations x int8 weights,
+  VNNI; with fp32 or bf16 activations between the GEMMs), as ratios to atb fp32 (wall
+  and CPU time), interleaved.
 * ``minilm``  — sentence-transformers' ``encode`` (its sorting, batch 32) on 1,000
   sentences: fp32, bf16 and w8a8 atb vs the unaccelerated fp32 model (+ ONNX Runtime:
   its fp32 model beside fp32, its dynamic int8 quantization beside w8a8).
@@ -165,7 +166,7 @@ def precisions(args: argparse.Namespace) -> dict:
         ids = torch.randint(3, 32000, (1, tokens), generator=torch.Generator().manual_seed(2))
         runs, ref = {}, None
         for label, dtype, quant in (("fp32", None, None), ("bf16", torch.bfloat16, None),
-                                    ("w8a8", None, "w8a8")):
+                                    ("w8a8", None, "w8a8"), ("w8a8_bf16", torch.bfloat16, "w8a8")):
             runner = atb_compile(model, dtype=dtype, quantize=quant).atb_runner
             cache = runner.new_cache(1, tokens + 1)
 
@@ -183,13 +184,14 @@ def precisions(args: argparse.Namespace) -> dict:
                        "logits_cosine_to_fp32": float(torch.nn.functional.cosine_similarity(
                            timed[label][-1][1][1].double(), ref.double(), dim=-1).min())}
                for label in runs}
-        for label in ("bf16", "w8a8"):
+        for label in ("bf16", "w8a8", "w8a8_bf16"):
             res[label]["speedup_vs_fp32"] = res["fp32"]["s"] / res[label]["s"]
             res[label]["cpu_speedup_vs_fp32"] = res["fp32"]["cpu_s"] / res[label]["cpu_s"]
         out[str(tokens)] = res
         log("  " + ", ".join(f"{lb} {res[lb]['speedup_vs_fp32']:.2f}x wall, "
                              f"{res[lb]['cpu_speedup_vs_fp32']:.2f}x CPU time, cos "
-                             f"{res[lb]['logits_cosine_to_fp32']:.5f}" for lb in ("bf16", "w8a8"))
+                             f"{res[lb]['logits_cosine_to_fp32']:.5f}"
+                             for lb in ("bf16", "w8a8", "w8a8_bf16"))
             + " (of atb fp32)")
     return out
 
@@ -201,6 +203,8 @@ def minilm(args: argparse.Namespace) -> dict:
     out = {}
     for label, dtype, quant in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
                                 ("w8a8", torch.float32, "w8a8")):
+        if label not in args.minilm.split(","):
+            continue
         log(f"minilm {label}: 1000 sentences")
         r = bench_encoder(str(path), EncoderSettings(sentences=1000, dtype=dtype,
                                                      repeats=args.repeats, quantize=quant,
@@ -242,6 +246,7 @@ def main() -> int:
     ap.add_argument("--llama-cpp", action="store_true", help="add llama.cpp to decode")
     ap.add_argument("--torch-compile", action="store_true", help="add torch.compile to decode")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--minilm", default="fp32,bf16,w8a8", help="the MiniLM section's precisions")
     ap.add_argument("--out", default="bench-results/cpu_targets.json")
     args = ap.parse_args()
     if args.threads:
