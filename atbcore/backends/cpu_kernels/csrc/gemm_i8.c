@@ -23,6 +23,9 @@
 #include "pool.h"
 
 #define ATB_I8_ROW 128 /* bytes of one panel row: 32 outputs x 4 k */
+/* x rows per tile: 12 x 2 accumulators, the two weight vectors and a broadcast fill
+ * 27 of the 32 vector registers */
+#define ATB_I8_MB 12
 
 int atb_cpu_vnni(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -117,18 +120,21 @@ static inline ATB_VNNI_TARGET __attribute__((always_inline)) void i8_tile(
     float *res) {
     __m512i lo0 = _mm512_setzero_si512(), hi0 = lo0, lo1 = lo0, hi1 = lo0, lo2 = lo0, hi2 = lo0,
             lo3 = lo0, hi3 = lo0, lo4 = lo0, hi4 = lo0, lo5 = lo0, hi5 = lo0, lo6 = lo0,
-            hi6 = lo0, lo7 = lo0, hi7 = lo0;
+            hi6 = lo0, lo7 = lo0, hi7 = lo0, lo8 = lo0, hi8 = lo0, lo9 = lo0, hi9 = lo0,
+            lo10 = lo0, hi10 = lo0, lo11 = lo0, hi11 = lo0;
     for (int64_t q = 0; q < k4; ++q) {
         const __m512i w0 = _mm512_loadu_si512(w + q * ATB_I8_ROW);
         const __m512i w1 = _mm512_loadu_si512(w + q * ATB_I8_ROW + 64);
         ATB_I8_ROW_STEP(0) ATB_I8_ROW_STEP(1) ATB_I8_ROW_STEP(2) ATB_I8_ROW_STEP(3)
         ATB_I8_ROW_STEP(4) ATB_I8_ROW_STEP(5) ATB_I8_ROW_STEP(6) ATB_I8_ROW_STEP(7)
+        ATB_I8_ROW_STEP(8) ATB_I8_ROW_STEP(9) ATB_I8_ROW_STEP(10) ATB_I8_ROW_STEP(11)
     }
     const int32_t *cs = (const int32_t *)(w + k4 * ATB_I8_ROW);
     const __m512i c0 = _mm512_slli_epi32(_mm512_loadu_si512(cs), 7);
     const __m512i c1 = _mm512_slli_epi32(_mm512_loadu_si512(cs + 16), 7);
     ATB_I8_ROW_OUT(0) ATB_I8_ROW_OUT(1) ATB_I8_ROW_OUT(2) ATB_I8_ROW_OUT(3)
     ATB_I8_ROW_OUT(4) ATB_I8_ROW_OUT(5) ATB_I8_ROW_OUT(6) ATB_I8_ROW_OUT(7)
+    ATB_I8_ROW_OUT(8) ATB_I8_ROW_OUT(9) ATB_I8_ROW_OUT(10) ATB_I8_ROW_OUT(11)
 }
 
 static ATB_VNNI_TARGET void i8_tile_vnni(int mb, const uint8_t *xq, int64_t xqs, const float *sx,
@@ -141,7 +147,11 @@ static ATB_VNNI_TARGET void i8_tile_vnni(int mb, const uint8_t *xq, int64_t xqs,
     case 5: i8_tile(5, xq, xqs, sx, w, k4, res); break;
     case 6: i8_tile(6, xq, xqs, sx, w, k4, res); break;
     case 7: i8_tile(7, xq, xqs, sx, w, k4, res); break;
-    default: i8_tile(8, xq, xqs, sx, w, k4, res); break;
+    case 8: i8_tile(8, xq, xqs, sx, w, k4, res); break;
+    case 9: i8_tile(9, xq, xqs, sx, w, k4, res); break;
+    case 10: i8_tile(10, xq, xqs, sx, w, k4, res); break;
+    case 11: i8_tile(11, xq, xqs, sx, w, k4, res); break;
+    default: i8_tile(12, xq, xqs, sx, w, k4, res); break;
     }
 }
 #endif
@@ -179,9 +189,9 @@ static void run_i8(void *ctx, int64_t chunk) {
     const int vnni = atb_cpu_vnni();
 #endif
     for (int64_t p = p0; p < p1; ++p)
-        for (int64_t m = m0; m < m1; m += 8) {
-            const int mb = m1 - m < 8 ? (int)(m1 - m) : 8;
-            float res[8 * ATB_GEMM_PANEL];
+        for (int64_t m = m0; m < m1; m += ATB_I8_MB) {
+            const int mb = m1 - m < ATB_I8_MB ? (int)(m1 - m) : ATB_I8_MB;
+            float res[ATB_I8_MB * ATB_GEMM_PANEL];
 #ifdef ATB_HAVE_VNNI_KERNEL
             if (vnni)
                 i8_tile_vnni(mb, job->xq + m * KP, KP, job->sx + m, w + p * pbytes, job->k4, res);
