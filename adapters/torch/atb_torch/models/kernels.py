@@ -158,8 +158,9 @@ class Lin:
                 "w8": "atb w8 Linear (int8pack / dequantize + GEMM)"}[self.mode]
         dt = str(self.w.dtype).replace("torch.", "")
         if self.panels is not None:
+            dot = ("; VDPBF16PS on bf16 rows where the CPU has it" if dt == "bfloat16" else "")
             return (f"C few-row matmul ({dt} weights, 32-output panels, <= {ROWS_MAX} rows) | "
-                    "C panel GEMM (64-row blocks)")
+                    f"C panel GEMM (64-row blocks{dot})")
         if self.rows:
             return f"C few-row matmul ({dt} weights, <= {ROWS_MAX} rows) | {many}"
         why = "" if self.mode == "dense" else f" (C few-row matmul: {self.rows_why})"
