@@ -22,8 +22,8 @@
  * horizontal reductions. Keys go in blocks of 64: scores S^T = K Q^T as 6-key x
  * 64-lane register tiles, the causal / window rules as per-lane position masks,
  * then O^T += V^T P^T as 6-row x 64-lane tiles. Blocks past a chunk's last
- * position are never touched. bf16 q and k/v on a CPU with AVX512_BF16 take the
- * same walk with VDPBF16PS tiles on bf16 pairs (flash_bf16.c).
+ * position are never touched. bf16 q and k on a CPU with AVX512_BF16 take the same
+ * walk with VDPBF16PS score tiles on bf16 pairs (flash_bf16.c).
  */
 #include "common.h"
 #include "flash_bf16.h"
@@ -278,13 +278,12 @@ static void run_chunk(void *ctx, int64_t ci) {
     const int64_t Mp = (M + 15) / 16 * 16;
     const int causal = a->causal || a->window > 0;
     const int half = a->kv_dt != ATB_F32;
-    /* bf16 q, k, v: VDPBF16PS on pairs (Qt holds q's bf16 pairs, K/V are read in
-     * place, the K/V block scratch holds the paired values and probabilities) */
+    /* bf16 q and k: the scores by VDPBF16PS on pairs (Qt holds q's bf16 pairs, keys
+     * are read in place) */
     const int pairs = a->q_dt == ATB_BF16 && a->kv_dt == ATB_BF16 && atb_flash_bf16_ready();
     /* scratch: Qt, Ot [D][Mp], St [64][Mp], mx, sum, pos [Mp], a row, K/V blocks when
-     * widened [64][D] (paired: V pairs [32][D], P pairs [32][Mp]) */
-    size_t n = (size_t)(2 * D * Mp + FL_BK * Mp + 3 * Mp + D + (half ? 2 * FL_BK * D : 0) +
-                        (pairs ? FL_BK / 2 * Mp : 0));
+     * widened [64][D] */
+    size_t n = (size_t)(2 * D * Mp + FL_BK * Mp + 3 * Mp + D + (half ? 2 * FL_BK * D : 0));
     float *buf = scratch(n);
     if (!buf) {
         __atomic_store_n(&job->nomem, 1, __ATOMIC_RELAXED);
@@ -323,26 +322,20 @@ static void run_chunk(void *ctx, int64_t ci) {
     const float *kr[FL_BK], *vr[FL_BK];
     for (int64_t j0 = lo; j0 < hi; j0 += FL_BK) {
         const int nk = (int)(hi - j0 < FL_BK ? hi - j0 : FL_BK);
-        if (pairs) {
-            const uint16_t *kh[FL_BK], *vh[FL_BK];
-            for (int j = 0; j < nk; ++j) {
-                kh[j] = (const uint16_t *)P(a->k) + sd[1] + (j0 + j) * a->k_st + ch->kvh * a->k_sh;
-                vh[j] = (const uint16_t *)P(a->v) + sd[2] + (j0 + j) * a->v_st + ch->kvh * a->v_sh;
-            }
-            atb_flash_bf16_scores(kh, (const uint32_t *)Qt, St, Mp, D, nk, scale);
-            softmax_block(St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, a->window);
-            atb_flash_bf16_accumulate(vh, St, Ot, Mp, D, nk, (uint32_t *)(Vb + FL_BK * D),
-                                      (uint32_t *)Kb);
-            continue;
-        }
+        const uint16_t *kh[FL_BK];
         for (int j = 0; j < nk; ++j) {   /* rows in place, or widened into the block */
-            const int64_t t = j0 + j;
-            kr[j] = atb_load(P(a->k), (int)a->kv_dt, sd[1] + t * a->k_st + ch->kvh * a->k_sh, D,
-                             Kb + j * D);
+            const int64_t t = j0 + j, ko = sd[1] + t * a->k_st + ch->kvh * a->k_sh;
+            if (pairs)
+                kh[j] = (const uint16_t *)P(a->k) + ko;
+            else
+                kr[j] = atb_load(P(a->k), (int)a->kv_dt, ko, D, Kb + j * D);
             vr[j] = atb_load(P(a->v), (int)a->kv_dt, sd[2] + t * a->v_st + ch->kvh * a->v_sh, D,
                              Vb + j * D);
         }
-        scores(kr, Qt, St, Mp, D, nk);
+        if (pairs)
+            atb_flash_bf16_scores(kh, (const uint32_t *)Qt, St, Mp, D, nk, scale);
+        else
+            scores(kr, Qt, St, Mp, D, nk);
         softmax_block(St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, a->window);
         accumulate(vr, St, Ot, Mp, D, nk);
     }
