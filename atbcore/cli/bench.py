@@ -34,9 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (128; quick 32)")
     p.add_argument("--new-tokens", type=int, default=None, help="generated tokens (64; quick 16)")
-    p.add_argument("--quantize", choices=("w8", "w4"), default=None,
-                   help="atb weight-only int8 per output channel (w8) or 4-bit codes with "
-                   "a scale per group of 32 inputs (w4)")
+    p.add_argument("--quantize", choices=("w8", "w4", "w8a8"), default=None,
+                   help="atb int8 weights per output channel: w8 weight-only, w8a8 with "
+                        "int8 activations per row (the encoder too, beside ONNX Runtime's "
+                        "dynamic int8 model); w4: 4-bit codes with a scale per group of 32 "
+                        "inputs")
     p.add_argument("--baseline", action="append", choices=BASELINES, default=[],
                    help="extra baseline: torch.compile (HF + static cache), llama.cpp "
                    "(GGUF F32/BF16/Q8_0/Q4_0 via llama-cpp-python); onnxruntime (MiniLM's "

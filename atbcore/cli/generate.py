@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
                    help="compute dtype (default: the checkpoint's)")
-    p.add_argument("--quantize", choices=("w8", "w4"), default=None)
+    p.add_argument("--quantize", choices=("w8", "w4", "w8a8"), default=None)
     p.add_argument("--device", default="cpu", help="cpu, cuda[:i] or npu[:i]")
     p.add_argument("--speculative", action="store_true",
                    help="prompt-lookup speculative decoding")

@@ -27,7 +27,8 @@ __all__ = ["library", "unavailable_reason", "build_info", "entry", "pool_stats",
 ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", "atb_softmax",
                 "atb_linear_rows", "atb_decode_attention", "atb_reshape_and_cache",
                 "atb_argmax", "atb_prefill_attention", "atb_mt19937_uniforms",
-                "atb_sample_top_k", "atb_repetition_penalty", "atb_linear_w4", "atb_gather_rows")
+                "atb_sample_top_k", "atb_repetition_penalty", "atb_linear_w4", "atb_gather_rows",
+                "atb_linear_w8a8")
 
 # Lists that record C kernel calls while a LaunchCounter is active (a stack:
 # counters may nest). Kernel wrappers append their name to the innermost one.

@@ -72,7 +72,7 @@ class LLM:
     files; pickle ``.bin`` weights are refused) — or an already loaded causal LM with
     ``tokenizer=`` (or none: then prompts are token-id lists and texts are empty).
     ``dtype`` (``"fp32"``, ``"bf16"``, ``"fp16"`` or a torch dtype; default: the
-    checkpoint's), ``quantize`` None | ``"w8"`` | ``"w4"``, ``enable_prefix_caching``,
+    checkpoint's), ``quantize`` None | ``"w8"`` | ``"w4"`` | ``"w8a8"``, ``enable_prefix_caching``,
     ``enable_speculative`` (prompt-lookup drafts of ``num_speculative_tokens``).
     Serving limits: ``max_batch_size`` running sequences, ``max_prefill_tokens`` per
     prefill step, the KV cache as ``num_blocks`` blocks of ``block_size`` tokens
@@ -95,8 +95,8 @@ class LLM:
                  block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_memory: int = 256 * 2**20, num_speculative_tokens: int = 4,
                  max_model_len: int | None = None, tensor_parallel_size: int = 1) -> None:
-        if quantize not in (None, "w8", "w4"):
-            raise ParamsError("LLM", "quantize", "None, 'w8' or 'w4'", repr(quantize))
+        if quantize not in (None, "w8", "w4", "w8a8"):
+            raise ParamsError("LLM", "quantize", "None, 'w8', 'w4' or 'w8a8'", repr(quantize))
         tdtype = _dtype(dtype)
         device = resolve_device(device, "LLM")  # before any weights move: a DeviceError, not torch's
         if isinstance(model, (str, os.PathLike)):

@@ -75,8 +75,8 @@ def _check(mode: str, opt_level: Any, quantize: Any, kv_cache_dtype: Any = None)
                               repr(mode))
     if isinstance(opt_level, bool) or opt_level not in OPT_LEVELS:
         raise ParamsError("compile", "opt_level", "0, 1, 2 or 3", repr(opt_level))
-    if quantize not in (None, "w8", "w4"):
-        raise ParamsError("compile", "quantize", "None, 'w8' or 'w4'", repr(quantize))
+    if quantize not in (None, "w8", "w4", "w8a8"):
+        raise ParamsError("compile", "quantize", "None, 'w8', 'w4' or 'w8a8'", repr(quantize))
     if kv_cache_dtype not in (None, "int8"):
         raise ParamsError("compile", "kv_cache_dtype", "None or 'int8'", repr(kv_cache_dtype))
 

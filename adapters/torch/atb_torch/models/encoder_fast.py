@@ -2,7 +2,8 @@
 C LayerNorms per layer.
 
 Built lazily by :meth:`.runner.ModelRunner.encode` from the runner's own prepared
-blocks (opt >= 1, no quantization, fp32/bf16 on a CPU with oneDNN); it keeps no
+blocks (opt >= 1, fp32/bf16 on a CPU with oneDNN, not quantized, or quantize="w8a8":
+then the GEMMs are the C w8a8 matmul's, :class:`_W8A8Layer`); it keeps no
 weight copies: the GEMMs read the blocks' weights as ``[out, in]`` views (transposed
 views of the ``[in, out]`` copies fused Linears keep).
 Per layer (post-norm BERT)::
@@ -69,7 +70,8 @@ def fast_encoder_reason(runner: Any) -> str | None:
         return f"{s.arch} is not an encoder"
     if runner.opt_level < 1:
         return "opt_level 0 runs op by op"
-    if runner.quantize:
+    w8a8 = runner.quantize == "w8a8"
+    if runner.quantize and not w8a8:
         return f"quantize={runner.quantize!r} runs the int8 Linear kernel"
     if runner.device.type != "cpu":
         return f"oneDNN linear is CPU-only; device {runner.device}"
@@ -77,13 +79,15 @@ def fast_encoder_reason(runner: Any) -> str | None:
         return f"oneDNN linear path takes fp32/bf16; dtype {runner.dtype}"
     if s.num_kv_heads != s.num_heads:
         return "grouped KV heads"
-    if not _pw_available():
+    if not w8a8 and not _pw_available():
         return "torch built without oneDNN (mkldnn)"
     for blk in runner.blocks:
         if getattr(blk, "qkv", None) is None:
             return "blocks without a merged QKV Linear"
-        lins = (blk.qkv, blk.o, blk.up, blk.down)
-        if any(getattr(lin, "mode", None) not in _LAYOUT for lin in lins):
+        modes = {getattr(lin, "mode", None) for lin in (blk.qkv, blk.o, blk.up, blk.down)}
+        if w8a8 and modes != {"w8a8"}:
+            return "quantize='w8a8' without the C w8a8 matmul"
+        if not w8a8 and not modes <= set(_LAYOUT):
             return "Linear weights in a layout oneDNN linear does not take"
     return None
 
@@ -134,13 +138,31 @@ class _Layer:
         return _layer_norm(lin.binary(h, y, self.wdown, self.bdown, "add"), self.n2)
 
 
+class _W8A8Layer:
+    """One encoder block on the C w8a8 matmul (quantize="w8a8"): the same four GEMMs,
+    bias and residual adds inside the matmul, the activation a separate op."""
+
+    def __init__(self, blk: Any, scale: float) -> None:
+        self.qkv, self.o, self.up, self.down = blk.qkv, blk.o, blk.up, blk.down
+        self.n1, self.n2, self.act = blk.attn_norm, blk.mlp_norm, blk.act
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]
+                ) -> torch.Tensor:
+        """``x`` [N, H] rows -> the block's output rows [N, H]."""
+        o = attend(self.qkv(x))                                          # [N, H]
+        y = _layer_norm(self.o._c(o, residual=x), self.n1)
+        return _layer_norm(self.down._c(self.act(self.up(y)), residual=y), self.n2)
+
+
 class FastEncoder:
     """The encoder layers of a runner on the fast path; ``run(x, mask, b, s)``."""
 
     def __init__(self, runner: Any) -> None:
         s = runner.spec
         self.heads, self.head_dim, self.hidden = s.num_heads, s.head_dim, s.hidden_size
-        self.layers = [_Layer(blk, s.activation, s.scales[i], s.num_heads)
+        self.layers = [_W8A8Layer(blk, s.scales[i]) if runner.quantize == "w8a8" else
+                       _Layer(blk, s.activation, s.scales[i], s.num_heads)
                        for i, blk in enumerate(runner.blocks)]
         # position + token-type embeddings summed once into one table indexed by
         # type * P + position: one gather instead of two gathers and an add per batch
@@ -195,6 +217,8 @@ class FastEncoder:
 
     def _probe(self, dtype: torch.dtype) -> None:
         layer = self.layers[0]
+        if isinstance(layer, _W8A8Layer):  # no oneDNN GEMM to probe
+            return
         x = torch.zeros(2, layer.wqkv.shape[1], dtype=dtype)
         torch.ops.mkldnn._linear_pointwise(x, layer.wqkv, layer.bqkv, "none", [], "")
 

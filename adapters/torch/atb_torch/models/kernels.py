@@ -19,7 +19,8 @@ from atbcore.backends import get_backend
 from atbcore.memory import hugepages
 from atbcore.ops import get_op
 
-from .weight_prep import ROWS_MAX, Prep, panels_enabled, rows_reason, rows_weight, weight_panels
+from .weight_prep import (ROWS_MAX, Prep, panels_enabled, rows_reason, rows_weight, w8a8_reason,
+                          w8a8_weight, weight_panels)
 
 __all__ = ["Kern", "Lin", "Norm", "Act", "Prep", "moe_forward", "detach", "ROWS_MAX"]
 
@@ -81,11 +82,21 @@ class Lin:
             self.b = torch.cat([detach(b, prep.dtype) if b is not None else
                                 torch.zeros(w.shape[0], dtype=prep.dtype, device=w.device)
                                 for w, b in zip(ws, biases)]).to(prep.device)
-        self.scale = self.scale32 = self.panels = self.w4 = None
+        self.scale = self.scale32 = self.panels = self.w4 = self.packed = None
         self.rows_why = rows_reason(prep) if prep.fused or prep.quantize else "opt_level 0"
         if prep.quantize == "w4":
             self._init_w4(weights, ws, prep)
-        elif prep.quantize == "w8":
+        elif prep.quantize == "w8a8" and not w8a8_reason(prep):
+            from atbcore.ops.linear import quantize_w8
+
+            wq, scale = quantize_w8(torch.cat(ws) if len(ws) > 1 else ws[0])
+            self.packed = w8a8_weight(wq.contiguous(), prep)  # all the runner keeps
+            self.w = torch.empty(wq.shape, dtype=torch.int8, device="meta")
+            self.scale32 = scale.to(torch.float32).contiguous()
+            self.b = None if self.b is None else self.b.to(torch.float32)
+            self.mode = "w8a8"
+            self.k = Kern("Linear", quant="w8", bias=self.b is not None)
+        elif prep.quantize in ("w8", "w8a8"):  # w8a8 where its kernel cannot run: weight-only
             from atbcore.ops.linear import quantize_w8
 
             w = torch.cat(ws) if len(ws) > 1 else ws[0]
@@ -149,7 +160,7 @@ class Lin:
     @property
     def rows(self) -> bool:
         """True when few-row calls run the C matmul."""
-        return self.mode in ("rows", "w8", "w4") and not self.rows_why
+        return self.mode in ("rows", "w8", "w4", "w8a8") and not self.rows_why
 
     def _few(self, x: torch.Tensor) -> bool:
         return self.rows and (self.w4 is not None or x.numel() <= ROWS_MAX * self.in_features)
@@ -157,6 +168,8 @@ class Lin:
     @property
     def kernel(self) -> str:
         """What runs, for explain(): few-row (decode) and many-row (prefill) kernels."""
+        if self.mode == "w8a8":
+            return "C w8a8 matmul (int8 rows quantized per row x int8 VNNI panels, any row count)"
         many = {"dense": "F.linear", "t": "torch.mm (pre-transposed [in, out])",
                 "rows": "torch F.linear on [out, in]",
                 "w8": "atb w8 Linear (int8pack / dequantize + GEMM)",
@@ -166,8 +179,9 @@ class Lin:
             return (f"C w4 matmul (4-bit codes, group {self.w4.group}, int8 activation "
                     "blocks, VNNI), any row count")
         if self.panels is not None:
+            dot = ("; VDPBF16PS on bf16 rows where the CPU has it" if dt == "bfloat16" else "")
             return (f"C few-row matmul ({dt} weights, 32-output panels, <= {ROWS_MAX} rows) | "
-                    "C panel GEMM (64-row blocks)")
+                    f"C panel GEMM (64-row blocks{dot})")
         if self.rows:
             return f"C few-row matmul ({dt} weights, <= {ROWS_MAX} rows) | {many}"
         why = "" if self.mode == "dense" else f" (C few-row matmul: {self.rows_why})"
@@ -181,6 +195,10 @@ class Lin:
             from atbcore.backends.cpu_kernels.torch_linear_w4 import linear_w4
 
             return linear_w4(x, self.w4, bias=self.b, **kw)
+        if self.mode == "w8a8":
+            from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8
+
+            return linear_w8a8(x, self.packed, self.scale32, bias=self.b, **kw)
         from atbcore.backends.cpu_kernels.torch_decode import linear_rows
 
         return linear_rows(x, self.w, scale=self.scale32, bias=self.b, panels=self.panels, **kw)
@@ -188,7 +206,8 @@ class Lin:
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ W^T + b``; ``out`` (contiguous ``[..., out_features]`` in x's dtype), when
         given, receives a many-row GEMM's result (the prefill workspace), which is returned."""
-        if self._few(x) or self.panels is not None:  # panels, w4: the C GEMM at any row count
+        # panels, w4, w8a8: the C GEMM at any row count
+        if self._few(x) or self.panels is not None or self.mode == "w8a8":
             return self._c(x, out=out)
         if (out is not None and self.mode in ("rows", "t") and x.dtype == self.w.dtype
                 and (self.b is None or self.b.dtype == x.dtype)):
@@ -233,6 +252,11 @@ class Lin:
 
             return linear_w4_bound(x2, self.w4, out, bias=self.b, accumulate=accumulate,
                                    **norm_kw)
+        if self.mode == "w8a8":
+            from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8_bound
+
+            return linear_w8a8_bound(x2, self.packed, self.scale32, out, bias=self.b,
+                                     accumulate=accumulate, **norm_kw)
         from atbcore.backends.cpu_kernels.torch_decode import linear_rows_bound
 
         return linear_rows_bound(x2, self.w, out, scale=self.scale32, bias=self.b,
@@ -254,7 +278,7 @@ class Lin:
         weight stays for many-row GEMMs), else the weight; and the scales."""
         if self.w4 is not None:
             return self.w4.nbytes
-        w = self.w if self.panels is None else self.panels
+        w = self.packed if self.mode == "w8a8" else (self.w if self.panels is None else self.panels)
         n = w.numel() * w.element_size()
         for t in (self.scale, self.scale32):
             n += 0 if t is None else t.numel() * t.element_size()

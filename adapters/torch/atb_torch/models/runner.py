@@ -59,7 +59,7 @@ __all__ = ["ModelRunner", "PagedCtx"]
 
 class ModelRunner(PagedMixin):
     """See the module docstring. ``opt_level`` 0..3, ``dtype`` (compute and weight
-    dtype; None = the weights'), ``quantize`` None | "w8" | "w4", ``device``;
+    dtype; None = the weights'), ``quantize`` None | "w8" | "w4" | "w8a8", ``device``;
     ``kv_cache_dtype`` None (the compute dtype) | "int8" (:mod:`.cache_int8`)."""
 
     def __init__(self, spec: ModelSpec, weights: ModelWeights, *, opt_level: int = 2,

@@ -13,13 +13,14 @@ import torch
 
 from atbcore.memory import hugepages
 
-__all__ = ["Prep", "ROWS_MAX", "panels_enabled", "rows_reason", "rows_weight", "weight_panels"]
+__all__ = ["Prep", "ROWS_MAX", "panels_enabled", "rows_reason", "rows_weight", "weight_panels",
+           "w8a8_reason", "w8a8_weight"]
 
 
 @dataclass(frozen=True)
 class Prep:
     """How weights are prepared: ``opt_level`` (0 = unfused, model weights as they
-    are), compute ``dtype``, ``quantize`` (None | "w8" | "w4"), ``device``; ``rows_kernel``:
+    are), compute ``dtype``, ``quantize`` (None | "w8" | "w4" | "w8a8"), ``device``; ``rows_kernel``:
     decoding calls the Linears with a few rows, so prepare the weights for the C
     matmul (:mod:`atbcore.backends.cpu_kernels`) where it runs: panels, or
     ``[out, in]`` rows with ``ATB_PANELS=0``;
@@ -108,3 +109,28 @@ def weight_panels(w: torch.Tensor, prep: Prep) -> torch.Tensor:
     shape = (-(-w.shape[0] // PANEL), w.shape[1], PANEL)
     out = prep.arena.empty(shape, w.dtype) if prep.arena else hugepages.empty(shape, w.dtype)
     return pack_panels(w, out=out)
+
+
+def w8a8_reason(prep: Prep) -> str:
+    """Why the w8a8 C matmul (int8 activations quantized per row x int8 weights) cannot
+    run these Linears ('' = it can; then every call of theirs runs it, at any row
+    count, decoders and encoders alike)."""
+    if prep.device.type != "cpu":
+        return f"C kernels run on the CPU, not {prep.device.type}"
+    if prep.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"dtype {prep.dtype}"
+    from atbcore.backends.cpu_kernels import unavailable_reason
+
+    return unavailable_reason() or ""
+
+
+def w8a8_weight(wq: torch.Tensor, prep: Prep) -> torch.Tensor:
+    """The int8 ``[out, in]`` weight ``wq`` in the w8a8 kernel's VNNI panels
+    (:func:`atbcore.backends.cpu_kernels.torch_w8a8.pack_w8a8`), on huge pages in the
+    runner's arena: the only copy the runner keeps."""
+    from atbcore.backends.cpu_kernels.torch_w8a8 import pack_w8a8, w8a8_shape
+
+    shape = w8a8_shape(*wq.shape)
+    out = (prep.arena.empty(shape, torch.int8) if prep.arena
+           else hugepages.empty(shape, torch.int8))
+    return pack_w8a8(wq, out=out)

@@ -22,9 +22,11 @@
  * horizontal reductions. Keys go in blocks of 64: scores S^T = K Q^T as 6-key x
  * 64-lane register tiles, the causal / window rules as per-lane position masks,
  * then O^T += V^T P^T as 6-row x 64-lane tiles. Blocks past a chunk's last
- * position are never touched.
+ * position are never touched. bf16 q and k on a CPU with AVX512_BF16 take the same
+ * walk with VDPBF16PS score tiles on bf16 pairs (flash_bf16.c).
  */
 #include "common.h"
+#include "flash_bf16.h"
 #include "pool.h"
 #include "simd.h"
 
@@ -276,6 +278,9 @@ static void run_chunk(void *ctx, int64_t ci) {
     const int64_t Mp = (M + 15) / 16 * 16;
     const int causal = a->causal || a->window > 0;
     const int half = a->kv_dt != ATB_F32;
+    /* bf16 q and k: the scores by VDPBF16PS on pairs (Qt holds q's bf16 pairs, keys
+     * are read in place) */
+    const int pairs = a->q_dt == ATB_BF16 && a->kv_dt == ATB_BF16 && atb_flash_bf16_ready();
     /* scratch: Qt, Ot [D][Mp], St [64][Mp], mx, sum, pos [Mp], a row, K/V blocks when
      * widened [64][D] */
     size_t n = (size_t)(2 * D * Mp + FL_BK * Mp + 3 * Mp + D + (half ? 2 * FL_BK * D : 0));
@@ -294,12 +299,16 @@ static void run_chunk(void *ctx, int64_t ci) {
         sum[m] = 0.0f;
         if (m >= M) {
             pos[m] = FL_NONE;
-            for (int64_t d = 0; d < D; ++d) Qt[d * Mp + m] = 0.0f;
+            for (int64_t d = 0; d < D; ++d) Qt[d * Mp + m] = 0.0f;  /* (zero pairs too) */
             continue;
         }
         const int64_t r = m / G, h = ch->kvh * G + m % G, t = ch->r0 + r;
         pos[m] = (int32_t)(off + t);
         const int64_t qo = sd[0] + t * a->q_st + h * a->q_sh;
+        if (pairs) {
+            atb_flash_bf16_q((uint32_t *)Qt, (const uint16_t *)P(a->q) + qo, m, Mp, D);
+            continue;
+        }
         const float *src = atb_load(P(a->q), (int)a->q_dt, qo, D, tmp);
         for (int64_t d = 0; d < D; ++d) Qt[d * Mp + m] = src[d] * scale;
     }
@@ -313,14 +322,20 @@ static void run_chunk(void *ctx, int64_t ci) {
     const float *kr[FL_BK], *vr[FL_BK];
     for (int64_t j0 = lo; j0 < hi; j0 += FL_BK) {
         const int nk = (int)(hi - j0 < FL_BK ? hi - j0 : FL_BK);
+        const uint16_t *kh[FL_BK];
         for (int j = 0; j < nk; ++j) {   /* rows in place, or widened into the block */
-            const int64_t t = j0 + j;
-            kr[j] = atb_load(P(a->k), (int)a->kv_dt, sd[1] + t * a->k_st + ch->kvh * a->k_sh, D,
-                             Kb + j * D);
+            const int64_t t = j0 + j, ko = sd[1] + t * a->k_st + ch->kvh * a->k_sh;
+            if (pairs)
+                kh[j] = (const uint16_t *)P(a->k) + ko;
+            else
+                kr[j] = atb_load(P(a->k), (int)a->kv_dt, ko, D, Kb + j * D);
             vr[j] = atb_load(P(a->v), (int)a->kv_dt, sd[2] + t * a->v_st + ch->kvh * a->v_sh, D,
                              Vb + j * D);
         }
-        scores(kr, Qt, St, Mp, D, nk);
+        if (pairs)
+            atb_flash_bf16_scores(kh, (const uint32_t *)Qt, St, Mp, D, nk, scale);
+        else
+            scores(kr, Qt, St, Mp, D, nk);
         softmax_block(St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, a->window);
         accumulate(vr, St, Ot, Mp, D, nk);
     }

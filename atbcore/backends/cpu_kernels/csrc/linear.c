@@ -11,6 +11,7 @@
  * Other builds: plain loops the compiler vectorises. With LinArgs.packed the
  * weight is in 32-output panels instead and panel.c runs it (at any row count).
  */
+#include "gemm.h"
 #include "linear.h"
 #include "norm.h"
 #include "pool.h"
@@ -268,6 +269,14 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
         xs = a->k;
         job.xs = xs;
     }
+    int nth = (int)(a->threads > 0 ? a->threads : 1);
+    int64_t bytes = a->n * a->k * wsize((int)a->w_dt) * ((a->m + 3) / 4);
+    if (bytes < (64 << 10)) nth = 1;
+    /* a bf16 prefill GEMM on bf16 panels: VDPBF16PS where the CPU has it (gemm_bf16.c) */
+    if (a->m > ATB_GEMM_MBLOCK && atb_linear_bf16(a, x, xs, nth) == 0) {
+        free(normed);
+        return 0;
+    }
     if (a->x_dt == ATB_F32) {
         job.xf = (const float *)x;
     } else {
@@ -283,9 +292,6 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     /* chunks of >= 16 rows (whole cache lines of y), about 8 per thread so a late
      * or busy thread's share is picked up by the others; one chunk when the
      * whole matmul is small (waking a worker costs a few microseconds) */
-    int nth = (int)(a->threads > 0 ? a->threads : 1);
-    int64_t bytes = a->n * a->k * wsize((int)a->w_dt) * ((a->m + 3) / 4);
-    if (bytes < (64 << 10)) nth = 1;
     if (a->packed) { /* 32-output panels: panel.c */
         atb_linear_panels(&job, nth);
         free(tmp);

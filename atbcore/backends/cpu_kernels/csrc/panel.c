@@ -1,5 +1,6 @@
 /* Few-row (and many-row) matmul on panel-packed weights: see linear.h and the
  * layout note below. */
+#include "gemm.h"
 #include "linear.h"
 #include "pool.h"
 
@@ -85,7 +86,7 @@ static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uin
 /* y[m .. m+mb, n .. n+32) of one panel (res: mb rows of 32 sums): per-channel scale,
  * bias and the residual in fp32 over a row at a time, then one rounding each (fp32
  * rows and biases are read and written in place by atb_load / atb_store) */
-static void panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float *res) {
+void atb_panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float *res) {
     const int64_t nv = a->n - n < ATB_PANEL ? a->n - n : ATB_PANEL;
     const float *sc = a->scale ? (const float *)P(a->scale) + n : NULL;
     float bb[ATB_PANEL], yy[ATB_PANEL], v[ATB_PANEL];
@@ -101,10 +102,21 @@ static void panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const flo
             continue;
         }
         const float *acc = add ? atb_load(add, adt, (m + i) * as + n, nv, yy) : NULL;
-        for (int64_t j = 0; j < nv; ++j) {
-            float t = sc ? r[j] * sc[j] : r[j];
-            if (bi) t += bi[j];
-            v[j] = acc ? acc[j] + t : t;
+        /* one branch-free loop per term, so each vectorises (the same sums in the
+         * same order as r * sc + bi + acc element by element) */
+        if (sc) {
+#pragma omp simd
+            for (int64_t j = 0; j < nv; ++j) v[j] = r[j] * sc[j];
+        } else {
+            memcpy(v, r, (size_t)nv * sizeof(float));
+        }
+        if (bi) {
+#pragma omp simd
+            for (int64_t j = 0; j < nv; ++j) v[j] += bi[j];
+        }
+        if (acc) {
+#pragma omp simd
+            for (int64_t j = 0; j < nv; ++j) v[j] += acc[j];
         }
         atb_store((void *)P(a->y), (int)a->y_dt, off, nv, v);
     }
@@ -126,7 +138,7 @@ static void run_panels(void *ctx, int64_t chunk) {
             const int mb = M - m < 8 ? (int)(M - m) : 8;
             float res[8 * ATB_PANEL];
             panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp, K, res);
-            panel_emit(a, m, p * ATB_PANEL, mb, res);
+            atb_panel_emit(a, m, p * ATB_PANEL, mb, res);
         }
     }
 }

@@ -40,7 +40,9 @@ def make_sentences(n: int, seed: int = 0, min_words: int = 3, max_words: int = 1
 @dataclass
 class EncoderSettings:
     """``sentences`` to encode per run in batches of ``batch_size``; ``dtype`` of
-    atb's compute (the baseline is the model as shipped, fp32); ``repeats`` rounds."""
+    atb's compute (the baseline is the model as shipped, fp32); ``quantize`` atb's
+    (``"w8a8"``: ONNX Runtime's model is then its dynamic int8 quantization);
+    ``repeats`` rounds."""
 
     sentences: int = 1000
     batch_size: int = 32
@@ -48,6 +50,7 @@ class EncoderSettings:
     repeats: int = 5
     warmup: int = 1
     onnxruntime: bool = True
+    quantize: str | None = None
 
 
 def load_minilm(path: str) -> Any:
@@ -67,7 +70,8 @@ def bench_encoder(path: str, s: EncoderSettings, progress: Progress | None = Non
     st = load_minilm(path)
     st.eval()
     t0 = time.perf_counter()
-    fast = atb_compile(st, dtype=s.dtype if s.dtype != torch.float32 else None)
+    fast = atb_compile(st, dtype=s.dtype if s.dtype != torch.float32 else None,
+                       quantize=s.quantize)
     compile_s = time.perf_counter() - t0
     sents = make_sentences(s.sentences)
 
@@ -85,7 +89,7 @@ def bench_encoder(path: str, s: EncoderSettings, progress: Progress | None = Non
     else:
         from .onnx_encoder import OrtEncoder
 
-        ort = OrtEncoder.create(st, path)
+        ort = OrtEncoder.create(st, path, int8=s.quantize is not None)
         if isinstance(ort, dict):
             runs["onnxruntime"] = ort
         else:

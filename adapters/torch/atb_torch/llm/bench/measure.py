@@ -232,7 +232,7 @@ def weight_matmul_floor(weights: Iterable[torch.Tensor], rows: int, dtype: torch
                 x = torch.randn(rows, w.shape[1], dtype=dtype)
                 calls.append(lambda x=x, w4=w4: linear_w4(x, w4))
                 nbytes += w4.nbytes
-            elif quantize == "w8":
+            elif quantize in ("w8", "w8a8"):  # int8 weights: the bytes a step reads
                 scale = w.float().abs().amax(dim=1).clamp_min(1e-8) / 127.0
                 q = torch.round(w.float() / scale[:, None]).to(torch.int8).contiguous()
                 x = torch.randn(rows, w.shape[1], dtype=torch.bfloat16)

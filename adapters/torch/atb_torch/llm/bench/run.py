@@ -138,6 +138,7 @@ def run_bench(s: BenchSettings, progress: Progress | None = None) -> dict[str, A
         else:
             enc_s = EncoderSettings(sentences=s.pick("sentences"), dtype=torch_dtype(
                 s.atb_dtype or s.dtype), repeats=s.pick("repeats"),
+                quantize="w8a8" if s.quantize == "w8a8" else None,
                 onnxruntime=not s.quick or "onnxruntime" in s.baselines)
             t1 = time.perf_counter()
             res["encoder"] = {"name": "MiniLM-L6", **bench_encoder(str(path), enc_s, progress),

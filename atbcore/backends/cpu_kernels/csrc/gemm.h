@@ -1,0 +1,25 @@
+/* The many-row GEMMs of gemm_bf16.c (VDPBF16PS on bf16 panels) and gemm_i8.c
+ * (int8 activations x int8 weights, VNNI): their entry points into linear.c and
+ * what they share. Both run on linear.h's LinArgs and write through the panel
+ * epilogue (atb_panel_emit: per-channel scale, bias, residual, one rounding). */
+#ifndef ATB_GEMM_H
+#define ATB_GEMM_H
+
+#include "linear.h"
+
+#define ATB_GEMM_PANEL 32   /* outputs per panel, as panel.c's ATB_PANEL */
+#define ATB_GEMM_MBLOCK 64  /* x rows per chunk (a block kept in L2 across its panels) */
+
+/* y[m .. m+mb, n .. n+32) from res (mb rows of 32 fp32 sums): panel.c's epilogue */
+void atb_panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float *res);
+
+/* y = x w^T for bf16 rows x (xs elements apart, already RmsNorm'd when asked) and
+ * bf16 panels, with VDPBF16PS. Returns 0 when it ran, -1 when it cannot here
+ * (dtypes, layout, or a CPU without AVX512_BF16): the caller runs the fp32 path. */
+int atb_linear_bf16(const LinArgs *a, const void *x, int64_t xs, int nth);
+
+/* whether this CPU runs VDPBF16PS / VPDPBUSD (cpuid, once) */
+int atb_cpu_bf16(void);
+int atb_cpu_vnni(void);
+
+#endif

@@ -1,0 +1,251 @@
+/* w8a8 matmul: int8 activations (quantized per row, symmetric, on the fly) times
+ * int8 weights (symmetric, one fp32 scale per output channel), int32 sums:
+ *
+ *   y[m, n] = (sum_k xq[m, k] wq[n, k]) * sx[m] * scale[n] + bias[n]  (+ residual)
+ *   sx[m] = max_k |x[m, k]| / 127,  xq[m, k] = rint(x[m, k] * (127 / max_k |x[m, k]|))
+ *
+ * VPDPBUSD (AVX512_VNNI) multiplies 4 unsigned by 4 signed bytes into an int32 lane,
+ * so x is stored offset, u = xq + 128, and the weights' column sums take the offset
+ * back out: sum u w = sum xq w + 128 sum w. The sums are exact integers, so the
+ * kernel, its fallback loop and any thread count give the same bits.
+ *
+ * Weight layout (pack_w8a8 in torch_w8a8.py): panels of 32 outputs, panel p is
+ * [K4 + 1, 32, 4] bytes with K4 = ceil(K / 4): byte (q, j, t) = W[32 p + j, 4 q + t]
+ * (zeros past N and K), so one 128-byte row is two VPDPBUSD operands (outputs 0-15,
+ * 16-31) with no shuffles; the last row holds the 32 outputs' int32 column sums.
+ * Each x quad (4 bytes) is one 32-bit broadcast. Decode rows stream each panel once
+ * (bandwidth bound: a 128-byte row costs 2 loads, 1 broadcast and 2 VPDPBUSD per
+ * x row, where the fp32 w8 kernel widens 4 times as many bytes to fp32 per FMA). */
+#include <math.h>
+
+#include "gemm.h"
+#include "norm.h"
+#include "pool.h"
+
+#define ATB_I8_ROW 128 /* bytes of one panel row: 32 outputs x 4 k */
+/* x rows per tile: 12 x 2 accumulators, the two weight vectors and a broadcast fill
+ * 27 of the 32 vector registers */
+#define ATB_I8_MB 12
+
+int atb_cpu_vnni(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    static int have = -1;
+    if (have < 0) {
+        __builtin_cpu_init();
+        have = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
+    }
+    return have;
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    const LinArgs *a;
+    const void *x;      /* the float rows (normed when asked) */
+    int64_t xs;         /* their stride */
+    uint8_t *xq;        /* [M, K4 * 4] offset int8 rows */
+    float *sx;          /* [M] row scales */
+    int64_t k4;
+    int64_t chunk_panels, pchunks, mblock;
+} I8Job;
+
+/* rows [r0, r1) of x -> xq, sx */
+static void quantize_rows(void *ctx, int64_t r0, int64_t r1) {
+    const I8Job *job = (const I8Job *)ctx;
+    const int64_t K = job->a->k, KP = job->k4 * 4;
+    const int dt = (int)job->a->x_dt;
+    float buf[1024];
+    for (int64_t r = r0; r < r1; ++r) {
+        uint8_t *q = job->xq + r * KP;
+        float amax = 0.0f;
+        for (int64_t k0 = 0; k0 < K; k0 += 1024) { /* pass 1: the row's largest |x| */
+            const int64_t n = K - k0 < 1024 ? K - k0 : 1024;
+            const float *v = atb_load(job->x, dt, r * job->xs + k0, n, buf);
+            /* a compare, not fmaxf: fmaxf's NaN rule keeps it a libm call per element */
+#pragma omp simd reduction(max : amax)
+            for (int64_t i = 0; i < n; ++i) {
+                const float t = fabsf(v[i]);
+                amax = t > amax ? t : amax;
+            }
+        }
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        job->sx[r] = amax / 127.0f;
+        for (int64_t k0 = 0; k0 < K; k0 += 1024) { /* pass 2: round to nearest even */
+            const int64_t n = K - k0 < 1024 ? K - k0 : 1024;
+            const float *v = atb_load(job->x, dt, r * job->xs + k0, n, buf);
+#pragma omp simd
+            for (int64_t i = 0; i < n; ++i) {
+                float t = nearbyintf(v[i] * inv);
+                t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : t);
+                q[k0 + i] = (uint8_t)((int)t + 128);
+            }
+        }
+        memset(q + K, 128, (size_t)(KP - K)); /* zero activations past K */
+    }
+}
+
+/* the int32 sums of one x row and one panel, or a tile of rows: res (MB x 32 fp32) =
+ * (sum - 128 colsum) * sx[row] */
+#if defined(ATB_LIN_AVX512) && defined(__GNUC__)
+#define ATB_HAVE_VNNI_KERNEL 1
+#define ATB_VNNI_TARGET __attribute__((target("avx512vnni")))
+/* acc += the u8 x s8 quad dot products of x and w, in place: GCC 12 copies every
+ * accumulator of the intrinsic's form once per step in this loop (two register
+ * moves per VPDPBUSD, measured ~1.5x slower here) */
+#define ATB_DPBUSD(acc, x, w) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w))
+
+/* one x row's step: its quad broadcast against both halves of the panel row */
+#define ATB_I8_ROW_STEP(i)                                                   \
+    if (MB > i) {                                                        \
+        int32_t quad;                                                    \
+        memcpy(&quad, xq + i * xqs + q * 4, sizeof quad);                \
+        const __m512i xb = _mm512_set1_epi32(quad);                      \
+        ATB_DPBUSD(lo##i, xb, w0);                                       \
+        ATB_DPBUSD(hi##i, xb, w1);                                       \
+    }
+#define ATB_I8_ROW_OUT(i)                                                    \
+    if (MB > i) {                                                        \
+        const __m512 s = _mm512_set1_ps(sx[i]);                          \
+        _mm512_storeu_ps(res + i * 32,                                   \
+                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo##i, c0)), s)); \
+        _mm512_storeu_ps(res + i * 32 + 16,                              \
+                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi##i, c1)), s)); \
+    }
+
+/* the accumulators are named variables, not an array: GCC keeps them in registers
+ * then (an array of them went through the stack at every step) */
+static inline ATB_VNNI_TARGET __attribute__((always_inline)) void i8_tile(
+    int MB, const uint8_t *xq, int64_t xqs, const float *sx, const int8_t *w, int64_t k4,
+    float *res) {
+    __m512i lo0 = _mm512_setzero_si512(), hi0 = lo0, lo1 = lo0, hi1 = lo0, lo2 = lo0, hi2 = lo0,
+            lo3 = lo0, hi3 = lo0, lo4 = lo0, hi4 = lo0, lo5 = lo0, hi5 = lo0, lo6 = lo0,
+            hi6 = lo0, lo7 = lo0, hi7 = lo0, lo8 = lo0, hi8 = lo0, lo9 = lo0, hi9 = lo0,
+            lo10 = lo0, hi10 = lo0, lo11 = lo0, hi11 = lo0;
+    for (int64_t q = 0; q < k4; ++q) {
+        const __m512i w0 = _mm512_loadu_si512(w + q * ATB_I8_ROW);
+        const __m512i w1 = _mm512_loadu_si512(w + q * ATB_I8_ROW + 64);
+        ATB_I8_ROW_STEP(0) ATB_I8_ROW_STEP(1) ATB_I8_ROW_STEP(2) ATB_I8_ROW_STEP(3)
+        ATB_I8_ROW_STEP(4) ATB_I8_ROW_STEP(5) ATB_I8_ROW_STEP(6) ATB_I8_ROW_STEP(7)
+        ATB_I8_ROW_STEP(8) ATB_I8_ROW_STEP(9) ATB_I8_ROW_STEP(10) ATB_I8_ROW_STEP(11)
+    }
+    const int32_t *cs = (const int32_t *)(w + k4 * ATB_I8_ROW);
+    const __m512i c0 = _mm512_slli_epi32(_mm512_loadu_si512(cs), 7);
+    const __m512i c1 = _mm512_slli_epi32(_mm512_loadu_si512(cs + 16), 7);
+    ATB_I8_ROW_OUT(0) ATB_I8_ROW_OUT(1) ATB_I8_ROW_OUT(2) ATB_I8_ROW_OUT(3)
+    ATB_I8_ROW_OUT(4) ATB_I8_ROW_OUT(5) ATB_I8_ROW_OUT(6) ATB_I8_ROW_OUT(7)
+    ATB_I8_ROW_OUT(8) ATB_I8_ROW_OUT(9) ATB_I8_ROW_OUT(10) ATB_I8_ROW_OUT(11)
+}
+
+static ATB_VNNI_TARGET void i8_tile_vnni(int mb, const uint8_t *xq, int64_t xqs, const float *sx,
+                                         const int8_t *w, int64_t k4, float *res) {
+    switch (mb) {
+    case 1: i8_tile(1, xq, xqs, sx, w, k4, res); break;
+    case 2: i8_tile(2, xq, xqs, sx, w, k4, res); break;
+    case 3: i8_tile(3, xq, xqs, sx, w, k4, res); break;
+    case 4: i8_tile(4, xq, xqs, sx, w, k4, res); break;
+    case 5: i8_tile(5, xq, xqs, sx, w, k4, res); break;
+    case 6: i8_tile(6, xq, xqs, sx, w, k4, res); break;
+    case 7: i8_tile(7, xq, xqs, sx, w, k4, res); break;
+    case 8: i8_tile(8, xq, xqs, sx, w, k4, res); break;
+    case 9: i8_tile(9, xq, xqs, sx, w, k4, res); break;
+    case 10: i8_tile(10, xq, xqs, sx, w, k4, res); break;
+    case 11: i8_tile(11, xq, xqs, sx, w, k4, res); break;
+    default: i8_tile(12, xq, xqs, sx, w, k4, res); break;
+    }
+}
+#endif
+
+/* the same sums in plain C (CPUs without VNNI): exact integers, the same bits */
+static void i8_tile_plain(int mb, const uint8_t *xq, int64_t xqs, const float *sx,
+                          const int8_t *w, int64_t k4, float *res) {
+    const int32_t *cs = (const int32_t *)(w + k4 * ATB_I8_ROW);
+    for (int i = 0; i < mb; ++i) {
+        int32_t acc[32] = {0};
+        for (int64_t q = 0; q < k4; ++q) {
+            const uint8_t *xv = xq + i * xqs + q * 4;
+            const int8_t *wr = w + q * ATB_I8_ROW;
+#pragma omp simd
+            for (int j = 0; j < 32; ++j)
+                acc[j] += xv[0] * wr[4 * j] + xv[1] * wr[4 * j + 1] + xv[2] * wr[4 * j + 2] +
+                          xv[3] * wr[4 * j + 3];
+        }
+        for (int j = 0; j < 32; ++j) res[i * 32 + j] = (float)(acc[j] - 128 * cs[j]) * sx[i];
+    }
+}
+
+/* chunk: panels [p0, p1) against x rows [m0, m1) (one block of rows) */
+static void run_i8(void *ctx, int64_t chunk) {
+    const I8Job *job = (const I8Job *)ctx;
+    const LinArgs *a = job->a;
+    const int64_t np = (a->n + ATB_GEMM_PANEL - 1) / ATB_GEMM_PANEL, KP = job->k4 * 4;
+    const int64_t m0 = chunk / job->pchunks * job->mblock;
+    const int64_t m1 = m0 + job->mblock < a->m ? m0 + job->mblock : a->m;
+    const int64_t p0 = chunk % job->pchunks * job->chunk_panels;
+    const int64_t p1 = p0 + job->chunk_panels < np ? p0 + job->chunk_panels : np;
+    const int8_t *w = (const int8_t *)P(a->w);
+    const int64_t pbytes = (job->k4 + 1) * ATB_I8_ROW;
+#ifdef ATB_HAVE_VNNI_KERNEL
+    const int vnni = atb_cpu_vnni();
+#endif
+    for (int64_t p = p0; p < p1; ++p)
+        for (int64_t m = m0; m < m1; m += ATB_I8_MB) {
+            const int mb = m1 - m < ATB_I8_MB ? (int)(m1 - m) : ATB_I8_MB;
+            float res[ATB_I8_MB * ATB_GEMM_PANEL];
+#ifdef ATB_HAVE_VNNI_KERNEL
+            if (vnni)
+                i8_tile_vnni(mb, job->xq + m * KP, KP, job->sx + m, w + p * pbytes, job->k4, res);
+            else
+#endif
+                i8_tile_plain(mb, job->xq + m * KP, KP, job->sx + m, w + p * pbytes, job->k4, res);
+            atb_panel_emit(a, m, p * ATB_GEMM_PANEL, mb, res);
+        }
+}
+
+/* Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_NOMEM when a buffer cannot be had. */
+ATB_API int64_t atb_linear_w8a8(const LinArgs *a) {
+    if (!a || a->m < 0 || a->k <= 0 || a->n <= 0 || !a->x || !a->w || !a->y || !a->scale ||
+        !a->packed || a->w_dt != W_I8)
+        return ATB_ERR_ARGS;
+    if (a->x_dt < 0 || a->x_dt > ATB_F16 || a->y_dt < 0 || a->y_dt > ATB_F16) return ATB_ERR_ARGS;
+    if (a->res && (a->accumulate || a->res_dt < 0 || a->res_dt > ATB_F16)) return ATB_ERR_ARGS;
+    if (a->m == 0) return 0;
+    I8Job job = {a, P(a->x), a->x_stride, NULL, NULL, (a->k + 3) / 4, 0, 0, 0};
+    void *normed = NULL;
+    if (a->norm) { /* RmsNorm rows stored at x's dtype, as the separate kernel would */
+        normed = malloc((size_t)(a->m * a->k * atb_dt_size((int)a->x_dt)));
+        if (!normed) return ATB_ERR_NOMEM;
+        atb_rms_norm_rows(job.x, NULL, NULL, normed, P(a->norm_w), (int)a->x_dt,
+                          (int)a->norm_w_dt, 0, a->m, a->k, a->x_stride, 0, 0, a->k,
+                          (float)a->norm_eps, (float)a->norm_offset);
+        job.x = normed;
+        job.xs = a->k;
+    }
+    job.xq = (uint8_t *)malloc((size_t)(a->m * job.k4 * 4));
+    job.sx = (float *)malloc((size_t)a->m * sizeof(float));
+    if (!job.xq || !job.sx) {
+        free(job.xq);
+        free(job.sx);
+        free(normed);
+        return ATB_ERR_NOMEM;
+    }
+    int nth = (int)(a->threads > 0 ? a->threads : 1);
+    if (a->n * a->k * ((a->m + 7) / 8) < (64 << 10)) nth = 1; /* too small to share */
+    atb_parallel_rows(quantize_rows, &job, a->m, a->m * a->k, nth);
+    /* chunks of (rows, panels), about 8 per thread, as panel.c's */
+    const int64_t np = (a->n + ATB_GEMM_PANEL - 1) / ATB_GEMM_PANEL;
+    const int big = a->m > ATB_GEMM_MBLOCK;
+    job.mblock = big ? ATB_GEMM_MBLOCK : a->m;
+    const int64_t nmb = (a->m + job.mblock - 1) / job.mblock;
+    const int64_t per_block = (8 * nth + nmb - 1) / nmb;
+    job.chunk_panels = (np + per_block - 1) / per_block;
+    job.pchunks = (np + job.chunk_panels - 1) / job.chunk_panels;
+    if (big)
+        atb_parallel_chunks_big(run_i8, &job, nmb * job.pchunks, nth);
+    else
+        atb_parallel_chunks(run_i8, &job, job.pchunks, nth);
+    free(job.xq);
+    free(job.sx);
+    free(normed);
+    return 0;
+}

@@ -1,0 +1,168 @@
+"""The w8a8 matmul C kernel on torch CPU tensors (``csrc/gemm_i8.c``): activations
+quantized to int8 per row on the fly (symmetric, ``max |x| / 127``), int8 weights
+with a per-output-channel fp32 scale, int32 sums (VNNI ``VPDPBUSD`` where the CPU
+has it, an exact plain loop elsewhere: the same bits), one rounding to the output.
+
+    wq, s = atbcore.ops.linear.quantize_w8(w)              # int8 [N, K], scale [N]
+    packed = pack_w8a8(wq)                                  # the kernel's layout
+    y = linear_w8a8(x, packed, s, bias=b)                   # x [..., K] -> [..., N]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atbcore.errors import InputError, ShapeError
+
+from . import torch_checks as chk
+from .threads import pool_threads
+from .torch_linear import _Q, _linear_fields
+from .torch_ops import DTYPE_CODES, _check, _deliver, _fn, _rows
+
+__all__ = ["pack_w8a8", "w8a8_shape", "linear_w8a8", "linear_w8a8_bound",
+           "quantize_rows_reference"]
+
+PANEL = 32  # outputs per panel (ATB_GEMM_PANEL)
+QUAD = 4    # k per VPDPBUSD lane
+
+
+def w8a8_shape(n: int, k: int) -> tuple[int, int, int, int]:
+    """The packed layout of an int8 ``[n, k]`` weight: ``[P, K4 + 1, 32, 4]`` bytes,
+    ``P = ceil(n / 32)`` panels, ``K4 = ceil(k / 4)`` rows of 4 k per output, and a
+    last row holding the 32 outputs' int32 column sums."""
+    return (-(-n // PANEL), -(-k // QUAD) + 1, PANEL, QUAD)
+
+
+def pack_w8a8(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``w`` int8 ``[N, K]`` in :func:`w8a8_shape`'s layout: ``p[i, q, j, t] =
+    w[32 i + j, 4 q + t]`` (zeros past N and K), then per panel the int32 sums
+    ``sum_k w[32 i + j, k]`` as the last row's bytes. ``out`` (that shape, int8,
+    contiguous) receives it, e.g. an arena's huge pages."""
+    chk.tensor("pack_w8a8", "w", w, (torch.int8,), dims=(2,))
+    n, k = w.shape
+    shape = w8a8_shape(n, k)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.int8)
+    if out.shape != shape or out.dtype != torch.int8 or not out.is_contiguous():
+        raise ShapeError("pack_w8a8", "out", f"contiguous int8 {shape}",
+                         f"{out.dtype} {tuple(out.shape)}")
+    p, k4 = shape[0], shape[1] - 1
+    padded = torch.zeros(p * PANEL, k4 * QUAD, dtype=torch.int8)
+    padded[:n, :k] = w
+    # [P*32, K4*4] -> [P, 32, K4, 4] -> [P, K4, 32, 4]
+    out[:, :k4].copy_(padded.view(p, PANEL, k4, QUAD).transpose(1, 2))
+    sums = padded.sum(dim=1, dtype=torch.int32).view(p, PANEL)         # [P, 32]
+    out[:, k4].copy_(sums.contiguous().view(torch.int8).view(p, PANEL, QUAD))
+    return out
+
+
+def linear_w8a8(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, *,
+                bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None, accumulate: bool = False,
+                threads: int | None = None, rms_norm_eps: float | None = None,
+                rms_norm_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """``quant(x) @ w.T * scale + bias`` for ``x`` [..., K] (fp32/bf16/fp16) and the
+    int8 ``[N, K]`` weight packed by :func:`pack_w8a8` (``scale`` fp32 [N], the
+    weight's per-channel scale). Each row of ``x`` (RmsNorm'd first with
+    ``rms_norm_eps``) is quantized as ``rint(x * 127 / max|x|)``; ``residual`` (shaped
+    as the output) is added, or with ``accumulate`` the result is added into ``out``.
+    The result is in x's dtype unless ``out`` says otherwise."""
+    op = "linear_w8a8"
+    _check_args(op, x, packed, scale, bias, out, residual, accumulate, threads, rms_norm_eps,
+                rms_norm_weight)
+    k, n = x.shape[-1], scale.numel()
+    shape = (*x.shape[:-1], n)
+    if x.numel() == 0:
+        if accumulate:
+            return out
+        y = out if out is not None else torch.empty(shape, dtype=x.dtype)
+        return y.copy_(residual) if residual is not None else y
+    x2, rows, xs = _rows(x, k)
+    y = out if (out is not None and out.shape == shape and out.dtype in DTYPE_CODES
+                and out.is_contiguous()) else None
+    if y is None:
+        y = out.contiguous() if accumulate else torch.empty(shape, dtype=x.dtype)
+    scale, bias, nw = (None if t is None else t.contiguous()
+                       for t in (scale, bias, rms_norm_weight))
+    head, tail = _fields(x2, rows, xs, packed, scale, bias, y, accumulate, rms_norm_eps, nw,
+                         residual)
+    _check(_fn("linear_w8a8")(head + _Q.pack(threads or pool_threads()) + tail), op)
+    return _deliver(out, y)
+
+
+def linear_w8a8_bound(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                      out: torch.Tensor, *, bias: torch.Tensor | None = None,
+                      accumulate: bool = False, rms_norm_eps: float | None = None,
+                      rms_norm_weight: torch.Tensor | None = None):
+    """:func:`linear_w8a8` of these very buffers, its arguments packed once: the
+    returned ``call()`` reruns it (the pool's thread count read per call), for a
+    prebuilt decode plan whose ``x`` and ``out`` are fixed. None when the buffers are
+    not as the kernel reads them in place (x and out contiguous, out in a kernel
+    dtype): then call :func:`linear_w8a8`. Bad arguments raise at bind time."""
+    op = "linear_w8a8_bound"
+    _check_args(op, x, packed, scale, bias, out, None, accumulate, None, rms_norm_eps,
+                rms_norm_weight)
+    k, n = x.shape[-1], scale.numel()
+    if (x.numel() == 0 or not x.is_contiguous() or not out.is_contiguous()
+            or out.shape != (*x.shape[:-1], n) or out.dtype not in DTYPE_CODES
+            or not scale.is_contiguous() or (bias is not None and not bias.is_contiguous())
+            or (rms_norm_weight is not None and not rms_norm_weight.is_contiguous())):
+        return None
+    head, tail = _fields(x, x.numel() // k, k, packed, scale, bias, out, accumulate,
+                         rms_norm_eps, rms_norm_weight, None)
+    fn = _fn("linear_w8a8")
+
+    def call() -> None:
+        _check(fn(head + _Q.pack(pool_threads()) + tail), "linear_w8a8")
+    call.keep = (x, packed, scale, out, bias, rms_norm_weight)  # type: ignore[attr-defined]
+    return call
+
+
+def _fields(x2, rows, xs, packed, scale, bias, y, accumulate, eps, nw, residual) -> tuple:
+    """LinArgs around its threads field, the weight given by its packed panels."""
+    w = torch.empty(scale.numel(), x2.shape[-1], dtype=torch.int8, device="meta")  # shape, dtype
+    return _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, packed, residual)
+
+
+def _check_args(op, x, packed, scale, bias, out, residual, accumulate, threads, rms_norm_eps,
+                rms_norm_weight) -> None:
+    chk.tensor(op, "x", x, dims=tuple(range(1, 65)))
+    chk.tensor(op, "packed", packed, (torch.int8,), dims=(4,))
+    chk.tensor(op, "scale", scale, (torch.float32,), dims=(1,))
+    k, n = x.shape[-1], scale.numel()
+    if k == 0 or n == 0:
+        raise ShapeError(op, "K and N", ">= 1", f"K {k}, N {n}")
+    if packed.shape != w8a8_shape(n, k) or not packed.is_contiguous():
+        raise ShapeError(op, "packed", f"pack_w8a8 of an int8 [{n}, {k}] weight "
+                         f"{w8a8_shape(n, k)}", tuple(packed.shape))
+    chk.vector(op, "bias", bias, n)
+    shape = (*x.shape[:-1], n)
+    chk.output(op, "out", out, shape)
+    if accumulate and out is None:
+        raise InputError(op, "out", "a tensor to accumulate into (accumulate=True)", "None")
+    if residual is not None:
+        if accumulate:
+            raise InputError(op, "residual", "None with accumulate=True (one addend)",
+                             "a tensor")
+        chk.tensor(op, "residual", residual, DTYPE_CODES)
+        if residual.shape != shape or not residual.is_contiguous():
+            raise ShapeError(op, "'residual'", f"a contiguous {list(shape)} tensor",
+                             f"{list(residual.shape)}, strides {list(residual.stride())}")
+    if rms_norm_eps is not None:
+        chk.real(op, "rms_norm_eps", rms_norm_eps)
+    elif rms_norm_weight is not None:
+        raise InputError(op, "rms_norm_eps", "a number when rms_norm_weight is given", "None")
+    chk.vector(op, "rms_norm_weight", rms_norm_weight, k)
+    if threads is not None:
+        chk.integer(op, "threads", threads, 1, 1 << 16)
+
+
+def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's activation quantization in torch (fp32, as the kernel computes it):
+    ``(xq int8 [..., K], sx fp32 [...])`` with ``x ~= xq * sx[..., None]``. For tests
+    and for callers that want the quantization error of a layer."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    q = torch.round(xf * inv[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q, amax / 127.0

@@ -1,0 +1,86 @@
+"""quantize="w8a8" (int8 activations quantized per row x int8 weights, the C VNNI
+matmul at every row count): logits cosine to the fp32 Hugging Face model in prefill
+and decode, the plan's generate, and the encoder fast path's embeddings."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from atb_torch.models import compile
+from atbcore.backends.cpu_kernels import available
+from tiny_models import left_padded, tiny
+
+pytestmark = pytest.mark.skipif(not available(), reason="no C compiler here: C kernels absent")
+
+
+def _cos(out, ref, mask):
+    return float(F.cosine_similarity(out[mask.bool()].float(), ref[mask.bool()], dim=-1).min())
+
+
+@pytest.mark.parametrize("arch", ["llama", "mixtral", "gpt2", "qwen3"])
+def test_w8a8_logits_cosine(arch):
+    m = tiny(arch)
+    c = compile(m, quantize="w8a8")
+    blk = c.atb_runner.blocks[0]
+    assert blk.qkv.mode == "w8a8" and blk.qkv.packed.dtype == torch.int8
+    assert "w8a8" in c.atb_runner.lm_head.kernel
+    ids, mask = left_padded([7, 12])
+    with torch.no_grad():
+        ref = m(ids, attention_mask=mask, use_cache=True)
+        out = c(ids, attention_mask=mask, use_cache=True)
+        assert _cos(out.logits, ref.logits, mask) >= 0.99
+        assert not torch.equal(out.logits, ref.logits)  # really quantized
+        tok = ref.logits[:, -1].argmax(-1, keepdim=True)
+        mask2 = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+        pos = (mask2.cumsum(-1) - 1)[:, -1:]
+        r2 = m(tok, attention_mask=mask2, position_ids=pos, past_key_values=ref.past_key_values)
+        o2 = c(tok, attention_mask=mask2, position_ids=pos, past_key_values=out.past_key_values)
+        assert _cos(o2.logits, r2.logits, torch.ones(2, 1)) >= 0.99
+
+
+def test_w8a8_generate_and_bf16():
+    m = tiny("llama")
+    ids, mask = left_padded([5, 9])
+    for dtype in (torch.float32, torch.bfloat16):
+        c = compile(m, quantize="w8a8", dtype=dtype)
+        with torch.no_grad():
+            out = c(ids, attention_mask=mask).logits
+            ref = m(ids, attention_mask=mask).logits
+        assert out.dtype == dtype
+        assert _cos(out, ref, mask) >= 0.99
+        g = c.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        assert g.shape == (2, ids.shape[1] + 6)
+
+
+def test_w8a8_bad_quantize_named():
+    from atbcore.errors import ParamsError
+
+    with pytest.raises(ParamsError, match="w8a8"):
+        compile(tiny("llama"), quantize="w4a4")
+
+
+@pytest.mark.parametrize("heavy_padding", [False, True])
+def test_w8a8_encoder_fast_path(heavy_padding):
+    """BERT under w8a8 takes the fast encoder layers (C w8a8 GEMMs, residuals inside):
+    hidden states close to HF fp32 and to the general (op by op) w8a8 path."""
+    from atb_torch.models.encoder_fast import fast_encoder_reason
+
+    bert = tiny("bert")
+    c = compile(bert, quantize="w8a8")
+    assert fast_encoder_reason(c.atb_runner) is None
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 256, (4, 16), generator=g)
+    tt = torch.randint(0, 2, (4, 16), generator=g)
+    mask = torch.ones(4, 16, dtype=torch.long)
+    mask[1, (4 if heavy_padding else 14):] = 0
+    mask[3, (2 if heavy_padding else 13):] = 0
+    with torch.no_grad():
+        out = c(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
+        ref = bert(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
+    assert _cos(out, ref, mask) >= 0.99
+    assert not torch.equal(out[mask.bool()], ref[mask.bool()])
+    general = compile(bert, quantize="w8a8", opt_level=1)
+    general.atb_runner.__dict__["_fast_encoder"] = None  # the general encoder path
+    with torch.no_grad():
+        gen = general(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
+    assert _cos(out, gen, mask) >= 0.999

@@ -1,0 +1,151 @@
+"""The w8a8 matmul (csrc/gemm_i8.c: per-row int8 activations x int8 weights, VNNI
+where the CPU has it) against float64 NumPy references: the packed layout, the
+activation quantization, odd sizes and K tails, bias / residual / accumulate /
+RmsNorm'd rows, and 1 vs 2 threads bit-equal."""
+
+import numpy as np
+import pytest
+import torch
+
+from atbcore.backends.cpu_kernels import available
+from atbcore.errors import ShapeError
+from atbcore.numerics import assert_close
+
+pytestmark = pytest.mark.skipif(not available(), reason="no C compiler here: C kernels absent")
+
+
+def _quantize_np(x):
+    """The kernel's row quantization in NumPy fp32: (xq, sx)."""
+    xf = x.float().numpy()
+    amax = np.abs(xf).max(axis=-1)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(xf * inv[:, None]), -127, 127)
+    return q, (amax / np.float32(127)).astype(np.float32)
+
+
+def _ref(x, wq, s, bias=None, add=None):
+    """float64 (xq sx) (wq s)^T + bias + add."""
+    q, sx = _quantize_np(x)
+    y = (q.astype(np.float64) @ wq.double().numpy().T) * sx[:, None].astype(np.float64)
+    y = y * s.double().numpy()
+    if bias is not None:
+        y = y + bias.double().numpy()
+    if add is not None:
+        y = y + add.double().numpy()
+    return y
+
+
+def _weights(g, n, k):
+    from atbcore.ops.linear import quantize_w8
+
+    wq, s = quantize_w8(torch.randn(n, k, generator=g))
+    return wq, s.float()
+
+
+def test_pack_w8a8_layout():
+    from atbcore.backends.cpu_kernels.torch_w8a8 import pack_w8a8, w8a8_shape
+
+    g = torch.Generator().manual_seed(0)
+    n, k = 45, 10
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    p = pack_w8a8(w)
+    assert p.shape == w8a8_shape(n, k) == (2, 4, 32, 4)
+    wn, pn = w.numpy(), p.numpy()
+    for i, q, j, t in [(0, 0, 0, 0), (0, 2, 31, 1), (1, 1, 12, 3), (1, 2, 12, 1)]:
+        assert pn[i, q, j, t] == wn[32 * i + j, 4 * q + t]
+    assert not pn[1, :3, 13:].any() and not pn[:, 2, :, 2:].any()  # zeros past N and K
+    sums = pn[:, 3].copy().view(np.int32).reshape(-1)             # the last row: int32 sums
+    np.testing.assert_array_equal(sums[:n], wn.astype(np.int64).sum(axis=1))
+    assert not sums[n:].any()
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 33, 45), (3, 257, 97), (9, 1, 31), (70, 130, 64),
+                                   (131, 515, 33)])
+@pytest.mark.parametrize("xdt", [torch.float32, torch.bfloat16])
+def test_w8a8_against_float64(m, k, n, xdt):
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
+
+    g = torch.Generator().manual_seed(m * 31 + k + n)
+    x = torch.randn(m, k, generator=g).to(xdt)
+    if m > 1:
+        x[m // 2] = 0  # a zero row: scale 0, outputs = bias
+    wq, s = _weights(g, n, k)
+    b = torch.randn(n, generator=g)
+    y = linear_w8a8(x, pack_w8a8(wq), s, bias=b, out=torch.empty(m, n))
+    assert_close(y, _ref(x, wq, s, bias=b).astype(np.float32), "fp32", "w8a8")
+    yx = linear_w8a8(x, pack_w8a8(wq), s, bias=b)
+    assert yx.dtype == xdt
+    if xdt == torch.bfloat16:
+        assert_close(yx, _ref(x, wq, s, bias=b).astype(np.float32), "bf16", "w8a8 bf16 out")
+    # the quantization error against the unquantized product stays small
+    full = x.double().numpy() @ (wq.double() * s.double()[:, None]).numpy().T
+    yd = y.double().numpy() - b.double().numpy()
+    cos = (yd * full).sum() / (np.linalg.norm(yd) * np.linalg.norm(full))
+    assert cos > 0.999
+
+
+@pytest.mark.parametrize("m", [1, 5, 130])
+def test_w8a8_threads_residual_accumulate(m):
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
+
+    g = torch.Generator().manual_seed(m)
+    k, n = 300, 257
+    x = torch.randn(m, k, generator=g)
+    wq, s = _weights(g, n, k)
+    p = pack_w8a8(wq)
+    r = torch.randn(m, n, generator=g)
+    y1 = linear_w8a8(x, p, s, residual=r, threads=1)
+    y2 = linear_w8a8(x, p, s, residual=r, threads=2)
+    assert torch.equal(y1, y2)
+    assert_close(y1, _ref(x, wq, s, add=r).astype(np.float32), "fp32", "w8a8 + residual")
+    out = r.clone()
+    assert linear_w8a8(x, p, s, out=out, accumulate=True) is out
+    assert torch.equal(out, y1)
+
+
+def test_w8a8_rms_normed_rows():
+    from atbcore.backends.cpu_kernels import torch_ops as ck
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
+
+    g = torch.Generator().manual_seed(5)
+    m, k, n = 6, 96, 70
+    x = torch.randn(m, k, generator=g)
+    nw = torch.rand(k, generator=g)
+    wq, s = _weights(g, n, k)
+    y = linear_w8a8(x, pack_w8a8(wq), s, rms_norm_eps=1e-6, rms_norm_weight=nw)
+    normed = ck.rms_norm(x, nw, k, 1e-6)[0]
+    assert_close(y, _ref(normed, wq, s).astype(np.float32), "fp32", "w8a8 of normed rows")
+
+
+def test_quantize_rows_reference_matches_numpy():
+    from atbcore.backends.cpu_kernels.torch_w8a8 import quantize_rows_reference
+
+    x = torch.randn(7, 50, generator=torch.Generator().manual_seed(2))
+    q, sx = quantize_rows_reference(x)
+    qn, sxn = _quantize_np(x)
+    np.testing.assert_array_equal(q.numpy(), qn)
+    np.testing.assert_array_equal(sx.numpy(), sxn)
+
+
+def test_w8a8_bad_packed_shape():
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
+
+    wq = torch.zeros(40, 12, dtype=torch.int8)
+    with pytest.raises(ShapeError, match="packed"):
+        linear_w8a8(torch.randn(2, 16), pack_w8a8(wq), torch.ones(40))
+
+
+def test_w8a8_bound_call_matches():
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, linear_w8a8_bound, pack_w8a8
+
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 70, generator=g)
+    wq, s = _weights(g, 50, 70)
+    p, b = pack_w8a8(wq), torch.randn(50, generator=g)
+    out = torch.zeros(3, 50)
+    call = linear_w8a8_bound(x, p, s, out, bias=b)
+    x.mul_(2)  # the call reads the buffers as they are when it runs
+    call()
+    assert torch.equal(out, linear_w8a8(x, p, s, bias=b))
+    strided = torch.randn(3, 140, generator=g)[:, ::2]  # not read in place: no bound call
+    assert linear_w8a8_bound(strided, p, s, out) is None
