@@ -55,6 +55,27 @@ def pack_panels(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     return out
 
 
+def empty_result(x: torch.Tensor, out: torch.Tensor | None, shape: tuple, accumulate: bool,
+                 residual: torch.Tensor | None) -> torch.Tensor:
+    """A matmul's result when there is nothing to multiply (no rows or no outputs):
+    ``out`` as it is when accumulating, else the residual (or an empty result)."""
+    if accumulate:
+        return out
+    y = out if out is not None else torch.empty(shape, dtype=x.dtype)
+    return y.copy_(residual) if residual is not None else y
+
+
+def result_buffer(x: torch.Tensor, out: torch.Tensor | None, shape: tuple,
+                  accumulate: bool) -> torch.Tensor:
+    """Where the C matmul writes: ``out`` itself when it is a contiguous result of a
+    C dtype, else a contiguous copy to accumulate into, else a new tensor (handed to
+    ``out`` afterwards by ``_deliver``)."""
+    if (out is not None and out.shape == shape and out.dtype in DTYPE_CODES
+            and out.is_contiguous()):
+        return out
+    return out.contiguous() if accumulate else torch.empty(shape, dtype=x.dtype)
+
+
 def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 accumulate: bool = False, threads: int | None = None,
@@ -80,18 +101,9 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
     k, n = x.shape[-1], w.shape[0]
     shape = (*x.shape[:-1], n)
     if x.numel() == 0 or n == 0:  # no rows or no outputs: the C kernel has nothing to do
-        if accumulate:
-            return out
-        y = out if out is not None else torch.empty(shape, dtype=x.dtype)
-        return y.copy_(residual) if residual is not None else y
+        return empty_result(x, out, shape, accumulate, residual)
     x2, rows, xs = _rows(x, k)
-    y = out if (out is not None and out.shape == shape and out.dtype in DTYPE_CODES
-                and out.is_contiguous()) else None
-    if y is None:
-        if accumulate:
-            y = out.contiguous()
-        else:
-            y = torch.empty(shape, dtype=x.dtype)
+    y = result_buffer(x, out, shape, accumulate)
     if not w.is_contiguous():
         w = w.contiguous()
     if rms_norm_weight is not None and not rms_norm_weight.is_contiguous():

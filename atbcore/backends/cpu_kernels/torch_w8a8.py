@@ -16,7 +16,7 @@ from atbcore.errors import InputError, ShapeError
 
 from . import torch_checks as chk
 from .threads import pool_threads
-from .torch_linear import _Q, _linear_fields
+from .torch_linear import _Q, _linear_fields, empty_result, result_buffer
 from .torch_ops import DTYPE_CODES, _check, _deliver, _fn, _rows
 
 __all__ = ["pack_w8a8", "w8a8_shape", "linear_w8a8", "linear_w8a8_bound",
@@ -73,15 +73,9 @@ def linear_w8a8(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, *,
     k, n = x.shape[-1], scale.numel()
     shape = (*x.shape[:-1], n)
     if x.numel() == 0:
-        if accumulate:
-            return out
-        y = out if out is not None else torch.empty(shape, dtype=x.dtype)
-        return y.copy_(residual) if residual is not None else y
+        return empty_result(x, out, shape, accumulate, residual)
     x2, rows, xs = _rows(x, k)
-    y = out if (out is not None and out.shape == shape and out.dtype in DTYPE_CODES
-                and out.is_contiguous()) else None
-    if y is None:
-        y = out.contiguous() if accumulate else torch.empty(shape, dtype=x.dtype)
+    y = result_buffer(x, out, shape, accumulate)
     scale, bias, nw = (None if t is None else t.contiguous()
                        for t in (scale, bias, rms_norm_weight))
     head, tail = _fields(x2, rows, xs, packed, scale, bias, y, accumulate, rms_norm_eps, nw,
