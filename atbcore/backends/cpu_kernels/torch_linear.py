@@ -118,6 +118,28 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
     return _deliver(out, y)
 
 
+def check_epilogue(op: str, shape: tuple, k: int, out, accumulate, residual, eps, nw) -> None:
+    """A C matmul's output side: ``out`` (``shape``; required to accumulate into), the
+    ``residual`` added in the epilogue (not with ``accumulate``), and the RmsNorm of the
+    rows read first (``eps``, optional weight ``nw`` [K])."""
+    chk.output(op, "out", out, shape)
+    if accumulate and out is None:
+        raise InputError(op, "out", "a tensor to accumulate into (accumulate=True)", "None")
+    if residual is not None:
+        if accumulate:
+            raise InputError(op, "residual", "None with accumulate=True (one addend)",
+                             "a tensor")
+        chk.tensor(op, "residual", residual, DTYPE_CODES)
+        if residual.shape != shape or not residual.is_contiguous():
+            raise ShapeError(op, "'residual'", f"a contiguous {list(shape)} tensor",
+                             f"{list(residual.shape)}, strides {list(residual.stride())}")
+    if eps is not None:
+        chk.real(op, "rms_norm_eps", eps)
+    elif nw is not None:
+        raise InputError(op, "rms_norm_eps", "a number when rms_norm_weight is given", "None")
+    chk.vector(op, "rms_norm_weight", nw, k)
+
+
 def _linear_check(op: str, x, w, scale, bias, out, accumulate, eps, nw, panels,
                   residual=None) -> None:
     """Every tensor of a few-row matmul against ``x`` [..., K] and ``w`` [N, K]."""
@@ -135,22 +157,7 @@ def _linear_check(op: str, x, w, scale, bias, out, accumulate, eps, nw, panels,
         raise InputError(op, "scale", "a per-output-channel fp32 [N] scale for an int8 w",
                          "None")
     chk.vector(op, "bias", bias, n)
-    chk.output(op, "out", out, (*x.shape[:-1], n))
-    if accumulate and out is None:
-        raise InputError(op, "out", "a tensor to accumulate into (accumulate=True)", "None")
-    if residual is not None:
-        if accumulate:
-            raise InputError(op, "residual", "None with accumulate=True (one addend)",
-                             "a tensor")
-        chk.tensor(op, "residual", residual, DTYPE_CODES)
-        if residual.shape != (*x.shape[:-1], n) or not residual.is_contiguous():
-            raise ShapeError(op, "'residual'", f"a contiguous {[*x.shape[:-1], n]} tensor",
-                             f"{list(residual.shape)}, strides {list(residual.stride())}")
-    if eps is not None:
-        chk.real(op, "rms_norm_eps", eps)
-    elif nw is not None:
-        raise InputError(op, "rms_norm_eps", "a number when rms_norm_weight is given", "None")
-    chk.vector(op, "rms_norm_weight", nw, k)
+    check_epilogue(op, (*x.shape[:-1], n), k, out, accumulate, residual, eps, nw)
     if panels is not None:
         chk.tensor(op, "panels", panels, LINEAR_WEIGHT_DTYPES)
         if not _panels_fit(panels, w):

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from atbcore.errors import InputError, ShapeError
+from atbcore.errors import ShapeError
 
 from . import torch_checks as chk
 from .threads import pool_threads
-from .torch_linear import _Q, _linear_fields, empty_result, result_buffer
+from .torch_linear import _Q, _linear_fields, check_epilogue, empty_result, result_buffer
 from .torch_ops import DTYPE_CODES, _check, _deliver, _fn, _rows
 
 __all__ = ["pack_w8a8", "w8a8_shape", "linear_w8a8", "linear_w8a8_bound",
@@ -130,23 +130,8 @@ def _check_args(op, x, packed, scale, bias, out, residual, accumulate, threads, 
         raise ShapeError(op, "packed", f"pack_w8a8 of an int8 [{n}, {k}] weight "
                          f"{w8a8_shape(n, k)}", tuple(packed.shape))
     chk.vector(op, "bias", bias, n)
-    shape = (*x.shape[:-1], n)
-    chk.output(op, "out", out, shape)
-    if accumulate and out is None:
-        raise InputError(op, "out", "a tensor to accumulate into (accumulate=True)", "None")
-    if residual is not None:
-        if accumulate:
-            raise InputError(op, "residual", "None with accumulate=True (one addend)",
-                             "a tensor")
-        chk.tensor(op, "residual", residual, DTYPE_CODES)
-        if residual.shape != shape or not residual.is_contiguous():
-            raise ShapeError(op, "'residual'", f"a contiguous {list(shape)} tensor",
-                             f"{list(residual.shape)}, strides {list(residual.stride())}")
-    if rms_norm_eps is not None:
-        chk.real(op, "rms_norm_eps", rms_norm_eps)
-    elif rms_norm_weight is not None:
-        raise InputError(op, "rms_norm_eps", "a number when rms_norm_weight is given", "None")
-    chk.vector(op, "rms_norm_weight", rms_norm_weight, k)
+    check_epilogue(op, (*x.shape[:-1], n), k, out, accumulate, residual, rms_norm_eps,
+                   rms_norm_weight)
     if threads is not None:
         chk.integer(op, "threads", threads, 1, 1 << 16)
 
