@@ -66,6 +66,7 @@ class _IndexSet:
         self.row_of = np.repeat(np.arange(b), q)                    # [T] row of each token
         offset = np.arange(len(self.row_of)) - np.repeat(np.cumsum(q) - q, q)
         pos = p[self.row_of] + offset
+        self.offset, self.custom = offset, False  # custom: positions the caller gave
         qa, ra = np.asarray(q, dtype=np.int64), np.asarray(rows, dtype=np.int64)
         self.arrays = [(ra[self.row_of] * cap + pos).astype(np.int32),
                        ra.astype(np.int32)[:, None], (p + qa).astype(np.int32),
@@ -74,16 +75,26 @@ class _IndexSet:
         self.tensors = [_on(*self.where, a) for a in self.arrays]
         self.shared = all(_shares(t, a) for t, a in zip(self.tensors, self.arrays))
 
-    def at(self, p: np.ndarray) -> list:
-        if not np.array_equal(p, self.p):
+    def at(self, p: np.ndarray, positions: np.ndarray | None = None) -> list:
+        """The tensors for pasts ``p``; RoPE ``positions`` [T] when the caller gives
+        them (else each token's cache slot)."""
+        moved = not np.array_equal(p, self.p)
+        if moved:
             delta = p - self.p
             self.p = p.copy()
             per_token = delta[self.row_of]
             self.arrays[0] += per_token.astype(np.int32)   # slots
             self.arrays[2] += delta.astype(np.int32)       # context lengths
-            self.arrays[4] += per_token                    # positions
-            if not self.shared:
-                self.tensors = [_on(*self.where, a) for a in self.arrays]
+            if not self.custom:
+                self.arrays[4] += per_token                # positions
+        if positions is not None:
+            self.arrays[4][:] = positions
+        elif self.custom:
+            self.arrays[4][:] = p[self.row_of] + self.offset
+        changed = moved or positions is not None or self.custom
+        self.custom = positions is not None
+        if changed and not self.shared:
+            self.tensors = [_on(*self.where, a) for a in self.arrays]
         return self.tensors
 
 
@@ -142,6 +153,25 @@ def _q_lens(name: str, q_lens: Any, x_shape: tuple, max_batch: int) -> tuple[int
     return q
 
 
+def _ints(name: str, what: str, v: Any, n: int | None, lo: int, hi: int | None
+          ) -> np.ndarray | None:
+    """``v`` as int64 [n] (any length when n is None) with values in [lo, hi)."""
+    if v is None:
+        return None
+    try:
+        a = np.asarray(convert(v, "numpy") if not isinstance(v, (list, tuple)) else v)
+    except Exception:  # noqa: BLE001 - anything not array-like
+        raise InputError(name, what, "integers", type(v).__name__) from None
+    a = a.reshape(-1)
+    if a.dtype.kind not in "iu" or (n is not None and a.size != n) or a.size == 0:
+        raise InputError(name, what, f"{n if n is not None else 'some'} integers",
+                         f"{a.size} of {a.dtype}")
+    if int(a.min()) < lo or (hi is not None and int(a.max()) >= hi):
+        raise InputError(name, what, f"values in [{lo}, {hi if hi is not None else 'inf'})",
+                         f"[{int(a.min())}, {int(a.max())}]")
+    return a.astype(np.int64)
+
+
 class CacheFeeder:
     """Feeds an in-place cache form graph (see the module docstring) from a
     ``KVCache`` and counts the tokens its plan wrote. ``layers`` assigns the
@@ -189,10 +219,13 @@ class CacheFeeder:
                              lens[list(layers).index(layer)].tolist())
         return lens[0]
 
-    def prepare(self, x: Any, cache: Any, q_lens: Any = None, rows: Any = None
+    def prepare(self, x: Any, cache: Any, q_lens: Any = None, rows: Any = None,
+                positions: Any = None, keep: Any = None
                 ) -> tuple[list, tuple[tuple[int, ...], tuple[int, ...], list[int]]]:
         """Graph inputs for block input ``x`` (see the module docstring; ``rows``: the
-        cache row of each batch row, default ``0..B-1``; checked against the cache:
+        cache row of each batch row, default ``0..B-1``; ``positions``: each token's
+        RoPE position, default its cache slot; ``keep``: the tokens (packed indices)
+        a LastToken keeps, default each row's last; all checked against the cache:
         nothing is written when this raises) and ``(rows, tokens per row, layers)``."""
         name = self.graph.name
         shape = tuple(x.shape)
@@ -217,13 +250,15 @@ class CacheFeeder:
         if top > cache.max_seq_len:
             raise ShapeError(name, "tokens in the atb.KVCache after this call",
                              f"<= max_seq_len {cache.max_seq_len}", top)
+        pos = _ints(name, "positions", positions, sum(q), 0, None)
+        kept = _ints(name, "keep", keep, None, 0, sum(q))
         key = (framework_of(x), str(getattr(x, "device", "cpu")), cache.max_seq_len, q, rows)
         got = index.get(key)
         if got is None:
             if len(index) >= _MAX_INDEX_SETS:  # a server's many prompt lengths: oldest out
                 index.pop(next(iter(index)))
             got = index[key] = _IndexSet(x, cache.max_seq_len, q, p, rows)
-        idx = got.at(p)
+        idx = got.at(p, pos)
         tkey = (id(idx[0]), *map(id, (t for kv in pairs for t in kv)))
         tpl = self._template
         if tpl is None or tpl[0] != tkey:  # the inputs but x, while the same tensors serve
@@ -242,6 +277,11 @@ class CacheFeeder:
         inputs[self._x_at] = xt
         xs = raw_signature([xt])
         self.raw = None if xs is None or not tpl[2] + tpl[3] else tpl[2] + xs + tpl[3]
+        if kept is not None:
+            if LAST_ROWS not in self.index:
+                raise InputError(name, "keep", "a graph ending in a LastToken", "keep=")
+            inputs[self.graph.inputs.index(LAST_ROWS)] = _on(*got.where, kept)
+            self.raw = None
         return inputs, (rows, q, layers)
 
     def finish(self, out: Any, cache: Any,

@@ -238,12 +238,15 @@ def in_place_form(op: Any, x: Any, cache: Any) -> Any:
         return form or None
 
 
-def run_in_place(op: Any, x: Any, cache: Any, q_lens: Any = None, rows: Any = None) -> Any:
+def run_in_place(op: Any, x: Any, cache: Any, q_lens: Any = None, rows: Any = None,
+                 positions: Any = None, keep: Any = None) -> Any:
     """Run block ``op`` on ``x`` ``[B, S, ...]`` (hidden states, or token ids when the
     block starts with an embedding) with ``cache`` in the in-place cache form; None
     when the block cannot take it (the caller concatenates). With ``q_lens`` (tokens
     per row) ``x`` is packed ``[T, ...]``: rows of different lengths; ``rows``: the
-    cache row of each batch row (:mod:`.graph_op_feed`)."""
+    cache row of each batch row; ``positions``: the tokens' RoPE positions (default:
+    their cache slots); ``keep``: the tokens a LastToken keeps (packed indices; the
+    output is then ``[len(keep), ...]``) (:mod:`.graph_op_feed`)."""
     if x is None or getattr(x, "ndim", 0) < (1 if q_lens is not None else 2):
         return None
     x3 = x if q_lens is None else x[None]
@@ -253,7 +256,7 @@ def run_in_place(op: Any, x: Any, cache: Any, q_lens: Any = None, rows: Any = No
     if form is None:
         return None
     feeder = form._feeder
-    inputs, shape = feeder.prepare(x, cache, q_lens, rows)
+    inputs, shape = feeder.prepare(x, cache, q_lens, rows, positions, keep)
     hot = form._run_hot(inputs, feeder.raw) if feeder.raw is not None else None
     out = (hot if hot is not None else form.execute(inputs))[0]
     return form._feeder.finish(out, cache, shape, packed=q_lens is not None)

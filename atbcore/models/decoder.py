@@ -137,6 +137,8 @@ def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False) -
         layers.append(LastToken("last_token"))
     layers.append(L.RmsNorm("final_norm", eps=spec.norm_eps).load_weights(
         {"weight": _a(w.final_norm)}))
+    if w.lm_head is None:  # a base model: the final hidden states
+        return layers
     head = {"weight": _a(w.lm_head)}
     if w.lm_head_b is not None:
         head["bias"] = _a(w.lm_head_b)

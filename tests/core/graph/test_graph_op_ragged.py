@@ -13,6 +13,7 @@ import torch
 import atbcore as atb
 from atbcore.errors import InputError, ShapeError
 from atbcore.graph.graph_op_kv import run_in_place
+from atbcore.graph.graph_op import GraphOp
 from atbcore.memory import KVCache
 from oracle import rand
 from test_graph_op_kv_in_place import D, H, NH, rope_gqa_block, seed_block
@@ -70,3 +71,35 @@ def test_bad_q_lens_are_refused_and_the_cache_is_untouched():
         run_in_place(op, torch.from_numpy(rand([17, H], seed=3)), cache, [15, 1, 1])
     assert cache.seq_lens(layer=0).tolist() == before
     np.testing.assert_array_equal(cache.seq_lens(layer=0), before)
+
+
+def test_caller_positions_and_kept_tokens():
+    """``positions``: the default slots given explicitly are bit-equal to none given,
+    and a per-row shift leaves RoPE attention unchanged (it sees only distances);
+    ``keep``: a LastToken block hands back exactly the tokens asked for."""
+    from atbcore.graph.layers_block import LastToken
+
+    op = rope_gqa_block()
+    head = GraphOp(list(op._layers) + [LastToken()], name="rope_gqa_last")
+    x = torch.from_numpy(rand([sum(LENS), H], seed=4))
+    slots = np.concatenate([np.arange(n) for n in LENS])
+    plain = run_in_place(op, x, _cache(3, 2), LENS)
+    same = run_in_place(op, x, _cache(3, 2), LENS, positions=slots)
+    assert torch.equal(plain, same)
+    shifted = run_in_place(op, x, _cache(3, 2), LENS,
+                           positions=slots + np.repeat([5, 0, 9], LENS))
+    atb.assert_close(shifted, plain, "fp32", "positions shifted per row")
+    keep = np.array([0, 4, 9, 14])
+    kept = run_in_place(head, x, _cache(3, 2), LENS, keep=keep)
+    assert torch.equal(kept.reshape(len(keep), H), plain[keep])
+    last = run_in_place(head, x, _cache(3, 2), LENS)                  # default: each row's last
+    assert torch.equal(last.reshape(3, H), plain[np.cumsum(LENS) - 1])
+    cache = _cache(3, 2)
+    for bad, match in ((dict(positions=slots[:-1]), "positions"),
+                       (dict(positions=-slots - 1), "positions"),
+                       (dict(keep=[0, 15]), "keep"), (dict(keep=[0.5]), "keep")):
+        with pytest.raises(InputError, match=match):
+            run_in_place(head, x, cache, LENS, **bad)
+    with pytest.raises(InputError, match="LastToken"):
+        run_in_place(op, x, _cache(3, 2), LENS, keep=[0])
+    assert cache.seq_lens(layer=0).tolist() == [0, 0, 0]

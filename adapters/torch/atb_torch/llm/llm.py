@@ -55,16 +55,12 @@ def _dtype(d: Any) -> torch.dtype | None:
 
 
 def build_runner(model: Any, dtype: torch.dtype | None, quantize: str | None,
-                 opt_level: int, **flags: Any) -> Any:
-    """The compiled model's runner (``atb_torch.compile(model).atb_runner``)."""
-    try:
-        from ..models.compile import compile as atb_compile
-    except ImportError:  # the compile front door not there: build the runner directly
-        from ..models.runner import ModelRunner
+                 opt_level: int) -> Any:
+    """The serving runner of ``model``: the runner with the paged forward
+    (``forward_paged``) the engine schedules over."""
+    from ..models.runner import ModelRunner
 
-        return ModelRunner.from_hf(model, opt_level=opt_level, dtype=dtype, quantize=quantize)
-    compiled = atb_compile(model, opt_level=opt_level, dtype=dtype, quantize=quantize, **flags)
-    return compiled.atb_runner
+    return ModelRunner.from_hf(model, opt_level=opt_level, dtype=dtype, quantize=quantize)
 
 
 class LLM(LLMFront):

@@ -36,6 +36,7 @@ decoder sharded Megatron-style, each rank's share one core GraphOp
 from __future__ import annotations
 
 import copy
+import os
 from collections import OrderedDict
 from typing import Any
 
@@ -130,6 +131,9 @@ def _device_of(model: Any) -> torch.device:
 def _compile_hf(model: Any, options: dict) -> Any:
     from .arch import resolve_architecture
     from .hf_model import wrap_hf
+    from atbcore.backends.npu import kernel_device
+
+    from .core_runner import CoreRunner, why_not_core
     from .runner import ModelRunner
 
     opt = options["opt_level"]
@@ -144,9 +148,16 @@ def _compile_hf(model: Any, options: dict) -> Any:
                           total=spec.num_layers, enabled=options["progress"]) as advance:
         weights = arch.extract(model, spec)
         weights.layers = _CountedLayers(weights.layers, advance)
-        runner = ModelRunner(spec, weights, opt_level=opt, dtype=options["dtype"],
-                             quantize=options["quantize"], device=dev,
-                             kv_cache_dtype=options.get("kv_cache_dtype"))
+        kind = ModelRunner
+        # the core engine on the CPU kernels; accelerators keep the runner's device plans
+        # until the core binds their fused ops (a test double's stand-in included)
+        if kernel_device(dev.type) == "cpu" and not why_not_core(spec, options["quantize"],
+                                                  options.get("kv_cache_dtype")) \
+                and os.environ.get("ATB_ENGINE") != "runner":
+            kind = CoreRunner
+        runner = kind(spec, weights, opt_level=opt, dtype=options["dtype"],
+                      quantize=options["quantize"], device=dev,
+                      kv_cache_dtype=options.get("kv_cache_dtype"))
     _warn_points(runner.spec.arch)
     logger.debug("compile: %s as %s, opt_level %d (%s), dtype %s, quantize %s",
                  type(model).__name__, runner.spec.arch, opt, OPT_LEVELS[opt], runner.dtype,

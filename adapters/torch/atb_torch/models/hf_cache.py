@@ -51,6 +51,8 @@ class _AtbLayer(CacheLayerMixin):
         kv = self.owner.kv
         if kv is None:
             return None
+        if hasattr(kv, "hf_view"):  # rows of real tokens: padding put back
+            return kv.hf_view(self.idx, which)
         buf = kv.keys(self.idx) if which == 0 else kv.values(self.idx)
         return buf[:, :kv.length].transpose(1, 2)                        # [B, Hkv, S, D]
 

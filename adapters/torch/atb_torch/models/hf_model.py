@@ -104,6 +104,16 @@ class AtbCausalLMMixin:
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if r.spec.arch != "gpt2":
             token_type_ids = None  # only GPT-2 embeds them; the other families ignore them too
+        why = getattr(r, "why_not_forward", None)
+        why = why(attention_mask, inputs_embeds, token_type_ids) if why is not None else ""
+        if why:
+            log_once(f"compile: {why} -> the model's own forward (the core plan runs token ids "
+                     "with a 2-D mask)")
+            return self._hf_forward(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
+                use_cache=use_cache, logits_to_keep=logits_to_keep, token_type_ids=token_type_ids,
+                return_dict=return_dict, **kwargs)
         src = input_ids if input_ids is not None else inputs_embeds
         b, t = src.shape[0], src.shape[1]
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -118,14 +128,14 @@ class AtbCausalLMMixin:
         if (kv is not None and t == 1 and r.opt_level >= 2 and inputs_embeds is None
                 and token_type_ids is None and (mask is None or mask.dim() == 2)
                 and r.lm_head is not None and isinstance(logits_to_keep, int)):
-            # Hugging Face semantics: no mask means every cached slot is attended
-            kv.key_mask = None
+            if not hasattr(kv, "repad"):  # Hugging Face semantics: no mask, every slot attended
+                kv.key_mask = None
             pos = (position_ids.reshape(b) if position_ids is not None else
                    torch.full((b,), kv.length, dtype=torch.long, device=r.device))
             logits = r.decode(input_ids.reshape(b), kv, positions=pos,
                               attention_mask=mask).clone()[:, None]
         else:
-            if kv is not None:
+            if kv is not None and not hasattr(kv, "repad"):
                 kv.key_mask = None
             logits = r.forward(input_ids, kv, position_ids=position_ids, attention_mask=mask,
                                inputs_embeds=inputs_embeds, token_type_ids=token_type_ids,

@@ -38,7 +38,7 @@ def test_w8_logits_cosine(arch):
 def test_half_compute_logits_cosine(dtype):
     m = tiny("llama")
     c = compile(m, dtype=dtype)
-    assert c.atb_runner.blocks[0].qkv.w.dtype == dtype
+    assert c.atb_runner.dtype == dtype and c.atb_runner.new_cache(1, 4).torch_dtype == dtype
     ids, mask = left_padded([5, 9])
     with torch.no_grad():
         out = c(ids, attention_mask=mask).logits
