@@ -109,3 +109,34 @@ def test_rope_plugin_changes_a_lowered_llama_as_the_rotation_written_into_hf(  #
             got, _ = op(tok, kv_cache=cache)
             assert_close(got, want[step + 1], "fp32", what=f"decode step {step}")
     assert torch.equal(torch.cat(tokens, 1), want_tokens)
+
+
+def test_rope_plugin_changes_a_compiled_llama_as_the_rotation_written_into_hf(  # noqa: F811
+        example, monkeypatch):
+    """The same acceptance through ``atb.compile``: its core engine asks the plugin's
+    rope point as the GraphOp does (prefill, each decode step through ``forward``,
+    and ``generate``'s own loop)."""
+    import transformers.models.llama.modeling_llama as modeling
+    from atb_torch.models import compile
+    from atb_torch.models.core_runner import CoreRunner
+
+    hf = tiny("llama")
+    fast = compile(hf)
+    assert isinstance(fast.atb_runner, CoreRunner)
+    ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5))
+    c = hf.config
+    monkeypatch.setattr(hf.model, "rotary_emb", HandRotary(c.hidden_size // c.num_attention_heads,
+                                                           float(c.rope_parameters["rope_theta"])))
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", hand_apply_rotary)
+    want, want_tokens = _hf_greedy(hf, ids)
+    with torch.no_grad():
+        out = fast(ids, use_cache=True)
+        assert_close(out.logits, want[0], "fp32", what="compiled prefill logits")
+        pkv = out.past_key_values
+        for step in range(STEPS):
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            out = fast(tok, past_key_values=pkv, use_cache=True)
+            assert_close(out.logits, want[step + 1], "fp32", what=f"compiled decode step {step}")
+            pkv = out.past_key_values
+    gen = fast.generate(ids, max_new_tokens=STEPS, do_sample=False)
+    assert torch.equal(gen[:, ids.shape[1]:], want_tokens)

@@ -158,7 +158,8 @@ def _compile_hf(model: Any, options: dict) -> Any:
         runner = kind(spec, weights, opt_level=opt, dtype=options["dtype"],
                       quantize=options["quantize"], device=dev,
                       kv_cache_dtype=options.get("kv_cache_dtype"))
-    _warn_points(runner.spec.arch)
+    if kind is ModelRunner:  # the core engine runs the plugin points as GraphOps do
+        _warn_points(runner.spec.arch)
     logger.debug("compile: %s as %s, opt_level %d (%s), dtype %s, quantize %s",
                  type(model).__name__, runner.spec.arch, opt, OPT_LEVELS[opt], runner.dtype,
                  options["quantize"])
@@ -166,9 +167,9 @@ def _compile_hf(model: Any, options: dict) -> Any:
 
 
 def _warn_points(arch: str) -> None:
-    """Say so when plugins implement execution points that a compiled Hugging Face
-    model does not run yet (its decode plan is hand-written; GraphOps and
-    ``lower_decoder`` graphs run them)."""
+    """Say so when plugins implement execution points that a model compiled onto the
+    hand-written runner does not run (quantized, GPT-2/Qwen3 and device models still
+    are; the core engine, GraphOps and ``lower_decoder`` graphs run them)."""
     from atbcore.plugin.manager import EXECUTION_HOOKS, get_plugin_manager
 
     pm = get_plugin_manager()

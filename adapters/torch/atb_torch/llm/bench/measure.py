@@ -32,6 +32,7 @@ import statistics
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -107,7 +108,7 @@ def _tensors_in(obj: Any, seen: set[int], depth: int) -> Iterator[torch.Tensor]:
     if depth < 0 or id(obj) in seen:
         return
     seen.add(id(obj))
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
         yield obj
         return
     if isinstance(obj, torch.nn.Module):
@@ -139,6 +140,21 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
     return start, start + (last + 1) * size
 
 
+def _np_extent(a: np.ndarray) -> tuple[tuple[str, int], tuple[int, int]]:
+    """(storage key, [byte range]) of a NumPy array inside the buffer it views (the
+    key a torch tensor over the same buffer gets)."""
+    try:
+        from numpy.lib.array_utils import byte_bounds
+    except ImportError:  # NumPy < 2
+        byte_bounds = np.byte_bounds
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    base = root.__array_interface__["data"][0]
+    lo, hi = byte_bounds(a) if a.size else (a.__array_interface__["data"][0],) * 2
+    return ("cpu", base), (lo - base, hi - base)
+
+
 def resident_bytes(*objs: Any, depth: int = 12) -> int:
     """Bytes of tensor memory reachable from ``objs`` (weights, caches, packed copies,
     plan buffers): per storage, the union of the byte ranges its reachable tensors
@@ -148,6 +164,10 @@ def resident_bytes(*objs: Any, depth: int = 12) -> int:
     ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for obj in objs:
         for t in _tensors_in(obj, seen, depth):
+            if isinstance(t, np.ndarray):  # host weights of a core plan
+                key, span = _np_extent(t)
+                ranges.setdefault(key, []).append(span)
+                continue
             if t.is_meta:
                 continue
             try:
