@@ -269,6 +269,13 @@ class CoreRunner:
         return (form or self.op).explain()
 
     @property
+    def launches(self) -> int | None:
+        """Kernel launches of the last call's bound program (None before any call)."""
+        form = self.op._in_place
+        plan = getattr(form, "last_plan", None) if form else None
+        return None if plan is None else plan.launches
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of the weights a decode step reads (all but the embedding table)."""
         graph = self.op.graph

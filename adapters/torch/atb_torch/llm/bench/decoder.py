@@ -102,6 +102,9 @@ class AtbDecoder:
 
     def launches_per_step(self) -> int | None:
         """The decode plan's own launch count (None if the step ran unplanned)."""
+        own = getattr(self.runner, "launches", None)  # the core engine's bound program
+        if own:
+            return own
         plans = getattr(self.cache, "plans", None) or {}
         counts = [p.launches for p in plans.values() if p is not None]
         return counts[-1] if counts else None
