@@ -40,9 +40,9 @@ from typing import Any
 import torch
 
 from .hf_cache import AtbCache
-from .kernels import ROWS_MAX
 from .hf_compat import CACHE_NAMES, cache_kwarg, log_once
 from atbcore.backends.cpu_kernels.threads import parked_torch_threads
+from atbcore.runtime.binding import POOL_ROWS_MAX
 
 from .processors import thread_invariant
 from .sample_step import token_picker
@@ -142,7 +142,7 @@ def _loop(model: Any, ids: torch.Tensor, mask: Any, pos: Any, cache: AtbCache,
     # torch's OpenMP workers, woken by a processor between two decode steps, would spin
     # on the cores the C kernels' pool needs, and a few rows of processors gain nothing
     # from them. Only where every processor gives the same bits at any thread count.
-    parked = parked_torch_threads() if r.device.type == "cpu" and b <= ROWS_MAX and \
+    parked = parked_torch_threads() if r.device.type == "cpu" and b <= POOL_ROWS_MAX and \
         thread_invariant(logits_processor) else contextlib.nullcontext()
     with parked:
         ids = _steps(r, kv, ids, logits, next_pos, pick, stopping_criteria, pad, has_eos,

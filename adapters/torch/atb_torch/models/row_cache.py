@@ -44,8 +44,17 @@ class RowKVCache(KVCache):
                          dtype=Dtype.of(dtype), device=str(dev) if dev.type != "cpu" else "cpu")
         self.torch_dtype, self.torch_device = dtype, dev
         self.length = 0                            # slots of the shared time axis
-        self.key_mask: torch.Tensor | None = None  # [B, length] bool; None: all real
+        self._mask: torch.Tensor | None = None     # [B, >= length] bool; None: all real
         self.version = 0
+
+    @property
+    def key_mask(self) -> torch.Tensor | None:
+        """``[B, length]`` bool: which slots of the time axis are real (None: all)."""
+        return None if self._mask is None else self._mask[:, :self.length]
+
+    @key_mask.setter
+    def key_mask(self, mask: torch.Tensor | None) -> None:
+        self._mask = None if mask is None else mask.bool().clone()
 
     @property
     def batch(self) -> int:
@@ -83,25 +92,25 @@ class RowKVCache(KVCache):
         self.version += 1
 
     # ------------------------------------------------------------------ the timeline
-    def real_of(self, start: int, count: int) -> torch.Tensor | None:
-        """The key mask of slots ``start .. start+count-1`` (None: all real)."""
-        if self.key_mask is None:
-            return None
-        return self.key_mask[:, start:start + count]
-
     def extend(self, new_mask: torch.Tensor | None, count: int) -> None:
         """Append ``count`` slots to the timeline (``new_mask`` [B, count]: which are
         real; None: all)."""
         if new_mask is not None and bool(new_mask.all()):
             new_mask = None
-        if self.key_mask is None and new_mask is not None:
-            self.key_mask = torch.ones(self.max_batch, self.length, dtype=torch.bool,
-                                       device=new_mask.device)
-        if self.key_mask is not None:
-            add = new_mask if new_mask is not None else torch.ones(
-                self.max_batch, count, dtype=torch.bool, device=self.key_mask.device)
-            self.key_mask = torch.cat([self.key_mask[:, :self.length], add], dim=1)
-        self.length += count
+        n = self.length
+        if self._mask is None and new_mask is not None:
+            self._mask = torch.ones(self.max_batch, n, dtype=torch.bool, device=new_mask.device)
+        if self._mask is not None:
+            if self._mask.shape[1] < n + count:  # grown by doubling: no copy per step
+                more = torch.ones(self.max_batch, max(n + count, 2 * self._mask.shape[1]),
+                                  dtype=torch.bool, device=self._mask.device)
+                more[:, :n] = self._mask[:, :n]
+                self._mask = more
+            if new_mask is not None:
+                self._mask[:, n:n + count] = new_mask.to(self._mask.device)
+            else:
+                self._mask[:, n:n + count] = True
+        self.length = n + count
 
     def repad(self, past: torch.Tensor) -> None:
         """The caller's mask of the past slots ``[B, length]`` (True = real): real slots
@@ -124,19 +133,23 @@ class RowKVCache(KVCache):
             keep = past[b][stored[b]].nonzero().reshape(-1).to(s.device)   # ranks kept
             s[:, :, b, :keep.numel()] = s[:, :, b].index_select(2, keep)
             self._lens[:, b] = keep.numel()
-        self.key_mask = None if bool(past.all()) else past
+        if bool(past.all()):
+            self._mask = None
+        elif self._mask is None:
+            self._mask = past.clone()
+        else:
+            self._mask[:, :self.length] = past
 
     def crop(self, keep: int) -> None:
         """Keep the first ``keep`` slots of the timeline (and the real tokens among them)."""
         keep = max(0, min(int(keep), self.length))
-        if self.key_mask is None:
+        if self._mask is None:
             self._lens = np.minimum(self._lens, keep)
         else:
-            self.key_mask = self.key_mask[:, :keep]
-            real = self.key_mask.sum(dim=1).cpu().numpy().astype(np.int64)
+            real = self._mask[:, :keep].sum(dim=1).cpu().numpy().astype(np.int64)
             self._lens = np.minimum(self._lens, real[None, :])
-            if bool(self.key_mask.all()):
-                self.key_mask = None
+            if bool(self._mask[:, :keep].all()):
+                self._mask = None
         self.length = keep
 
     def select(self, rows: torch.Tensor) -> None:
@@ -149,13 +162,13 @@ class RowKVCache(KVCache):
         s = self.storage()
         s.copy_(s.index_select(2, idx.to(s.device)))
         self._lens = self._lens[:, idx.numpy()].copy()
-        if self.key_mask is not None:
-            self.key_mask = self.key_mask[idx.to(self.key_mask.device)]
+        if self._mask is not None:
+            self._mask = self._mask[idx.to(self._mask.device)]
 
     def reset(self, seq_ids: Any = None) -> None:
         super().reset(seq_ids)
         if seq_ids is None:
-            self.length, self.key_mask = 0, None
+            self.length, self._mask = 0, None
 
     # ------------------------------------------------------------------ Hugging Face's view
     def hf_view(self, layer: int, which: int) -> torch.Tensor:
