@@ -12,11 +12,14 @@ Accepted: Hugging Face ``transformers`` models of the families in :mod:`.arch`
 sentence-transformers model wrapping one of them, and models built from atb GraphOps
 (:mod:`.graph_model`). The original model is not modified.
 
-``opt_level``: 0 = op by op (atb kernels, the model's own weights, nothing fused);
-1 = standard fusion (merged QKV and gate|up weights, Add+Norm, RoPE on q and k
-together, FlashAttention, MoE); 2 = + memory planning and plan caching (decode runs
-as a prebuilt plan over preallocated buffers and a preallocated KV cache, reused
-every step); 3 = + device-graph capture (CUDA graphs; elsewhere it runs as 2, logged).
+``opt_level``: 0 = op by op (atb kernels, nothing fused); 1 = standard fusion (merged
+QKV and gate|up weights, norms inside the matmuls, residual adds in their epilogues,
+RoPE with the KV-cache write, MoE); 2 = + atb's own ``generate`` loop (on the hand-written
+runner, which still serves quantized, GPT-2/Qwen3, encoder and device models: + its
+prebuilt decode plan); 3 = + device-graph capture (CUDA graphs; elsewhere it runs as 2,
+logged). Llama-family decoders on the CPU run on the core engine at every level
+(:mod:`.core_runner`: the model lowered to one GraphOp, bound once per shape bucket
+over planned memory and a preallocated KV cache).
 ``dtype``: compute/weight dtype (default: the model's). ``quantize="w8"``: weight-only
 int8 per output channel for every Linear; ``"w4"``: 4-bit codes with an fp16 scale per
 group of 32 inputs (or a GPTQ/AWQ checkpoint's own codes, see :mod:`.gptq_load`), run by

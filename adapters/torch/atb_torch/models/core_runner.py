@@ -86,9 +86,23 @@ def _cast(w: ModelWeights, dtype: torch.dtype) -> ModelWeights:
     return out
 
 
+def _fusions(opt_level: int) -> Any:
+    """opt_level 0: every node its own kernel (nothing fused); else the standard
+    pipeline."""
+    from atbcore.passes.pipeline import FusionConfig
+
+    if opt_level > 0:
+        return FusionConfig()
+    off = {f.name: False for f in dataclasses.fields(FusionConfig) if f.type in (bool, "bool")
+           and f.name.startswith("enable_") and "precision" not in f.name
+           and "accumulation" not in f.name}
+    return FusionConfig(fusion_level="conservative", **off)
+
+
 class CoreRunner:
     """See the module docstring. ``dtype``: compute and weight dtype (None: the
-    weights'); ``opt_level`` is kept for reports (the pass pipeline always runs)."""
+    weights'); ``opt_level`` 0 runs every node as its own kernel, 1-3 the standard
+    fusions (the plan is bound over planned memory at every level)."""
 
     def __init__(self, spec: ModelSpec, weights: ModelWeights, *, opt_level: int = 2,
                  dtype: torch.dtype | None = None, quantize: str | None = None,
@@ -102,7 +116,8 @@ class CoreRunner:
         self.device = torch.device(device) if device is not None else weights.embed.device
         self.kv_cache_dtype = kv_cache_dtype
         w = _cast(weights, self.dtype)
-        self.op = GraphOp(decoder_layers(spec, w, last_token=True), name=spec.arch)
+        self.op = GraphOp(decoder_layers(spec, w, last_token=True), name=spec.arch,
+                          fusion_config=_fusions(self.opt_level))
         self.lm_head = True if w.lm_head is not None else None
         self.vocab_size = int(w.embed.shape[0])
         self.stats = {"plans_built": 0, "plan_steps": 0, "general_steps": 0}
