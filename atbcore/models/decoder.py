@@ -27,15 +27,15 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import Dtype
-from ..errors import CapabilityError
+from ..errors import AtbError, CapabilityError
 from ..graph import layers as L
 from ..graph.layers import host_array
-from ..graph.layers_attention import FlashAttention, FusedFeedForward, RoPE
 from ..graph.layers_block import LastToken
 from ..graph.op_layer import OpLayer
+from . import decoder_parts as P
 from .arch import ModelSpec, ModelWeights
 
-__all__ = ["decoder_layers", "why_not_lowered", "host_weight", "moe_layer"]
+__all__ = ["decoder_layers", "why_not_lowered", "host_weight", "moe_layer", "ffn_activation"]
 
 _FLOATS = (Dtype.FP32, Dtype.FP16, Dtype.BF16)
 
@@ -45,17 +45,31 @@ def why_not_lowered(spec: ModelSpec) -> str:
     r = spec.rope
     checks = [
         (spec.kind != "decoder", f"a {spec.kind} model (decoders only)"),
-        (spec.norm != "rms", f"{spec.norm} norms (RmsNorm only)"),
+        (spec.norm not in ("rms", "layer"), f"{spec.norm} norms (RmsNorm or LayerNorm)"),
         (spec.post_norm, "post-norm blocks"),
-        (spec.qk_norm, "q/k norms"),
-        (spec.position != "rope" or r is None, f"{spec.position} positions (RoPE only)"),
-        (r is not None and (r.rope_type != "default" or r.rotary_dim != spec.head_dim
-                            or r.attention_factor != 1.0),
-         "RoPE scaling or partial rotary (default full RoPE only)"),
-        (not spec.gated or spec.activation != "silu",
-         f"{'gated ' if spec.gated else ''}{spec.activation} MLPs (gated SiLU only)"),
+        (spec.embed_norm or spec.type_vocab_size, "embedding norms or token types"),
+        (spec.position not in ("rope", "learned") or (spec.position == "rope") != (r is not None),
+         f"{spec.position} positions (RoPE or learned)"),
+        (spec.moe is not None and (not spec.gated or spec.activation != "silu"),
+         f"MoE experts with {spec.activation} MLPs (SwiGLU experts only)"),
     ]
-    return "; ".join(why for bad, why in checks if bad)
+    why = [w for bad, w in checks if bad]
+    if spec.moe is None:
+        try:
+            ffn_activation(spec)
+        except AtbError as e:
+            why.append(f"the {spec.activation} MLP activation ({e})")
+    return "; ".join(why)
+
+
+def ffn_activation(spec: ModelSpec) -> str:
+    """The FusedFeedForward activation of ``spec``'s MLP (``silu`` gated ->
+    ``swiglu``; any registered activation, plugins' included)."""
+    from ..ops.activation_fns import gated_activation, get_activation
+
+    if spec.gated:
+        return gated_activation(spec.activation, "lower_decoder")
+    return get_activation(spec.activation, "lower_decoder").name
 
 
 def host_weight(t: Any) -> np.ndarray | None:
@@ -77,12 +91,6 @@ def host_weight(t: Any) -> np.ndarray | None:
 _a = host_weight  # short for the layer list below
 
 
-def _base(spec: ModelSpec) -> float:
-    """The RoPE base whose default frequencies are the spec's ``inv_freq``."""
-    inv = spec.rope.inv_freq
-    return float(inv[1] ** (-spec.rope.rotary_dim / 2.0)) if len(inv) > 1 else 10000.0
-
-
 def moe_layer(name: str, spec: ModelSpec, lw: Any, to_array: Any = host_weight) -> OpLayer:
     """Block ``lw``'s experts as one ``MoE`` node named ``name`` (router ``[E, H]``,
     experts' gate|up ``[E, 2I, H]`` gate rows first, down ``[E, H, I]``: fp32 softmax
@@ -102,11 +110,13 @@ def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False) -
     tensors may be NumPy arrays or any framework's CPU tensors."""
     why = why_not_lowered(spec)
     if why:
-        raise CapabilityError("lower_decoder", why, "a Llama-family decoder", spec.arch)
-    base = _base(spec)
+        raise CapabilityError("lower_decoder", why, "a decoder atb lowers", spec.arch)
     layers: list[Any] = [OpLayer("embed", op="Embedding", kind="embedding",
                                  weights={"weight": _a(w.embed)}, x_index=1)]
     prev = "embed"
+    if spec.position == "learned":
+        layers.append(P.position_embedding("pos_embed", w))
+        prev = "pos_embed"
     for i, lw in enumerate(w.layers):
         bias = lw.q_b is not None
         qkv = {"weight": np.concatenate([_a(lw.q), _a(lw.k), _a(lw.v)])}
@@ -114,29 +124,21 @@ def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False) -
             qkv["bias"] = np.concatenate([_a(lw.q_b), _a(lw.k_b), _a(lw.v_b)])
         o = {"weight": _a(lw.o), **({"bias": _a(lw.o_b)} if lw.o_b is not None else {})}
         layers += [
-            L.RmsNorm(f"l{i}.attn_norm", eps=spec.norm_eps).load_weights(
-                {"weight": _a(lw.attn_norm)}),
+            P.norm(f"l{i}.attn_norm", spec, lw.attn_norm, lw.attn_norm_b),
             L.Linear(f"l{i}.qkv", out_features=qkv["weight"].shape[0], bias=bias
                      ).load_weights(qkv),
-            RoPE(f"l{i}.rope", base=base),
-            FlashAttention(f"l{i}.attn", num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-                           head_dim=spec.head_dim, causal=True, kv_cache=True,
-                           scale=spec.scales[i], window=spec.windows[i]),
+            *P.rope(f"l{i}.rope", spec),
+            P.attention(f"l{i}.attn", spec, lw, i),
             L.Linear(f"l{i}.o", out_features=spec.hidden_size, bias="bias" in o).load_weights(o),
             L.ResidualAdd(f"l{i}.attn_out", residual=prev),
-            L.RmsNorm(f"l{i}.mlp_norm", eps=spec.norm_eps).load_weights(
-                {"weight": _a(lw.mlp_norm)}),
+            P.norm(f"l{i}.mlp_norm", spec, lw.mlp_norm, lw.mlp_norm_b),
             moe_layer(f"l{i}.mlp", spec, lw) if spec.moe is not None else
-            FusedFeedForward(f"l{i}.mlp", intermediate_size=spec.intermediate_size,
-                             activation_type="swiglu").load_weights(
-                {"gate_proj.weight": _a(lw.gate), "up_proj.weight": _a(lw.up),
-                 "down_proj.weight": _a(lw.down)}),
+            P.mlp(f"l{i}.mlp", spec, lw, ffn_activation(spec)),
             L.ResidualAdd(f"l{i}.out", residual=f"l{i}.attn_out")]
         prev = f"l{i}.out"
     if last_token:
         layers.append(LastToken("last_token"))
-    layers.append(L.RmsNorm("final_norm", eps=spec.norm_eps).load_weights(
-        {"weight": _a(w.final_norm)}))
+    layers.append(P.norm("final_norm", spec, w.final_norm, w.final_norm_b))
     head = {"weight": _a(w.lm_head)}
     if w.lm_head_b is not None:
         head["bias"] = _a(w.lm_head_b)
