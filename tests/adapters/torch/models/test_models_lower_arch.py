@@ -44,6 +44,7 @@ ROPES = {
 CASES = {"gpt2": ("gpt2", {}), "qwen3": ("qwen3", {}),
          **{f"rope_{k}": ("llama", {"rope_parameters": v}) for k, v in ROPES.items()},
          "geglu": ("llama", {"hidden_act": "gelu_pytorch_tanh"}),
+         "llama_biases": ("llama", {"attention_bias": True, "mlp_bias": True}),
          "relu_glu": ("qwen2", {"hidden_act": "relu"})}
 
 
@@ -96,6 +97,38 @@ def test_lowered_greedy_tokens_equal_hf_generate_for_ragged_prompts(arch):
                                pad_token_id=0)[0, len(p):]
             got = [int(t[r]) for t in toks][:len(want)]  # HF stops at EOS (id 2)
             assert got == want.tolist() and len(got) >= 2, f"row {r}"
+
+
+def test_partial_rotary_rotates_only_the_first_rotary_dims(monkeypatch):
+    """A spec with ``rotary_dim < head_dim`` (what plugin architectures describe):
+    against HF Llama made to rotate only the first 8 of 16 dims per head."""
+    import dataclasses
+
+    import transformers.models.llama.modeling_llama as ml
+    from atbcore.graph.graph_op import GraphOp
+    from atbcore.models.arch import resolve_architecture
+    from atbcore.models.decoder import decoder_layers
+
+    rd, full = 8, ml.apply_rotary_pos_emb
+
+    def partial(q, k, cos, sin, unsqueeze_dim=1):
+        qr, kr = full(q[..., :rd], k[..., :rd], cos, sin, unsqueeze_dim)
+        return torch.cat([qr, q[..., rd:]], -1), torch.cat([kr, k[..., rd:]], -1)
+
+    monkeypatch.setattr(ml, "apply_rotary_pos_emb", partial)
+    hf = tiny("llama")
+    inv = 1e4 ** (-torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+    hf.model.rotary_emb.inv_freq = inv.float()
+    arch = resolve_architecture(hf.config)
+    spec = arch.describe(hf.config)
+    spec = dataclasses.replace(spec, rope=dataclasses.replace(
+        spec.rope, rotary_dim=rd, inv_freq=tuple(inv.float().double().tolist())))
+    op = GraphOp(decoder_layers(spec, arch.extract(hf, spec)), name="partial")
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(7))
+    got, want = _prompt_then_steps(hf, op, ids, 6, _cache(hf, 2))
+    atb.assert_close(got, want, "fp32", "partial rotary vs HF")
+    rope = [n for n in op._in_place.graph.nodes if n.op == "RopeKVCache"]
+    assert rope and all(n.params.rotary_dim == rd for n in rope)
 
 
 def test_dynamic_rope_is_refused_past_its_length_and_the_cache_is_untouched():
