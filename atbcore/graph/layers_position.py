@@ -120,6 +120,8 @@ def head_norm(ctx: "LoweringContext", layer: Layer, name: str, which: str, x: st
     w = layer._add_weight(ctx, name, f"{which}_norm.weight", d)
     # [.., heads, head_dim]: a view even of a strided split of the packed QKV
     lead = (-1,) if d.rank == 2 else (d.shape[0], -1)
+    # [.., heads, head_dim]: a view even of a strided split of the packed QKV
+    lead = (-1,) if d.rank == 2 else (d.shape[0], -1)
     heads, = b.add_node("Reshape", [x], {"shape": (*lead, d.shape[-1] // head_dim, head_dim)},
                         name=f"{name}.{which}_norm_in")
     normed, = b.add_node("RmsNorm", [heads, w], {"eps": eps}, name=f"{name}.{which}_norm")
