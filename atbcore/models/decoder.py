@@ -7,15 +7,21 @@ Hugging Face decoder to (``atb_torch.models.lower.lower_decoder`` from a torch m
     op = GraphOp(layers, name=spec.arch)         # ids [B, S] -> logits [B, S, V]
     logits, cache = op(ids, kv_cache=atbcore.memory.KVCache(...))
 
-The model becomes a list of atb layers (embedding; per block RmsNorm, the merged QKV
-Linear, RoPE, FlashAttention with a KV cache, the output projection, a residual
-add, RmsNorm, the gated FFN, a residual add; final RmsNorm and LM head); the one pass
-pipeline fuses them (norms into the following matmuls, residual adds into GEMM
-epilogues, RoPE with the cache write). Covered: pre-norm RmsNorm decoders with
-default RoPE (full rotary), gated SiLU MLPs or top-k routed experts (one ``MoE``
-node per block), GQA, q/k/v biases and sliding windows (Llama, Qwen2, Mistral,
-Mixtral); anything else raises ``CapabilityError`` naming what is missing. With
-``last_token`` the final norm and LM head run each sequence's last token only
+The model becomes a list of atb layers (embedding, plus learned positions for
+GPT-2; per block the norm (RmsNorm, or LayerNorm with bias), the merged QKV Linear,
+RoPE, FlashAttention with a KV cache (q/k RmsNorm per head for Qwen3), the output
+projection, a residual add, the norm, the FFN or MoE, a residual add; final norm
+and LM head); the one pass pipeline fuses them (RmsNorms into the following
+matmuls, residual adds into GEMM epilogues and Add+LayerNorm, RoPE with the cache
+write). The per-feature layers are :mod:`.decoder_parts`. Covered: pre-norm
+decoders with RmsNorm or LayerNorm, RoPE of any frequencies (default by base;
+llama3, linear, yarn, dynamic NTK within its length ... as a cos/sin table of the
+spec's ``inv_freq`` and ``attention_factor``), partial rotary, or learned absolute
+positions; gated or plain MLPs of any registered activation, with or without
+biases, or top-k routed experts (one ``MoE`` node per block); GQA, q/k/v biases,
+q/k norms, sliding windows (Llama, Qwen2, Qwen3, Mistral, Mixtral, GPT-2); anything
+else raises ``CapabilityError`` naming what is missing (:func:`why_not_lowered`).
+With ``last_token`` the final norm and LM head run each sequence's last token only
 (:class:`~atbcore.graph.layers_block.LastToken`: logits ``[B, 1, V]``, what
 generation reads).
 """
@@ -50,15 +56,13 @@ def why_not_lowered(spec: ModelSpec) -> str:
         (spec.embed_norm or spec.type_vocab_size, "embedding norms or token types"),
         (spec.position not in ("rope", "learned") or (spec.position == "rope") != (r is not None),
          f"{spec.position} positions (RoPE or learned)"),
-        (spec.moe is not None and (not spec.gated or spec.activation != "silu"),
-         f"MoE experts with {spec.activation} MLPs (SwiGLU experts only)"),
+        (spec.moe is not None and not spec.gated, "MoE experts without a gate (gated only)"),
     ]
     why = [w for bad, w in checks if bad]
-    if spec.moe is None:
-        try:
-            ffn_activation(spec)
-        except AtbError as e:
-            why.append(f"the {spec.activation} MLP activation ({e})")
+    try:
+        ffn_activation(spec)
+    except AtbError as e:
+        why.append(f"the {spec.activation} MLP activation ({e})")
     return "; ".join(why)
 
 
@@ -95,11 +99,13 @@ def moe_layer(name: str, spec: ModelSpec, lw: Any, to_array: Any = host_weight) 
     """Block ``lw``'s experts as one ``MoE`` node named ``name`` (router ``[E, H]``,
     experts' gate|up ``[E, 2I, H]`` gate rows first, down ``[E, H, I]``: fp32 softmax
     routing over all experts, top-k renormalised when the spec says so, the chosen
-    experts' SwiGLU FFNs weighted and summed, as Hugging Face's Mixtral block)."""
+    experts' gated FFNs (SwiGLU for SiLU) weighted and summed, as Hugging Face's
+    Mixtral block)."""
     m = spec.moe
     return OpLayer(name, op="MoE", kind="moe",
                    params={"num_experts": m.num_experts, "top_k": m.top_k,
-                           "norm_topk_prob": m.norm_topk_prob, "activation_type": "swiglu"},
+                           "norm_topk_prob": m.norm_topk_prob,
+                           "activation_type": ffn_activation(spec)},
                    weights={"router_w": to_array(lw.router),
                             "w_gate_up": to_array(lw.experts_gate_up),
                             "w_down": to_array(lw.experts_down)})

@@ -45,7 +45,8 @@ CASES = {"gpt2": ("gpt2", {}), "qwen3": ("qwen3", {}),
          **{f"rope_{k}": ("llama", {"rope_parameters": v}) for k, v in ROPES.items()},
          "geglu": ("llama", {"hidden_act": "gelu_pytorch_tanh"}),
          "llama_biases": ("llama", {"attention_bias": True, "mlp_bias": True}),
-         "relu_glu": ("qwen2", {"hidden_act": "relu"})}
+         "relu_glu": ("qwen2", {"hidden_act": "relu"}),
+         "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"})}
 
 
 @pytest.mark.parametrize("case", list(CASES))
