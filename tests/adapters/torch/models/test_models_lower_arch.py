@@ -147,13 +147,16 @@ def test_dynamic_rope_is_refused_past_its_length_and_the_cache_is_untouched():
     assert cache.seq_lens(layer=0)[:1].tolist() == [12] and torch.equal(cache.keys(0), keys)
 
 
-def test_a_bf16_gpt2_lowers_in_its_own_dtype():
-    hf = tiny("gpt2").to(torch.bfloat16)
+@pytest.mark.parametrize("case", ["gpt2", "qwen3", "rope_yarn"])
+def test_a_bf16_model_lowers_in_its_own_dtype(case):
+    """bf16 weights and cache (the RoPE tables stay fp32, as the runner keeps them)."""
+    arch, over = CASES[case]
+    hf = tiny(arch, **over).to(torch.bfloat16)
     op = lower_decoder(hf)
     ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(5))
     got, want = _prompt_then_steps(hf, op, ids, 6, _cache(hf, 2, dtype="bf16"))
     assert got.dtype == torch.bfloat16
-    atb.assert_close(got.float(), want.float(), "bf16", "lowered bf16 GPT-2 vs HF")
+    atb.assert_close(got.float(), want.float(), "bf16", f"lowered bf16 {case} vs HF")
 
 
 def test_rope_table_equals_hugging_face_rotary_embedding():
@@ -192,3 +195,15 @@ def test_models_the_lowering_does_not_cover_are_refused_by_name():
     assert "decoders only" in why_not_lowered(spec) and "post-norm" in why_not_lowered(spec)
     with pytest.raises(CapabilityError, match="decoders only"):
         lower_decoder(bert)
+
+
+def test_gpt2_past_its_learned_positions_is_refused_and_the_cache_is_untouched():
+    hf = tiny("gpt2", n_positions=8)
+    op = lower_decoder(hf)
+    cache = _cache(hf, 1)
+    with torch.no_grad():
+        op(torch.randint(3, VOCAB, (1, 8)), kv_cache=cache)
+        keys = cache.keys(0).clone()
+        with pytest.raises(AtbError, match="8 rows"):
+            op(torch.randint(3, VOCAB, (1, 1)), kv_cache=cache)
+    assert cache.seq_lens(layer=0)[:1].tolist() == [8] and torch.equal(cache.keys(0), keys)
