@@ -46,7 +46,8 @@ CASES = {"gpt2": ("gpt2", {}), "qwen3": ("qwen3", {}),
          "geglu": ("llama", {"hidden_act": "gelu_pytorch_tanh"}),
          "llama_biases": ("llama", {"attention_bias": True, "mlp_bias": True}),
          "relu_glu": ("qwen2", {"hidden_act": "relu"}),
-         "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"})}
+         "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"}),
+         "plugin_relu2": ("llama", {"hidden_act": "relu2"})}  # the activations plugin's
 
 
 @pytest.mark.parametrize("case", list(CASES))
