@@ -10,6 +10,11 @@ scale=None, window=None, kv_cache=False, packed=None, qkv_bias=False)``:
   ``v_proj.weight [Hkv*D, hidden]``; ``D = hidden // H`` unless ``head_dim``), lowered
   as three Linears (the ``qkv`` fusion merges them);
 * a ``RoPE`` layer right before it rotates its q and k (after the projections);
+  ``RoPE(inv_freq=..., attention_factor=..., max_positions=...)`` rotates by a
+  cos/sin table of those frequencies (scaled RoPE: llama3, yarn, dynamic NTK ...;
+  :mod:`.layers_position`) instead of by ``base``;
+* ``qk_norm_eps``: q and k RmsNormed per head before RoPE (weights
+  ``q_norm.weight`` / ``k_norm.weight`` ``[D]``, Qwen3);
 * ``kv_cache=True``: the graph gets inputs ``<name>.past_key`` / ``<name>.past_value``
   ``[B, P, Hkv*D]`` (P = 0 on the first call) and outputs ``<name>.present_key`` /
   ``<name>.present_value`` = past concatenated with the new keys/values along the
