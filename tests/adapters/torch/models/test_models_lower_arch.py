@@ -42,6 +42,7 @@ ROPES = {
     "dynamic": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
 }
 CASES = {"gpt2": ("gpt2", {}), "qwen3": ("qwen3", {}),
+         "gpt2_layer_scaled": ("gpt2", {"scale_attn_by_inverse_layer_idx": True}),
          **{f"rope_{k}": ("llama", {"rope_parameters": v}) for k, v in ROPES.items()},
          "geglu": ("llama", {"hidden_act": "gelu_pytorch_tanh"}),
          "llama_biases": ("llama", {"attention_bias": True, "mlp_bias": True}),
