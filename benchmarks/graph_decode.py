@@ -7,9 +7,12 @@ The embedded default model's sizes (hidden 512, 8 layers, 8 heads, 2 KV heads, i
 1376, vocab 32000), fp32 (or ``--dtype bf16``), batch 1, a 32-token prompt; each sample times ``--steps``
 decode steps of one engine, the two take turns, and the best and median per-step
 times of ``--samples`` samples are reported with their ratio. Also: the graph's
-launches per step and its arena bytes.
+launches per step and its arena bytes. ``--arch gpt2`` / ``qwen3``: the same sizes
+as a GPT-2 (LayerNorm, learned positions, GELU MLP of inter 1376, MHA) or a Qwen3
+(q/k norms).
 
     python benchmarks/graph_decode.py [--samples 15] [--steps 16] [--threads 2] [--dtype bf16]
+                                      [--arch llama|gpt2|qwen3]
 """
 
 from __future__ import annotations
@@ -28,29 +31,41 @@ import torch  # noqa: E402
 H, L, NH, KV, I, V = 512, 8, 8, 2, 1376, 32000
 
 
+def _model(arch: str):
+    """The benchmark's Hugging Face model of ``arch`` and its cache's KV heads."""
+    import transformers as tf
+
+    if arch == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=H, n_layer=L, n_head=NH, n_inner=I,
+                                                vocab_size=V, n_positions=1024)), NH
+    cfg = {"llama": tf.LlamaConfig, "qwen3": tf.Qwen3Config}[arch](
+        hidden_size=H, num_hidden_layers=L, num_attention_heads=NH, num_key_value_heads=KV,
+        intermediate_size=I, vocab_size=V, head_dim=H // NH)
+    return {"llama": tf.LlamaForCausalLM, "qwen3": tf.Qwen3ForCausalLM}[arch](cfg), KV
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=15)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--arch", choices=("llama", "gpt2", "qwen3"), default="llama")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     import atb_torch as atb
     from atb_torch.models.lower import lower_decoder
     from atbcore.memory import KVCache
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=NH,
-                                      num_key_value_heads=KV, intermediate_size=I,
-                                      vocab_size=V)).eval()
+    hf, kv = _model(a.arch)
+    hf = hf.eval()
     if a.dtype == "bf16":
         hf = hf.to(torch.bfloat16)
     ids = torch.randint(3, V, (1, 32), generator=torch.Generator().manual_seed(1))
     cap = 32 + (a.samples + 1) * a.steps + 8
     op = lower_decoder(hf)
-    cache = KVCache(L, 1, cap, KV, H // NH, dtype=a.dtype)
+    cache = KVCache(L, 1, cap, kv, H // NH, dtype=a.dtype)
     from atb_torch.models.runner import ModelRunner
 
     core = atb.compile(hf, opt_level=2).atb_runner
@@ -81,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio_med = statistics.median(times["runner"]) / statistics.median(times[name])
         print(f"{name} tok/s / runner tok/s: best {ratio_best:.3f}, median {ratio_med:.3f}")
     print(f"graph launches per step {plan.launches}, arena {plan.memory.arena_bytes} B, "
-          f"{a.threads} threads, {a.dtype}")
+          f"{a.threads} threads, {a.dtype}, {a.arch}")
     return 0
 
 

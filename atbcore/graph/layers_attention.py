@@ -10,6 +10,11 @@ scale=None, window=None, kv_cache=False, packed=None, qkv_bias=False)``:
   ``v_proj.weight [Hkv*D, hidden]``; ``D = hidden // H`` unless ``head_dim``), lowered
   as three Linears (the ``qkv`` fusion merges them);
 * a ``RoPE`` layer right before it rotates its q and k (after the projections);
+  ``RoPE(inv_freq=..., attention_factor=..., max_positions=...)`` rotates by a
+  cos/sin table of those frequencies (scaled RoPE: llama3, yarn, dynamic NTK ...;
+  :mod:`.layers_position`) instead of by ``base``;
+* ``qk_norm_eps``: q and k RmsNormed per head before RoPE (weights
+  ``q_norm.weight`` / ``k_norm.weight`` ``[D]``, Qwen3);
 * ``kv_cache=True``: the graph gets inputs ``<name>.past_key`` / ``<name>.past_value``
   ``[B, P, Hkv*D]`` (P = 0 on the first call) and outputs ``<name>.present_key`` /
   ``<name>.present_value`` = past concatenated with the new keys/values along the
@@ -26,7 +31,7 @@ The output ``[B, S, H*D]`` has no output projection (a following ``Linear`` is).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -48,18 +53,43 @@ class RoPE(Layer):
 
     def __init__(self, name: str | None = None, *, num_heads: int | None = None,
                  head_dim: int | None = None, rotary_dim: int | None = None,
-                 base: float = 10000.0, rotary_type: str = "half") -> None:
+                 base: float = 10000.0, rotary_type: str = "half",
+                 inv_freq: Sequence[float] | None = None, attention_factor: float = 1.0,
+                 max_positions: int | None = None) -> None:
+        """``inv_freq`` (``[rotary_dim // 2]``, e.g. a scaled RoPE's) and
+        ``attention_factor`` replace ``base``: the rotation reads a cos/sin table made
+        from them (:func:`~.layers_position.rope_table_inputs`), at most
+        ``max_positions`` rows (positions past it are refused)."""
         super().__init__(name)
         self.params = {"num_heads": num_heads, "head_dim": head_dim, "rotary_dim": rotary_dim,
                        "base": base, "rotary_type": rotary_type}
         from ..ops.registry import get_op
 
-        get_op("RoPE").make_params({k: v for k, v in self.params.items() if v is not None})
+        p = get_op("RoPE").make_params({k: v for k, v in self.params.items() if v is not None})
+        self.inv_freq = None if inv_freq is None else tuple(float(f) for f in inv_freq)
+        self.attention_factor = float(attention_factor)
+        self.max_positions = None if max_positions is None else int(max_positions)
+        if self.inv_freq is not None and rotary_dim is not None \
+                and 2 * len(self.inv_freq) != p.rotary_dim:
+            raise ParamsError("RoPE", "inv_freq length (rotary_dim / 2)", p.rotary_dim // 2,
+                              len(self.inv_freq))
+        if self.max_positions is not None and self.max_positions < 1:
+            raise ParamsError("RoPE", "max_positions", "an int >= 1 or None", max_positions)
+
+    def rope_params(self, **geometry: Any) -> dict[str, Any]:
+        """The RoPE op's params (``geometry``: the attention's heads and head_dim)."""
+        p = {k: v for k, v in self.params.items() if v is not None}
+        if self.inv_freq is not None:
+            p["rotary_dim"] = 2 * len(self.inv_freq)
+        return {**p, **geometry}
 
     def lower(self, ctx: "LoweringContext", x: str) -> str:
         if isinstance(ctx.next_layer, FlashAttention):
             ctx.pending_rope = self
             return x
+        if self.inv_freq is not None:
+            raise ParamsError(ctx.name_of(self), "placement of a RoPE with inv_freq",
+                              "right before a FlashAttention", "elsewhere")
         p = {k: v for k, v in self.params.items() if v is not None}
         return ctx.builder.add_node("RoPE", [x], p, name=ctx.name_of(self))[0]
 
@@ -72,7 +102,8 @@ class FlashAttention(Layer):
     def __init__(self, name: str | None = None, *, num_heads: int, num_kv_heads: int | None = None,
                  head_dim: int | None = None, causal: bool = False, scale: float | None = None,
                  window: int | None = None, kv_cache: bool = False, packed: bool | None = None,
-                 qkv_bias: bool = False, seed: int | None = None) -> None:
+                 qkv_bias: bool = False, qk_norm_eps: float | None = None,
+                 seed: int | None = None) -> None:
         super().__init__(name, seed=seed)
         _positive("FlashAttention", "num_heads", num_heads)
         _positive("FlashAttention", "num_kv_heads", num_kv_heads, optional=True)
@@ -83,10 +114,28 @@ class FlashAttention(Layer):
         self.num_heads, self.num_kv_heads = int(num_heads), int(num_kv_heads or num_heads)
         self.head_dim, self.causal, self.scale, self.window = head_dim, bool(causal), scale, window
         self.kv_cache, self.packed, self.qkv_bias = bool(kv_cache), packed, bool(qkv_bias)
+        if qk_norm_eps is not None and not float(qk_norm_eps) > 0:
+            raise ParamsError("FlashAttention", "qk_norm_eps", "> 0 or None", repr(qk_norm_eps))
+        self.qk_norm_eps = None if qk_norm_eps is None else float(qk_norm_eps)
 
     def _weight_names(self) -> set[str]:
         names = {f"{p}_proj.weight" for p in "qkv"}
+        if self.qk_norm_eps is not None:  # per-head RmsNorm of q and k (Qwen3)
+            names |= {"q_norm.weight", "k_norm.weight"}
         return names | ({f"{p}_proj.bias" for p in "qkv"} if self.qkv_bias else set())
+
+    def _qk_norm(self, ctx: "LoweringContext", name: str, q: str, k: str, hd: int
+                 ) -> tuple[str, str]:
+        if self.qk_norm_eps is None:
+            return q, k
+        from .layers_position import head_norm
+
+        if not {"q_norm.weight", "k_norm.weight"} <= set(self._weights):
+            self._ensure(name, {"q_norm.weight": (hd,), "k_norm.weight": (hd,)},
+                         {"q_norm.weight": lambda r, s: np.ones(s),
+                          "k_norm.weight": lambda r, s: np.ones(s)})
+        return (head_norm(ctx, self, name, "q", q, hd, self.qk_norm_eps),
+                head_norm(ctx, self, name, "k", k, hd, self.qk_norm_eps))
 
     def _params(self) -> dict[str, Any]:
         p = {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "causal": self.causal}
@@ -143,10 +192,11 @@ class FlashAttention(Layer):
             before = before[:-1]
         packed = self.packed if self.packed is not None else bool(before) and isinstance(
             before[-1], Linear)
-        split = rope is not None or self.kv_cache
+        split = rope is not None or self.kv_cache or self.qk_norm_eps is not None
         q, k, v, hd = (self._split_packed if packed else self._project)(ctx, name, x, split)
         if not k:  # packed QKV straight into the attention
             return ctx.builder.add_node("FlashAttention", [q], self._params(), name=name)[0]
+        q, k = self._qk_norm(ctx, name, q, k, hd)
         if ctx.cache_desc is not None:
             return self._lower_in_place(ctx, name, q, k, v, hd, rope)
         dq = ctx.builder.desc(q)
@@ -156,9 +206,16 @@ class FlashAttention(Layer):
             slot = ctx.add_kv_slot(name, past, positions=rope is not None, seq=dq.shape[1])
             pos = slot.position_ids
         if rope is not None:
-            p = {k_: v_ for k_, v_ in rope.params.items() if v_ is not None}
-            p.update(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=hd)
-            q, k = ctx.builder.add_node("RoPE", [q, k] + ([pos] if pos else []), p,
+            from .layers_position import rope_table_inputs
+
+            p = rope.rope_params(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                                 head_dim=hd)
+            tables = rope_table_inputs(ctx, rope)
+            if tables and not pos:  # no past: positions 0 .. S-1, the tables' first rows
+                tables = [ctx.builder.add_node("Slice", [t], {"offsets": (0, 0),
+                                                              "sizes": (dq.shape[1], -1)},
+                                               name=f"{t}.rows")[0] for t in tables]
+            q, k = ctx.builder.add_node("RoPE", [q, k] + ([pos] if pos else []) + tables, p,
                                         name=ctx.name_of(rope))
         if self.kv_cache:
             k, = ctx.builder.add_node("Concat", [slot.past_key, k], {"dim": 1},
@@ -180,11 +237,13 @@ class FlashAttention(Layer):
         b, h, hkv = ctx.builder, self.num_heads, self.num_kv_heads
         slot = ctx.add_cache_slot(name, positions=rope is not None)
         if rope is not None:
-            p = {k_: v_ for k_, v_ in rope.params.items() if v_ is not None}
-            p.update(num_heads=h, num_kv_heads=hkv, head_dim=hd)
+            from .layers_position import rope_table_inputs
+
+            p = rope.rope_params(num_heads=h, num_kv_heads=hkv, head_dim=hd)
             q3, = b.add_node("Reshape", [q], {"shape": (1, -1, h * hd)}, name=f"{name}.q_bsh")
             k3, = b.add_node("Reshape", [k], {"shape": (1, -1, hkv * hd)}, name=f"{name}.k_bsh")
-            q, k = b.add_node("RoPE", [q3, k3, slot.position_ids], p, name=ctx.name_of(rope))
+            q, k = b.add_node("RoPE", [q3, k3, slot.position_ids] + rope_table_inputs(ctx, rope),
+                              p, name=ctx.name_of(rope))
         qh, = b.add_node("Reshape", [q], {"shape": (-1, h, hd)}, name=f"{name}.q_heads")
         kh, = b.add_node("Reshape", [k], {"shape": (-1, hkv, hd)}, name=f"{name}.k_heads")
         vh, = b.add_node("Reshape", [v], {"shape": (-1, hkv, hd)}, name=f"{name}.v_heads")

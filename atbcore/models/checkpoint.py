@@ -144,6 +144,8 @@ def weights_from_tensors(spec: ModelSpec, tensors: Mapping[str, Any], config: An
             down=get(p + "mlp.down_proj.weight"))
         for proj in "qkvo":
             setattr(lw, f"{proj}_b", get(p + f"self_attn.{proj}_proj.bias", False))
+        for proj in ("gate", "up", "down"):  # Llama's mlp_bias
+            setattr(lw, f"{proj}_b", get(p + f"mlp.{proj}_proj.bias", False))
         layers.append(lw)
     embed = get("embed_tokens.weight")
     head = tensors.get("lm_head.weight")

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ParamsError
 
 __all__ = ["ActivationFn", "register_activation", "unregister_activation", "get_activation",
-           "list_activations", "Fn", "PairFn"]
+           "list_activations", "gated_activation", "Fn", "PairFn"]
 
 Fn = Callable[[Any], Any]
 PairFn = Callable[[Any, Any], Any]
@@ -220,6 +220,25 @@ def _register_gated(name: str, base: ActivationFn) -> None:
         return t_pair(gate, up)
 
     _REGISTRY[name] = ActivationFn(name, np_fn, t_fn, True, np_pair, t_pair)
+
+
+_GATED_NAMES = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_tanh": "geglu_tanh"}
+
+
+def gated_activation(name: str, op: str = "activation") -> str:
+    """The gated form ``act(gate) * up`` of the elementwise activation ``name``: the
+    built-in name where there is one (``silu`` -> ``swiglu``), else ``<name>_glu``,
+    registered on first use (plugins' activations included); ParamsError naming
+    ``op`` when ``name`` is unknown or itself gated."""
+    base = get_activation(name, op)
+    if base.gated:
+        raise ParamsError(op, f"activation {name!r} to gate", "an elementwise activation",
+                          f"{base.name!r} (already gated)")
+    gated = _GATED_NAMES.get(base.name, f"{base.name}_glu")
+    if _REGISTRY.get(gated) is None:
+        with _LOCK:
+            _register_gated(gated, base)
+    return gated
 
 
 def _register_builtins() -> None:

@@ -100,6 +100,9 @@ class RopeSpec:
         start, cs_sb, tab_offset = int(p.position_offset), 0, 0
         if cos is not None:
             n = cos.shape[-2] if pos is not None else g.seq
+            if table_len > n:  # the caller's table: it cannot grow (a position past it)
+                raise InputError("RoPE", "position_ids values (index into the cos/sin table)",
+                                 f"< {n}", table_len - 1)
             if cos.shape[-1] < g.rotary_dim:
                 raise InputError("RoPE", "cos / sin last dim", f">= {g.rotary_dim}",
                                  list(cos.shape))

@@ -50,7 +50,13 @@ def _bind_reshape(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
         def call(env: list) -> None:
             env[j] = _view(env[i], shape)
         return call
-    v = _view(x, shape)
+    try:
+        v = x.view(shape)
+    except RuntimeError:  # no view of these strides: a copy per run (one made here
+        # would keep the values the buffer held at bind time)
+        def copy(env: list) -> None:
+            env[j] = x.reshape(shape)
+        return copy
 
     def fixed(env: list) -> None:
         env[j] = v

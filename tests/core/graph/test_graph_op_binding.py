@@ -176,3 +176,27 @@ def test_outputs_are_checked_before_anything_is_written(pool):
     out = np.empty_like(y)
     assert op.execute([x], [out])[0] is out
     np.testing.assert_array_equal(out, y)
+
+
+def test_a_reshape_no_view_can_express_copies_on_every_run(pool):
+    """Reshape of a strided Split part of a planned buffer into a shape no view has
+    (rows of heads across tokens): the bound program copies the current values on
+    each run (one copy made at bind time would keep stale ones)."""
+    from atbcore.dtypes import Dtype
+    from atbcore.graph.builder import GraphBuilder
+    from atbcore.tensor import TensorDesc
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("strided_reshape")
+    x = b.add_input("x", TensorDesc((6, 16), Dtype.FP32))
+    y, = b.add_node("Linear", [x, b.add_weight("w", rng.standard_normal((24, 16), dtype=np.float32))])
+    q, _ = b.add_node("Split", [y], {"dim": -1, "sizes": (16, 8)})
+    r, = b.add_node("Reshape", [q], {"shape": (-1, 4)})          # [6, 16] of stride 24 -> [24, 4]
+    n, = b.add_node("RmsNorm", [r, b.add_weight("g", np.ones(4, np.float32))], {"eps": 1e-6})
+    b.mark_output(n)
+    g = b.build()
+    op = GraphOp(g)
+    for seed in range(3):  # the first runs plan and bind, the later ones replay
+        xs = torch.from_numpy(np.random.default_rng(seed).standard_normal((6, 16), dtype=np.float32))
+        want = run_graph(g, [xs.numpy()])[0]
+        np.testing.assert_allclose(op(xs).numpy(), want, rtol=1e-5, atol=1e-5)

@@ -17,10 +17,11 @@ runs with an ``atb.KVCache`` in the in-place cache form (the cache written by th
 plan, one bound program per decode step; 58 launches for the default model's step).
 ``explain()`` shows what it became.
 
-Covered: pre-norm RmsNorm decoders with default RoPE (full rotary), gated SiLU MLPs,
-GQA, q/k/v biases, sliding windows and top-k MoE blocks (Llama, Qwen2, Mistral,
-Mixtral: :mod:`.lower_moe`); anything else raises
-``CapabilityError`` naming what is missing. ``compile()`` still runs its own decode
+Covered: every decoder ``hf_arch`` describes (Llama, Qwen2, Qwen3 with its q/k
+norms, Mistral, Mixtral's MoE blocks, GPT-2 with LayerNorm, learned positions and a
+biased GELU MLP), scaled RoPE (llama3, linear, yarn, dynamic within its length) and
+any registered MLP activation; anything else raises ``CapabilityError`` naming what
+is missing (:func:`atbcore.models.decoder.why_not_lowered`). ``compile()`` still runs its own decode
 plan (:mod:`.plan`): on this machine that plan is still faster (0.83-0.86x, see
 ``benchmarks/graph_decode.py``) and serves paged batches, padding and CUDA graphs,
 which this form does not yet; ``compile(model, tensor_parallel=N)`` runs this form
@@ -49,7 +50,7 @@ def lower_decoder(model: Any, last_token: bool = False, **graph_op_kwargs: Any) 
     spec = arch.describe(model.config)
     why = _why_not(spec)
     if why:
-        raise CapabilityError("lower_decoder", why, "a Llama-family decoder", spec.arch)
+        raise CapabilityError("lower_decoder", why, "a decoder atb lowers", spec.arch)
     weights = arch.extract(model, spec)
     if weights.lm_head is None:
         raise CapabilityError("lower_decoder", "a base model (no LM head)", "a causal LM",

@@ -54,7 +54,10 @@ __all__ = ["shard_plan", "plan_for_rank", "shard_weights", "tp_decoder_layers", 
 def _spec(config: Any, op: str) -> tuple[Any, ModelSpec]:
     arch = resolve_architecture(config)
     spec = arch.describe(config)
-    why = _why_not(spec)
+    # what the sharding below splits: RmsNorm, RoPE, gated MLPs without biases
+    tp = [(spec.norm != "rms", "LayerNorm blocks"), (spec.position != "rope", "learned positions"),
+          (not spec.gated, "ungated MLPs"), (spec.qk_norm, "q/k norms")]
+    why = "; ".join([w for w in (_why_not(spec),) if w] + [w for bad, w in tp if bad])
     if why:
         raise CapabilityError(op, why, "a Llama-family decoder", spec.arch)
     return arch, spec
@@ -108,6 +111,9 @@ def shard_weights(w: ModelWeights, plan: ShardPlan) -> ModelWeights:
         if lw.q_norm is not None:
             raise CapabilityError("tensor_parallel", "q/k-norm blocks",
                                   "a Llama-family decoder", "q/k norms")
+        if any(b is not None for b in (lw.gate_b, lw.up_b, lw.down_b)):
+            raise CapabilityError("tensor_parallel", "MLP biases (not sharded)",
+                                  "a Llama-family decoder", "mlp biases")
         q, kv, f = plan.q_rows, plan.kv_rows, plan.ffn_rows
         moe: dict[str, Any] = {}
         if lw.router is not None:  # every expert split like the dense FFN (.lower_moe)

@@ -110,3 +110,7 @@ def test_refusals_name_what_is_wrong():
         lower_decoder_tp(tiny("llama"), tensor_parallel=2)
     with pytest.raises(CapabilityError, match="q/k norms"):
         lower_decoder_tp(tiny("qwen3"))
+    with pytest.raises(CapabilityError, match="LayerNorm blocks; learned positions"):
+        lower_decoder_tp(tiny("gpt2"))
+    with pytest.raises(CapabilityError, match="MLP biases"):
+        lower_decoder_tp(tiny("llama", mlp_bias=True))
