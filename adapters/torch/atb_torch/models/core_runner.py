@@ -195,6 +195,7 @@ class CoreRunner:
             position_ids = torch.arange(start, start + t, device=self.device)[None]
         pos = position_ids.to(self.device).expand(b, t)
         real = new if new is not None else torch.ones(b, t, dtype=torch.bool, device=self.device)
+        self._check_positions(int(pos[real].max()) if bool(real.any()) else 0)
         q = real.sum(dim=1).cpu().numpy()
         rows = np.flatnonzero(q)
         cols = _kept(logits_to_keep, t, self.device)
@@ -255,11 +256,20 @@ class CoreRunner:
             raise InputError("compile", "batch rows of the cache", cache.batch, b)
         lens = cache.real_lens()
         pos = lens if positions is None else _host_ints(positions, b)
+        self._check_positions(int(pos.max()))
         cache.reserve(int(lens.max()) + 1)
         out = run_in_place(self.op, ids[:, None], cache, positions=pos)
         cache.extend(None, 1)
         self.stats["plan_steps"] += 1
         return out.reshape(b, -1)
+
+    def _check_positions(self, top: int) -> None:
+        """A RoPE whose frequencies change with the length (dynamic) past it: refused."""
+        r = self.spec.rope
+        if r is not None and r.max_len is not None and top >= r.max_len:
+            raise CapabilityError("compile", f"rope_type {r.rope_type!r} past {r.max_len} "
+                                  "positions (its frequencies change with the length)",
+                                  f"positions < {r.max_len}", top + 1)
 
     @staticmethod
     def _mask_adds_real(mask: torch.Tensor, cache: RowKVCache, b: int) -> bool:
