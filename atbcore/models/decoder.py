@@ -17,7 +17,9 @@ node per block), GQA, q/k/v biases and sliding windows (Llama, Qwen2, Mistral,
 Mixtral); anything else raises ``CapabilityError`` naming what is missing. With
 ``last_token`` the final norm and LM head run each sequence's last token only
 (:class:`~atbcore.graph.layers_block.LastToken`: logits ``[B, 1, V]``, what
-generation reads).
+generation reads). With ``quantize`` ("w8", "w8a8", "w4") every projection is a
+quantized Linear (:mod:`.quant`) and the FFN runs as gate|up Linear, SwiGLU, down
+Linear (the fused FFN op is float only).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..graph.layers_attention import FlashAttention, FusedFeedForward, RoPE
 from ..graph.layers_block import LastToken
 from ..graph.op_layer import OpLayer
 from .arch import ModelSpec, ModelWeights
+from .quant import check_quantize, linear_layer
 
 __all__ = ["decoder_layers", "why_not_lowered", "host_weight", "moe_layer"]
 
@@ -97,49 +100,56 @@ def moe_layer(name: str, spec: ModelSpec, lw: Any, to_array: Any = host_weight) 
                             "w_down": to_array(lw.experts_down)})
 
 
-def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False) -> list[Any]:
+def _ffn(i: int, spec: ModelSpec, lw: Any, quantize: str | None) -> list[Any]:
+    """Block ``i``'s MLP: one fused FFN node (float), the routed experts, or the
+    quantized gate|up Linear, SwiGLU and down Linear."""
+    if spec.moe is not None:
+        return [moe_layer(f"l{i}.mlp", spec, lw)]
+    if quantize is None:
+        return [FusedFeedForward(f"l{i}.mlp", intermediate_size=spec.intermediate_size,
+                                 activation_type="swiglu").load_weights(
+            {"gate_proj.weight": _a(lw.gate), "up_proj.weight": _a(lw.up),
+             "down_proj.weight": _a(lw.down)})]
+    return [linear_layer(f"l{i}.gate_up", [lw.gate, lw.up], [None, None], quantize, _a),
+            L.SwiGLU(f"l{i}.act"),
+            linear_layer(f"l{i}.down", [lw.down], [None], quantize, _a)]
+
+
+def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False,
+                   quantize: str | None = None) -> list[Any]:
     """The atb layers computing the model (see the module docstring). ``w``'s
-    tensors may be NumPy arrays or any framework's CPU tensors."""
+    tensors may be NumPy arrays or any framework's CPU tensors; ``quantize``: None,
+    "w8", "w8a8" or "w4" (:mod:`.quant`)."""
     why = why_not_lowered(spec)
     if why:
         raise CapabilityError("lower_decoder", why, "a Llama-family decoder", spec.arch)
+    quantize = check_quantize(quantize)
+    if quantize is not None and spec.moe is not None:
+        raise CapabilityError("lower_decoder", f"quantize={quantize!r} with routed experts",
+                              "a dense-MLP decoder (MoE experts lower in float only)", spec.arch)
     base = _base(spec)
     layers: list[Any] = [OpLayer("embed", op="Embedding", kind="embedding",
                                  weights={"weight": _a(w.embed)}, x_index=1)]
     prev = "embed"
     for i, lw in enumerate(w.layers):
-        bias = lw.q_b is not None
-        qkv = {"weight": np.concatenate([_a(lw.q), _a(lw.k), _a(lw.v)])}
-        if bias:
-            qkv["bias"] = np.concatenate([_a(lw.q_b), _a(lw.k_b), _a(lw.v_b)])
-        o = {"weight": _a(lw.o), **({"bias": _a(lw.o_b)} if lw.o_b is not None else {})}
         layers += [
             L.RmsNorm(f"l{i}.attn_norm", eps=spec.norm_eps).load_weights(
                 {"weight": _a(lw.attn_norm)}),
-            L.Linear(f"l{i}.qkv", out_features=qkv["weight"].shape[0], bias=bias
-                     ).load_weights(qkv),
+            linear_layer(f"l{i}.qkv", [lw.q, lw.k, lw.v], [lw.q_b, lw.k_b, lw.v_b], quantize, _a),
             RoPE(f"l{i}.rope", base=base),
             FlashAttention(f"l{i}.attn", num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                            head_dim=spec.head_dim, causal=True, kv_cache=True,
                            scale=spec.scales[i], window=spec.windows[i]),
-            L.Linear(f"l{i}.o", out_features=spec.hidden_size, bias="bias" in o).load_weights(o),
+            linear_layer(f"l{i}.o", [lw.o], [lw.o_b], quantize, _a),
             L.ResidualAdd(f"l{i}.attn_out", residual=prev),
             L.RmsNorm(f"l{i}.mlp_norm", eps=spec.norm_eps).load_weights(
                 {"weight": _a(lw.mlp_norm)}),
-            moe_layer(f"l{i}.mlp", spec, lw) if spec.moe is not None else
-            FusedFeedForward(f"l{i}.mlp", intermediate_size=spec.intermediate_size,
-                             activation_type="swiglu").load_weights(
-                {"gate_proj.weight": _a(lw.gate), "up_proj.weight": _a(lw.up),
-                 "down_proj.weight": _a(lw.down)}),
+            *_ffn(i, spec, lw, quantize),
             L.ResidualAdd(f"l{i}.out", residual=f"l{i}.attn_out")]
         prev = f"l{i}.out"
     if last_token:
         layers.append(LastToken("last_token"))
     layers.append(L.RmsNorm("final_norm", eps=spec.norm_eps).load_weights(
         {"weight": _a(w.final_norm)}))
-    head = {"weight": _a(w.lm_head)}
-    if w.lm_head_b is not None:
-        head["bias"] = _a(w.lm_head_b)
-    layers.append(L.Linear("lm_head", out_features=spec.vocab_size, bias="bias" in head
-                           ).load_weights(head))
+    layers.append(linear_layer("lm_head", [w.lm_head], [w.lm_head_b], quantize, _a))
     return layers

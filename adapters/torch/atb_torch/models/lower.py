@@ -41,10 +41,13 @@ from .arch import resolve_architecture
 __all__ = ["lower_decoder", "decoder_layers"]
 
 
-def lower_decoder(model: Any, last_token: bool = False, **graph_op_kwargs: Any) -> GraphOp:
+def lower_decoder(model: Any, last_token: bool = False, quantize: str | None = None,
+                  **graph_op_kwargs: Any) -> GraphOp:
     """The Hugging Face causal LM ``model`` as one core GraphOp (ids ``[B, S]`` ->
     logits ``[B, S, V]``, or ``[B, 1, V]`` of each row's last token with
-    ``last_token``); call it with ``kv_cache=`` an ``atb.KVCache``."""
+    ``last_token``); call it with ``kv_cache=`` an ``atb.KVCache``. ``quantize``
+    (None, "w8", "w8a8", "w4"): every projection quantized (a GPTQ/AWQ checkpoint's
+    own 4-bit codes kept: :mod:`atbcore.models.quant`)."""
     arch = resolve_architecture(model.config)
     spec = arch.describe(model.config)
     why = _why_not(spec)
@@ -54,4 +57,5 @@ def lower_decoder(model: Any, last_token: bool = False, **graph_op_kwargs: Any) 
     if weights.lm_head is None:
         raise CapabilityError("lower_decoder", "a base model (no LM head)", "a causal LM",
                               type(model).__name__)
-    return GraphOp(decoder_layers(spec, weights, last_token), name=spec.arch, **graph_op_kwargs)
+    return GraphOp(decoder_layers(spec, weights, last_token, quantize), name=spec.arch,
+                   **graph_op_kwargs)
