@@ -5,9 +5,12 @@ The embedded default model's sizes (hidden 512, 8 layers, 8 heads, 2 KV heads, i
 1376, vocab 32000), fp32 (or ``--dtype bf16``), batch 1, a 32-token prompt; each sample times ``--steps``
 decode steps of one engine, the two take turns, and the best and median per-step
 times of ``--samples`` samples are reported with their ratio. Also: the graph's
-launches per step and its arena bytes.
+launches per step and its arena bytes. ``--quantize w8|w8a8|w4`` quantizes both
+engines' Linears (the same codes: the lowered graph's core quantized Linears against the
+runner's).
 
     python benchmarks/graph_decode.py [--samples 15] [--steps 16] [--threads 2] [--dtype bf16]
+                                      [--quantize w8|w8a8|w4]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--quantize", choices=("w8", "w8a8", "w4"), default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     import atb_torch as atb
@@ -47,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         hf = hf.to(torch.bfloat16)
     ids = torch.randint(3, V, (1, 32), generator=torch.Generator().manual_seed(1))
     cap = 32 + (a.samples + 1) * a.steps + 8
-    op = lower_decoder(hf)
+    op = lower_decoder(hf, quantize=a.quantize)
     cache = KVCache(L, 1, cap, KV, H // NH, dtype=a.dtype)
-    runner = atb.compile(hf, opt_level=2).atb_runner
+    runner = atb.compile(hf, opt_level=2, quantize=a.quantize).atb_runner
     rcache = runner.new_cache(1, cap)
     tok, rtok = ids[:, -1:], ids[0, -1:]
     with torch.no_grad():
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio_med = statistics.median(times["compile"]) / statistics.median(times["graph"])
     print(f"graph tok/s / compile tok/s: best {ratio_best:.3f}, median {ratio_med:.3f}; "
           f"graph launches per step {plan.launches}, arena {plan.memory.arena_bytes} B, "
-          f"{a.threads} threads, {a.dtype}")
+          f"{a.threads} threads, {a.dtype}, quantize {a.quantize}")
     return 0
 
 
