@@ -79,18 +79,25 @@ def test_lowered_quantized_greedy_tokens_agree_with_the_runner(quantize):
     assert torch.stack(toks, 1)[0].tolist() == want[0, 6:].tolist()
 
 
-def test_lowered_quantized_bf16_model():
-    """A bf16 model keeps fp32 w8 scales (the C kernel's) and computes in bf16."""
+@pytest.mark.parametrize("quantize", ["w8", "w4"])
+def test_lowered_quantized_bf16_model(quantize):
+    """A bf16 model keeps the C kernels' scales (fp32 per channel for w8, fp16 per group
+    for w4) and computes in bf16."""
     hf = tiny("llama").to(torch.bfloat16)
-    op = lower_decoder(hf, quantize="w8")
+    op = lower_decoder(hf, quantize=quantize)
     ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         got = _lowered_logits(op, ids, _cache(hf, 2, "bf16"), 5)
-        want = compile(hf, quantize="w8", dtype=torch.bfloat16)(ids).logits
+        want = compile(hf, quantize=quantize, dtype=torch.bfloat16)(ids).logits
     assert got.dtype == torch.bfloat16
-    atb.assert_close(got.float(), want.float(), "bf16", "lowered bf16 w8 vs the runner's")
+    if quantize == "w8":
+        atb.assert_close(got.float(), want.float(), "bf16", "lowered bf16 w8 vs the runner's")
+    else:  # int8 activation blocks turn a one-ulp bf16 difference into a code step
+        cos = F.cosine_similarity(got.float().reshape(-1, VOCAB), want.float().reshape(-1, VOCAB))
+        assert float(cos.min()) >= 0.9995, float(cos.min())
     scales = {n: w for n, w in op.graph.weights if n.endswith(".scale")}
-    assert scales and all(w.dtype.name == "float32" for w in scales.values())
+    want_dt = "float32" if quantize == "w8" else "float16"
+    assert scales and all(w.dtype.name == want_dt for w in scales.values())
 
 
 def test_lowered_quantize_refusals_name_what_is_missing():
