@@ -17,6 +17,10 @@ runs with an ``atb.KVCache`` in the in-place cache form (the cache written by th
 plan, one bound program per decode step; 58 launches for the default model's step).
 ``explain()`` shows what it became.
 
+``quantize="w8" | "w8a8" | "w4"`` makes every projection a quantized core Linear
+(:mod:`atbcore.models.quant`; the FFN then runs as gate|up Linear, SwiGLU, down Linear),
+fused and bound like the float ones, its packed layout shown by ``explain()``.
+
 Covered: pre-norm RmsNorm decoders with default RoPE (full rotary), gated SiLU MLPs,
 GQA, q/k/v biases, sliding windows and top-k MoE blocks (Llama, Qwen2, Mistral,
 Mixtral: :mod:`.lower_moe`); anything else raises
