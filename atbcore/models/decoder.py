@@ -18,8 +18,8 @@ Mixtral); anything else raises ``CapabilityError`` naming what is missing. With
 ``last_token`` the final norm and LM head run each sequence's last token only
 (:class:`~atbcore.graph.layers_block.LastToken`: logits ``[B, 1, V]``, what
 generation reads). With ``quantize`` ("w8", "w8a8", "w4") every projection is a
-quantized Linear (:mod:`.quant`) and the FFN runs as gate|up Linear, SwiGLU, down
-Linear (the fused FFN op is float only).
+quantized Linear (:mod:`.quant`), the FFN runs as gate|up Linear, SwiGLU, down
+Linear (the fused FFN op is float only) and MoE experts are quantized in their node.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ..graph.layers_attention import FlashAttention, FusedFeedForward, RoPE
 from ..graph.layers_block import LastToken
 from ..graph.op_layer import OpLayer
 from .arch import ModelSpec, ModelWeights
-from .quant import check_quantize, linear_layer
+from .quant import check_quantize, linear_layer, quantized_experts
 
 __all__ = ["decoder_layers", "why_not_lowered", "host_weight", "moe_layer"]
 
@@ -86,25 +86,37 @@ def _base(spec: ModelSpec) -> float:
     return float(inv[1] ** (-spec.rope.rotary_dim / 2.0)) if len(inv) > 1 else 10000.0
 
 
-def moe_layer(name: str, spec: ModelSpec, lw: Any, to_array: Any = host_weight) -> OpLayer:
+def moe_layer(name: str, spec: ModelSpec, lw: Any, to_array: Any = host_weight,
+              quantize: str | None = None) -> OpLayer:
     """Block ``lw``'s experts as one ``MoE`` node named ``name`` (router ``[E, H]``,
     experts' gate|up ``[E, 2I, H]`` gate rows first, down ``[E, H, I]``: fp32 softmax
     routing over all experts, top-k renormalised when the spec says so, the chosen
-    experts' SwiGLU FFNs weighted and summed, as Hugging Face's Mixtral block)."""
+    experts' SwiGLU FFNs weighted and summed, as Hugging Face's Mixtral block);
+    ``quantize``: the experts' weights quantized as Linears are (:mod:`.quant`)."""
     m = spec.moe
-    return OpLayer(name, op="MoE", kind="moe",
-                   params={"num_experts": m.num_experts, "top_k": m.top_k,
-                           "norm_topk_prob": m.norm_topk_prob, "activation_type": "swiglu"},
-                   weights={"router_w": to_array(lw.router),
-                            "w_gate_up": to_array(lw.experts_gate_up),
-                            "w_down": to_array(lw.experts_down)})
+    params = {"num_experts": m.num_experts, "top_k": m.top_k,
+              "norm_topk_prob": m.norm_topk_prob, "activation_type": "swiglu"}
+    if quantize is None:
+        return OpLayer(name, op="MoE", kind="moe", params=params,
+                       weights={"router_w": to_array(lw.router),
+                                "w_gate_up": to_array(lw.experts_gate_up),
+                                "w_down": to_array(lw.experts_down)})
+    gu = quantized_experts(to_array(lw.experts_gate_up), quantize, "gate_up")
+    dn = quantized_experts(to_array(lw.experts_down), quantize, "down")
+    weights = {"router_w": to_array(lw.router), "w_gate_up": gu["w_gate_up"],
+               "w_down": dn["w_down"], "gate_up_scale": gu["gate_up_scale"],
+               "down_scale": dn["down_scale"]}
+    if "gate_up_zeros" in gu and "down_zeros" in dn:
+        weights.update(gate_up_zeros=gu["gate_up_zeros"], down_zeros=dn["down_zeros"])
+    params.update(quant=quantize, group_size=32)
+    return OpLayer(name, op="MoE", kind="moe", params=params, weights=weights, cast=False)
 
 
 def _ffn(i: int, spec: ModelSpec, lw: Any, quantize: str | None) -> list[Any]:
     """Block ``i``'s MLP: one fused FFN node (float), the routed experts, or the
     quantized gate|up Linear, SwiGLU and down Linear."""
     if spec.moe is not None:
-        return [moe_layer(f"l{i}.mlp", spec, lw)]
+        return [moe_layer(f"l{i}.mlp", spec, lw, quantize=quantize)]
     if quantize is None:
         return [FusedFeedForward(f"l{i}.mlp", intermediate_size=spec.intermediate_size,
                                  activation_type="swiglu").load_weights(
@@ -124,9 +136,6 @@ def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False,
     if why:
         raise CapabilityError("lower_decoder", why, "a Llama-family decoder", spec.arch)
     quantize = check_quantize(quantize)
-    if quantize is not None and spec.moe is not None:
-        raise CapabilityError("lower_decoder", f"quantize={quantize!r} with routed experts",
-                              "a dense-MLP decoder (MoE experts lower in float only)", spec.arch)
     base = _base(spec)
     layers: list[Any] = [OpLayer("embed", op="Embedding", kind="embedding",
                                  weights={"weight": _a(w.embed)}, x_index=1)]

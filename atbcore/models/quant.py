@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..graph.sequential import LoweringContext
 
 __all__ = ["QUANT_MODES", "W4Codes", "PREQUANTIZED", "QuantLinear", "linear_layer",
-           "check_quantize"]
+           "check_quantize", "quantized_experts"]
 
 QUANT_MODES = (None, "w8", "w8a8", "w4")
 
@@ -154,3 +154,16 @@ def linear_layer(name: str, weights: list, biases: list, quantize: str | None,
     if bias is not None:
         qw["bias"] = bias
     return QuantLinear(name, params, qw)
+
+
+def quantized_experts(stacked: Any, quantize: str, part: str) -> dict[str, np.ndarray]:
+    """A MoE node's weights ``w_<part>`` ``[E, rows, in]`` quantized per expert as
+    :func:`linear_layer` quantizes one Linear: ``{"w_<part>", "<part>_scale"[,
+    "<part>_zeros"]}`` (``part``: "gate_up" or "down")."""
+    experts = [host_array(w) for w in stacked]
+    layers = [linear_layer("expert", [w], [None], quantize) for w in experts]
+    out = {f"w_{part}": np.stack([q.weights()["weight"] for q in layers]),
+           f"{part}_scale": np.stack([q.weights()["scale"] for q in layers])}
+    if all("zeros" in q.weights() for q in layers):
+        out[f"{part}_zeros"] = np.stack([q.weights()["zeros"] for q in layers])
+    return out

@@ -112,3 +112,22 @@ def test_quantized_linear_errors_name_what_is_wrong():
     check_error("Linear", {"quant": "w8a8"}, [x, wq, None, sc, None, z], InputError, "zeros")
     check_error("Linear", {"quant": "w4", "group_size": 48}, [], ParamsError, "group_size",
                 build_error=True)
+
+
+@pytest.mark.parametrize("quant", ["w8", "w8a8", "w4"])
+def test_quantized_moe_experts_match_reference(quant):
+    """MoE with quantized experts (each projection a quantized Linear) against the
+    float64 reference, with routing over 4 experts, top 2."""
+    from atbcore.models.quant import quantized_experts
+
+    rng = np.random.default_rng(11)
+    e, h, inter = 4, 64, 96
+    x = rand((5, h), "fp32", seed=12)
+    router = rand((e, h), "fp32", seed=13)
+    gu = quantized_experts(rng.standard_normal((e, 2 * inter, h)).astype(np.float32), quant,
+                           "gate_up")
+    dn = quantized_experts(rng.standard_normal((e, h, inter)).astype(np.float32) * 0.1, quant,
+                           "down")
+    assert gu["w_gate_up"].dtype == (np.uint8 if quant == "w4" else np.int8)
+    check_op("MoE", {"top_k": 2, "quant": quant},
+             [x, router, gu["w_gate_up"], dn["w_down"], gu["gate_up_scale"], dn["down_scale"]])
