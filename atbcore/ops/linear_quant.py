@@ -28,7 +28,7 @@ from ..errors import InputError, ShapeError
 from .base import f64
 
 __all__ = ["quantize_w4", "dequantize_w4", "w4_groups", "ACT_BLOCK", "W4_GROUP",
-           "quantize_act_rows", "ref_w4", "ref_w8a8"]
+           "quantize_act_rows", "ref_w4", "ref_w8a8", "dense_or_w8_only"]
 
 ACT_BLOCK = 32  # inputs per int8 activation block of w4 (a group is a multiple of it)
 W4_GROUP = 32   # the default group size of w4 weights
@@ -136,3 +136,12 @@ def ref_w8a8(x: Any, w_int8: Any, scale: Any) -> np.ndarray:
     acc = q.astype(np.int64) @ np.asarray(w_int8).astype(np.int64).T   # exact integer sums
     y = f64(acc) * f64(dx) * f64(scale)[None, :]
     return y.reshape(*xa.shape[:-1], acc.shape[1])
+
+
+def dense_or_w8_only(p: Any, ins: Any = None) -> list[str]:
+    """A kernel check (``Kernel.check``) for kernels that compute float and w8 weights
+    only: the reason they cannot run a ``w4`` / ``w8a8`` call (empty list otherwise)."""
+    q = getattr(p, "quant", None)
+    if q in ("w4", "w8a8"):
+        return [f"quant={q!r}: this kernel computes float and w8 weights only"]
+    return []
