@@ -137,7 +137,8 @@ def _check_linear(op: str, p: LinearParams, ins) -> TensorDesc:
                              "a float scale tensor", "None")
     else:
         if w.dtype.is_integer:
-            raise DtypeError(op, "input 'weight' dtype (integer weights need quant='w8', 'w8a8' or 'w4')",
+            raise DtypeError(op, "input 'weight' dtype (integer weights need quant='w8', "
+                             "'w8a8' or 'w4')",
                               x.dtype.name, w.dtype.name)
         expect_dtype(op, "weight", w, FLOAT_DTYPES)
         expect_same_dtype(op, "x", x, "weight", w)

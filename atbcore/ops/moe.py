@@ -5,12 +5,13 @@
 non-gated activation), ``w_down`` [E, H, I] — the 3-D layout of Hugging Face's
 Mixtral / Qwen2-MoE experts. Routing: softmax over all E router logits in fp32,
 top ``top_k`` experts per token, renormalised when ``norm_topk_prob`` (Mixtral;
-Qwen2-MoE configs may set False), then ``y = sum_k w_k * expert_k(x)``. With ``quant`` ("w8", "w8a8", "w4") the experts'
-weights are quantized as a quantized Linear's (:mod:`.linear`), one expert per leading
-index: int8 / uint8 ``w_gate_up`` and ``w_down`` with ``gate_up_scale`` / ``down_scale``
-(``[E, rows]`` per channel, ``[E, rows, groups]`` for w4) and for w4 optional zero points
-``gate_up_zeros`` / ``down_zeros``; each expert runs as that Linear does (the router
-stays float).
+Qwen2-MoE configs may set False), then ``y = sum_k w_k * expert_k(x)``.
+
+With ``quant`` ("w8", "w8a8", "w4") the experts' weights are quantized as a quantized
+Linear's (:mod:`.linear`), one expert per leading index: int8 / uint8 ``w_gate_up`` and
+``w_down`` with ``gate_up_scale`` / ``down_scale`` (``[E, rows]`` per channel,
+``[E, rows, groups]`` for w4) and for w4 optional zero points ``gate_up_zeros`` /
+``down_zeros``; each expert runs as that Linear does (the router stays float).
 """
 
 from __future__ import annotations

@@ -199,7 +199,8 @@ def _dense_linear(p, x, w, b):
 
 @kernel("Linear", impl="C matmul on 32-output panels (CPU; fp32/bf16/fp16/w8 weights), the "
         "C w4 / w8a8 kernels on their packed layouts; else F.linear / cached-transposed GEMV; "
-        "w8: aten._weight_int8pack_mm or fp32 dequantize + GEMM; w4/w8a8: fp32 torch ops", writes_out=True, bind=bind_cpu_linear)
+        "w8: aten._weight_int8pack_mm or fp32 dequantize + GEMM; w4/w8a8: fp32 torch ops",
+        writes_out=True, bind=bind_cpu_linear)
 def linear(p, ins, out=None):
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
     r, z = ins.get("residual"), ins.get("zeros")

@@ -49,7 +49,8 @@ def linear_activation(p, ins):
     return [cast(ms_activation(p.activation_type, y), x.dtype)]
 
 
-@kernel("RmsNormLinear", check=dense_or_w8_only, impl="mindspore RmsNorm + mindspore Linear (the fused op's parts)",
+@kernel("RmsNormLinear", check=dense_or_w8_only,
+        impl="mindspore RmsNorm + mindspore Linear (the fused op's parts)",
         launches=2)
 def rms_norm_linear(p, ins):
     from . import MS_KERNELS
