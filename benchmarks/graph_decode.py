@@ -9,10 +9,11 @@ decode steps of one engine, the two take turns, and the best and median per-step
 times of ``--samples`` samples are reported with their ratio. Also: the graph's
 launches per step and its arena bytes. ``--arch gpt2`` / ``qwen3``: the same sizes
 as a GPT-2 (LayerNorm, learned positions, GELU MLP of inter 1376, MHA) or a Qwen3
-(q/k norms).
+(q/k norms). ``--quantize w8|w8a8|w4`` quantizes every engine's Linears (the same
+codes: the core's quantized Linears against the runner's).
 
     python benchmarks/graph_decode.py [--samples 15] [--steps 16] [--threads 2] [--dtype bf16]
-                                      [--arch llama|gpt2|qwen3]
+                                      [--arch llama|gpt2|qwen3] [--quantize w8|w8a8|w4]
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--arch", choices=("llama", "gpt2", "qwen3"), default="llama")
+    ap.add_argument("--quantize", choices=("w8", "w8a8", "w4"), default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     import atb_torch as atb
@@ -64,12 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         hf = hf.to(torch.bfloat16)
     ids = torch.randint(3, V, (1, 32), generator=torch.Generator().manual_seed(1))
     cap = 32 + (a.samples + 1) * a.steps + 8
-    op = lower_decoder(hf)
+    op = lower_decoder(hf, quantize=a.quantize)
     cache = KVCache(L, 1, cap, kv, H // NH, dtype=a.dtype)
     from atb_torch.models.runner import ModelRunner
 
-    core = atb.compile(hf, opt_level=2).atb_runner
-    runner = ModelRunner.from_hf(hf, opt_level=2)
+    core = atb.compile(hf, opt_level=2, quantize=a.quantize).atb_runner
+    runner = ModelRunner.from_hf(hf, opt_level=2, quantize=a.quantize)
     rcache, ccache = runner.new_cache(1, cap), core.new_cache(1, cap)
     tok, rtok = ids[:, -1:], ids[0, -1:]
     with torch.no_grad():
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio_med = statistics.median(times["runner"]) / statistics.median(times[name])
         print(f"{name} tok/s / runner tok/s: best {ratio_best:.3f}, median {ratio_med:.3f}")
     print(f"graph launches per step {plan.launches}, arena {plan.memory.arena_bytes} B, "
-          f"{a.threads} threads, {a.dtype}, {a.arch}")
+          f"{a.threads} threads, {a.dtype}, {a.arch}, quantize {a.quantize}")
     return 0
 
 

@@ -23,7 +23,10 @@ q/k norms, sliding windows (Llama, Qwen2, Qwen3, Mistral, Mixtral, GPT-2); anyth
 else raises ``CapabilityError`` naming what is missing (:func:`why_not_lowered`).
 With ``last_token`` the final norm and LM head run each sequence's last token only
 (:class:`~atbcore.graph.layers_block.LastToken`: logits ``[B, 1, V]``, what
-generation reads).
+generation reads). With ``quantize`` ("w8", "w8a8", "w4") every projection is a
+quantized Linear (:mod:`.quant`), the FFN runs as (gate|)up Linear, its activation,
+down Linear (the fused FFN op is float only) and MoE experts are quantized in their
+node.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ..graph.layers_block import LastToken
 from ..graph.op_layer import OpLayer
 from . import decoder_parts as P
 from .arch import ModelSpec, ModelWeights
+from .quant import check_quantize, linear_layer, quantized_experts
 
 __all__ = ["decoder_layers", "why_not_lowered", "host_weight", "moe_layer", "ffn_activation"]
 
@@ -95,28 +99,56 @@ def host_weight(t: Any) -> np.ndarray | None:
 _a = host_weight  # short for the layer list below
 
 
-def moe_layer(name: str, spec: ModelSpec, lw: Any, to_array: Any = host_weight) -> OpLayer:
+def moe_layer(name: str, spec: ModelSpec, lw: Any, to_array: Any = host_weight,
+              quantize: str | None = None) -> OpLayer:
     """Block ``lw``'s experts as one ``MoE`` node named ``name`` (router ``[E, H]``,
     experts' gate|up ``[E, 2I, H]`` gate rows first, down ``[E, H, I]``: fp32 softmax
     routing over all experts, top-k renormalised when the spec says so, the chosen
     experts' gated FFNs (SwiGLU for SiLU) weighted and summed, as Hugging Face's
-    Mixtral block)."""
+    Mixtral block); ``quantize``: the experts' weights quantized as Linears are
+    (:mod:`.quant`)."""
     m = spec.moe
-    return OpLayer(name, op="MoE", kind="moe",
-                   params={"num_experts": m.num_experts, "top_k": m.top_k,
-                           "norm_topk_prob": m.norm_topk_prob,
-                           "activation_type": ffn_activation(spec)},
-                   weights={"router_w": to_array(lw.router),
-                            "w_gate_up": to_array(lw.experts_gate_up),
-                            "w_down": to_array(lw.experts_down)})
+    params = {"num_experts": m.num_experts, "top_k": m.top_k,
+              "norm_topk_prob": m.norm_topk_prob, "activation_type": ffn_activation(spec)}
+    if quantize is None:
+        return OpLayer(name, op="MoE", kind="moe", params=params,
+                       weights={"router_w": to_array(lw.router),
+                                "w_gate_up": to_array(lw.experts_gate_up),
+                                "w_down": to_array(lw.experts_down)})
+    gu = quantized_experts(to_array(lw.experts_gate_up), quantize, "gate_up")
+    dn = quantized_experts(to_array(lw.experts_down), quantize, "down")
+    weights = {"router_w": to_array(lw.router), "w_gate_up": gu["w_gate_up"],
+               "w_down": dn["w_down"], "gate_up_scale": gu["gate_up_scale"],
+               "down_scale": dn["down_scale"]}
+    if "gate_up_zeros" in gu and "down_zeros" in dn:
+        weights.update(gate_up_zeros=gu["gate_up_zeros"], down_zeros=dn["down_zeros"])
+    params.update(quant=quantize, group_size=32)
+    return OpLayer(name, op="MoE", kind="moe", params=params, weights=weights, cast=False)
 
 
-def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False) -> list[Any]:
+def _ffn(i: int, spec: ModelSpec, lw: Any, quantize: str | None) -> list[Any]:
+    """Block ``i``'s MLP: one fused FFN node (float), the routed experts, or the
+    quantized (gate|)up Linear, the activation and the down Linear."""
+    if spec.moe is not None:
+        return [moe_layer(f"l{i}.mlp", spec, lw, quantize=quantize)]
+    act = ffn_activation(spec)
+    if quantize is None:
+        return [P.mlp(f"l{i}.mlp", spec, lw, act)]
+    ups = ([lw.gate, lw.up], [lw.gate_b, lw.up_b]) if spec.gated else ([lw.up], [lw.up_b])
+    return [linear_layer(f"l{i}.gate_up", *ups, quantize, _a),
+            L.Activation(f"l{i}.act", activation_type=act),
+            linear_layer(f"l{i}.down", [lw.down], [lw.down_b], quantize, _a)]
+
+
+def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False,
+                   quantize: str | None = None) -> list[Any]:
     """The atb layers computing the model (see the module docstring). ``w``'s
-    tensors may be NumPy arrays or any framework's CPU tensors."""
+    tensors may be NumPy arrays or any framework's CPU tensors; ``quantize``: None,
+    "w8", "w8a8" or "w4" (:mod:`.quant`)."""
     why = why_not_lowered(spec)
     if why:
         raise CapabilityError("lower_decoder", why, "a decoder atb lowers", spec.arch)
+    quantize = check_quantize(quantize)
     layers: list[Any] = [OpLayer("embed", op="Embedding", kind="embedding",
                                  weights={"weight": _a(w.embed)}, x_index=1)]
     prev = "embed"
@@ -124,22 +156,15 @@ def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False) -
         layers.append(P.position_embedding("pos_embed", w))
         prev = "pos_embed"
     for i, lw in enumerate(w.layers):
-        bias = lw.q_b is not None
-        qkv = {"weight": np.concatenate([_a(lw.q), _a(lw.k), _a(lw.v)])}
-        if bias:
-            qkv["bias"] = np.concatenate([_a(lw.q_b), _a(lw.k_b), _a(lw.v_b)])
-        o = {"weight": _a(lw.o), **({"bias": _a(lw.o_b)} if lw.o_b is not None else {})}
         layers += [
             P.norm(f"l{i}.attn_norm", spec, lw.attn_norm, lw.attn_norm_b),
-            L.Linear(f"l{i}.qkv", out_features=qkv["weight"].shape[0], bias=bias
-                     ).load_weights(qkv),
+            linear_layer(f"l{i}.qkv", [lw.q, lw.k, lw.v], [lw.q_b, lw.k_b, lw.v_b], quantize, _a),
             *P.rope(f"l{i}.rope", spec),
             P.attention(f"l{i}.attn", spec, lw, i),
-            L.Linear(f"l{i}.o", out_features=spec.hidden_size, bias="bias" in o).load_weights(o),
+            linear_layer(f"l{i}.o", [lw.o], [lw.o_b], quantize, _a),
             L.ResidualAdd(f"l{i}.attn_out", residual=prev),
             P.norm(f"l{i}.mlp_norm", spec, lw.mlp_norm, lw.mlp_norm_b),
-            moe_layer(f"l{i}.mlp", spec, lw) if spec.moe is not None else
-            P.mlp(f"l{i}.mlp", spec, lw, ffn_activation(spec)),
+            *_ffn(i, spec, lw, quantize),
             L.ResidualAdd(f"l{i}.out", residual=f"l{i}.attn_out")]
         prev = f"l{i}.out"
     if last_token:
@@ -147,9 +172,5 @@ def decoder_layers(spec: ModelSpec, w: ModelWeights, last_token: bool = False) -
     layers.append(P.norm("final_norm", spec, w.final_norm, w.final_norm_b))
     if w.lm_head is None:  # a base model: the final hidden states
         return layers
-    head = {"weight": _a(w.lm_head)}
-    if w.lm_head_b is not None:
-        head["bias"] = _a(w.lm_head_b)
-    layers.append(L.Linear("lm_head", out_features=spec.vocab_size, bias="bias" in head
-                           ).load_weights(head))
+    layers.append(linear_layer("lm_head", [w.lm_head], [w.lm_head_b], quantize, _a))
     return layers

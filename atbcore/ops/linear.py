@@ -1,9 +1,12 @@
-"""Linear (with bias and weight-only int8) and MatMul / BatchMatMul.
+"""Linear (with bias and quantized weights) and MatMul / BatchMatMul.
 
-``Linear(x, weight, bias?, scale?)``: ``y = x @ W.T + bias`` with ``W`` [out, in]
-(``transpose_weight=False``: W given as [in, out]). With ``quant="w8"`` the weight
-is int8 and ``scale`` holds one float per output channel:
-``W = weight * scale[:, None]`` (see :func:`quantize_w8`). x is ``[..., in]``.
+``Linear(x, weight, bias?, scale?, residual?, zeros?)``: ``y = x @ W.T + bias`` with
+``W`` [out, in] (``transpose_weight=False``: W given as [in, out]). With
+``quant="w8"`` the weight is int8 and ``scale`` holds one float per output channel:
+``W = weight * scale[:, None]`` (see :func:`quantize_w8`). ``quant="w8a8"``: the same
+weights times int8 activations quantized per row; ``quant="w4"``: uint8 4-bit codes
+``[out, in]`` with a scale (and optional zero point, ``zeros``) per output and group of
+``group_size`` inputs (:mod:`.linear_quant`). x is ``[..., in]``.
 
 ``MatMul(a, b)``: ``op(a) @ op(b)`` with optional transposes of the last two dims
 and broadcasting batch dims (numpy/torch ``matmul`` rules, rank >= 2).
@@ -21,13 +24,18 @@ from ..errors import DtypeError, InputError, ShapeError
 from ..tensor import TensorDesc
 from .base import (FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_param_dtype, expect_same_dtype,
                    f64)
+from .linear_quant import W4_GROUP, _check_group, ref_w4, ref_w8a8, w4_groups
 from .registry import register_op
 
 __all__ = ["LinearParams", "MatMulParams", "Linear", "MatMul", "quantize_w8", "dequantize_w8",
-           "QUANT_TYPES"]
+           "QUANT_TYPES", "LINEAR_FIELDS"]
 
 # accepted spelling -> canonical quant mode
-QUANT_TYPES = {"w8": "w8", "w8a16": "w8", "w8a32": "w8", "int8": "w8", "weight_int8": "w8"}
+QUANT_TYPES = {"w8": "w8", "w8a16": "w8", "w8a32": "w8", "int8": "w8", "weight_int8": "w8",
+               "w4": "w4", "int4": "w4", "w4a8": "w4", "w8a8": "w8a8"}
+# the fields a fused op carrying a Linear (RmsNormLinear, LinearActivation) copies over
+LINEAR_FIELDS = ("in_features", "out_features", "bias", "transpose_weight", "quant",
+                 "group_size", "dtype")
 
 
 def quantize_w8(weight: Any) -> tuple[Any, Any]:
@@ -71,7 +79,8 @@ def dequantize_w8(w_int8: np.ndarray, scale: np.ndarray) -> np.ndarray:
 class LinearParams(Params):
     """``in_features``/``out_features`` (checked when given), ``bias`` (True: a bias
     input is required, False: refused, None: whatever is given), ``transpose_weight``
-    (True: weight [out, in] as nn.Linear), ``quant`` (None or "w8"), ``dtype``."""
+    (True: weight [out, in] as nn.Linear), ``quant`` (None, "w8", "w8a8" or "w4"),
+    ``group_size`` (inputs per scale of "w4" weights, a multiple of 32), ``dtype``."""
 
     ALIASES = {"transpose_b": "transpose_weight", "transposeB": "transpose_weight",
                "quant_type": "quant", "hasBias": "bias"}
@@ -81,12 +90,11 @@ class LinearParams(Params):
     transpose_weight: bool = True
     quant: str | None = None
     dtype: Dtype | None = None
+    group_size: int = W4_GROUP
 
     def linear(self) -> "LinearParams":
         """The plain Linear params of this (possibly fused-op) params object."""
-        return LinearParams(in_features=self.in_features, out_features=self.out_features,
-                            bias=self.bias, transpose_weight=self.transpose_weight,
-                            quant=self.quant, dtype=self.dtype)
+        return LinearParams(**{f: getattr(self, f) for f in LINEAR_FIELDS})
 
     def validate(self) -> None:
         for name in ("in_features", "out_features"):
@@ -100,11 +108,18 @@ class LinearParams(Params):
             if key != "none" and key not in QUANT_TYPES:
                 self.fail("quant", f"None or one of {sorted(QUANT_TYPES)}", repr(self.quant))
             object.__setattr__(self, "quant", QUANT_TYPES.get(key))
+        try:
+            _check_group("Linear", self.group_size)
+        except InputError:
+            self.fail("group_size", "a multiple of 32", repr(self.group_size))
+        if self.quant in ("w4", "w8a8") and not self.transpose_weight:
+            self.fail("transpose_weight", f"True for quant={self.quant!r} (weight [out, in])",
+                      "False")
 
 
 def _check_linear(op: str, p: LinearParams, ins) -> TensorDesc:
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
-    r = ins.get("residual")
+    r, z = ins.get("residual"), ins.get("zeros")
     expect_dtype(op, "x", x, FLOAT_DTYPES)
     expect_param_dtype(op, p, "x", x)
     if x.rank < 2:
@@ -112,14 +127,18 @@ def _check_linear(op: str, p: LinearParams, ins) -> TensorDesc:
     if w.rank != 2:
         want = "[out, in]" if p.transpose_weight else "[in, out]"
         raise ShapeError(op, "input 'weight' rank", f"rank 2 {want}", f"shape {list(w.shape)}")
-    if p.quant == "w8":
-        expect_dtype(op, "weight (quant w8)", w, {Dtype.INT8})
+    if z is not None and p.quant != "w4":
+        raise InputError(op, "input 'zeros' given without quant='w4'", "no zeros", list(z.shape))
+    if p.quant is not None:
+        code = Dtype.UINT8 if p.quant == "w4" else Dtype.INT8
+        expect_dtype(op, f"weight (quant {p.quant})", w, {code})
         if s is None:
-            raise InputError(op, "input 'scale' is missing (quant w8)", "a float [out_features] tensor",
-                             "None")
+            raise InputError(op, f"input 'scale' is missing (quant {p.quant})",
+                             "a float scale tensor", "None")
     else:
         if w.dtype.is_integer:
-            raise DtypeError(op, "input 'weight' dtype (integer weights need quant='w8')",
+            raise DtypeError(op, "input 'weight' dtype (integer weights need quant='w8', "
+                             "'w8a8' or 'w4')",
                               x.dtype.name, w.dtype.name)
         expect_dtype(op, "weight", w, FLOAT_DTYPES)
         expect_same_dtype(op, "x", x, "weight", w)
@@ -142,7 +161,17 @@ def _check_linear(op: str, p: LinearParams, ins) -> TensorDesc:
         expect_dtype(op, "bias", b, FLOAT_DTYPES)
         if tuple(b.shape) != (out_f,):
             raise ShapeError(op, "input 'bias' shape", [out_f], list(b.shape))
-    if s is not None:
+    if s is not None and p.quant == "w4":
+        expect_dtype(op, "scale", s, FLOAT_DTYPES)
+        groups = [out_f, w4_groups(in_f, p.group_size)]
+        if list(s.shape) != groups:
+            raise ShapeError(op, f"input 'scale' shape (one per output and group of "
+                             f"{p.group_size} inputs)", groups, list(s.shape))
+        if z is not None:
+            expect_dtype(op, "zeros", z, {Dtype.UINT8})
+            if list(z.shape) != groups:
+                raise ShapeError(op, "input 'zeros' shape (the scale's)", groups, list(z.shape))
+    elif s is not None:
         expect_dtype(op, "scale", s, FLOAT_DTYPES)
         if tuple(s.shape) != (out_f,):
             raise ShapeError(op, "input 'scale' shape (one per output channel)", [out_f], list(s.shape))
@@ -155,8 +184,13 @@ def _check_linear(op: str, p: LinearParams, ins) -> TensorDesc:
 
 
 def ref_linear(p: LinearParams, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-               s: np.ndarray | None, r: np.ndarray | None = None) -> np.ndarray:
-    """float64 ``x @ W.T + b [+ r]`` (W dequantized for w8)."""
+               s: np.ndarray | None, r: np.ndarray | None = None,
+               z: np.ndarray | None = None) -> np.ndarray:
+    """float64 ``x @ W.T + b [+ r]`` (W dequantized for w8; w4 and w8a8 also quantize
+    x as their kernels do: :mod:`.linear_quant`)."""
+    if p.quant in ("w4", "w8a8"):
+        y = ref_w4(x, w, s, z, p.group_size) if p.quant == "w4" else ref_w8a8(x, w, s)
+        return y + (0.0 if b is None else f64(b)) + (0.0 if r is None else f64(r))
     if p.quant == "w8":   # one scale per output channel: rows of [out, in], columns of [in, out]
         wf = dequantize_w8(w, s) if p.transpose_weight else dequantize_w8(w.T, s)
     else:
@@ -174,15 +208,16 @@ class Linear(OpDef):
     name = "Linear"
     aliases = ("LinearOperation", "FullyConnected")
     Params = LinearParams
-    inputs = ("x", "weight", "bias?", "scale?", "residual?")
+    inputs = ("x", "weight", "bias?", "scale?", "residual?", "zeros?")
     outputs = ("y",)
 
     def bind(self, p: Params, items: Sequence[Any]) -> dict[str, Any]:
-        """With ``quant="w8"``, three inputs are (x, weight, scale) unless
+        """With a ``quant`` mode, three inputs are (x, weight, scale) unless
         ``bias=True``; four are (x, weight, bias, scale). ``residual`` (shaped and
         typed as the output) is added to it: ``y = x @ W.T + bias + residual``, one
-        rounding where the kernel fuses it (the ``linear_residual`` fusion)."""
-        if p.quant == "w8" and len(items) == 3 and p.bias is not True:
+        rounding where the kernel fuses it (the ``linear_residual`` fusion); ``zeros``:
+        the zero points of ``w4`` codes."""
+        if p.quant is not None and len(items) == 3 and p.bias is not True:
             return {"x": items[0], "weight": items[1], "bias": None, "scale": items[2]}
         return super().bind(p, items)
 
@@ -192,7 +227,7 @@ class Linear(OpDef):
     def reference(self, p, ins):
         x = ins["x"]
         y = ref_linear(p, x, ins["weight"], ins.get("bias"), ins.get("scale"),
-                       ins.get("residual"))
+                       ins.get("residual"), ins.get("zeros"))
         return [y.astype(np.asarray(x).dtype)]
 
 

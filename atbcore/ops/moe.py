@@ -6,6 +6,12 @@ non-gated activation), ``w_down`` [E, H, I] — the 3-D layout of Hugging Face's
 Mixtral / Qwen2-MoE experts. Routing: softmax over all E router logits in fp32,
 top ``top_k`` experts per token, renormalised when ``norm_topk_prob`` (Mixtral;
 Qwen2-MoE configs may set False), then ``y = sum_k w_k * expert_k(x)``.
+
+With ``quant`` ("w8", "w8a8", "w4") the experts' weights are quantized as a quantized
+Linear's (:mod:`.linear`), one expert per leading index: int8 / uint8 ``w_gate_up`` and
+``w_down`` with ``gate_up_scale`` / ``down_scale`` (``[E, rows]`` per channel,
+``[E, rows, groups]`` for w4) and for w4 optional zero points ``gate_up_zeros`` /
+``down_zeros``; each expert runs as that Linear does (the router stays float).
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtypes import Dtype
-from ..errors import ParamsError, ShapeError
+from ..errors import InputError, ParamsError, ShapeError
 from .activation import ActivationFn, get_activation
 from .base import (FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_param_dtype, expect_rank,
                    expect_same_dtype, f64)
+from .linear import QUANT_TYPES, LinearParams, _check_linear, ref_linear
+from .linear_quant import W4_GROUP
 from .registry import register_op
 from .softmax import ref_softmax
 
@@ -37,8 +45,21 @@ class MoEParams(Params):
     norm_topk_prob: bool = True
     activation_type: str = "swiglu"
     dtype: Dtype | None = None
+    quant: str | None = None
+    group_size: int = W4_GROUP
+
+    def expert_linear(self, rows: int) -> LinearParams:
+        """The Linear params of one expert's projection with ``rows`` outputs."""
+        return LinearParams(out_features=rows, bias=False, quant=self.quant,
+                            group_size=self.group_size)
 
     def validate(self) -> None:
+        if self.quant is not None:
+            q = QUANT_TYPES.get(str(self.quant).lower())
+            if q is None:
+                self.fail("quant", f"None or one of {sorted(QUANT_TYPES)}", repr(self.quant))
+            object.__setattr__(self, "quant", q)
+            LinearParams(quant=q, group_size=self.group_size)  # checks the group size
         for f in ("num_experts", "top_k"):
             v = getattr(self, f)
             if (v is not None or f == "top_k") and (not isinstance(v, (int, np.integer))
@@ -73,7 +94,8 @@ class MoE(OpDef):
     name = "MoE"
     aliases = ("SparseMoe", "MoeFFN", "MixtureOfExperts")
     Params = MoEParams
-    inputs = ("x", "router_w", "w_gate_up", "w_down")
+    inputs = ("x", "router_w", "w_gate_up", "w_down", "gate_up_scale?", "down_scale?",
+              "gate_up_zeros?", "down_zeros?")
     outputs = ("y",)
 
     def infer_shape(self, p, ins):
@@ -81,7 +103,9 @@ class MoE(OpDef):
         expect_dtype(self.name, "x", x, FLOAT_DTYPES)
         expect_param_dtype(self.name, p, "x", x)
         expect_rank(self.name, "x", x, (2, 3))
-        for n, d in (("router_w", r), ("w_gate_up", gu), ("w_down", dn)):
+        experts = (("router_w", r),) if p.quant else (("router_w", r), ("w_gate_up", gu),
+                                                     ("w_down", dn))
+        for n, d in experts:
             expect_same_dtype(self.name, "x", x, n, d)
         expect_rank(self.name, "router_w", r, 2)
         expect_rank(self.name, "w_gate_up", gu, 3)
@@ -103,7 +127,31 @@ class MoE(OpDef):
             lay = "[E, 2I, H]" if p.activation.gated else "[E, I, H]"
             raise ShapeError(self.name, f"input 'w_gate_up' shape {lay} (I = {inter} from w_down)",
                              [e, rows, h], list(gu.shape))
+        if p.quant:
+            self._check_experts(p, ins, x, e)
+        else:
+            for n in self.input_names[4:]:
+                if ins.get(n) is not None:
+                    raise InputError(self.name, f"input {n!r} given without a quant mode",
+                                     "no scales or zero points for float experts",
+                                     list(ins[n].shape))
         return [x]
+
+    def _check_experts(self, p, ins, x, e) -> None:
+        """Each expert's projections as the quantized Linears they are."""
+        from ..tensor import TensorDesc
+
+        def one(d):
+            return None if d is None else TensorDesc(tuple(d.shape)[1:], d.dtype)
+        for w, part, n_in in (("w_gate_up", "gate_up", x.shape[-1]),
+                              ("w_down", "down", ins["w_down"].shape[2])):
+            s, z = ins.get(f"{part}_scale"), ins.get(f"{part}_zeros")
+            for name, d in ((f"{part}_scale", s), (f"{part}_zeros", z)):
+                if d is not None and d.shape[0] != e:
+                    raise ShapeError(self.name, f"input {name!r} experts", e, list(d.shape))
+            _check_linear(self.name, p.expert_linear(ins[w].shape[1]),
+                          {"x": TensorDesc((1, n_in), x.dtype), "weight": one(ins[w]),
+                           "scale": one(s), "zeros": one(z)})
 
     def reference(self, p, ins):
         x = ins["x"]
@@ -114,6 +162,19 @@ class MoE(OpDef):
         y = np.zeros_like(x2)
         for e in np.unique(ids):
             tok, slot = np.nonzero(ids == e)                                   # tokens routed to e
+            if p.quant:
+                h = act.numpy(self._expert(p, ins, "gate_up", e, x2[tok]))     # [n, I]
+                y[tok] += self._expert(p, ins, "down", e, h) * w[tok, slot][:, None]
+                continue
             h = act.numpy(x2[tok] @ gu[e].T)                                   # [n, I]
             y[tok] += (h @ dn[e].T) * w[tok, slot][:, None]                    # [n, H]
         return [y.reshape(x.shape).astype(x.dtype)]
+
+    @staticmethod
+    def _expert(p, ins, part: str, e: int, rows: np.ndarray) -> np.ndarray:
+        """float64 quantized projection ``part`` of expert ``e`` on ``rows``."""
+        w = np.asarray(ins["w_gate_up" if part == "gate_up" else "w_down"])[e]
+        z = ins.get(f"{part}_zeros")
+        return ref_linear(p.expert_linear(w.shape[0]), rows, w, None,
+                          np.asarray(ins[f"{part}_scale"])[e], None,
+                          None if z is None else np.asarray(z)[e])

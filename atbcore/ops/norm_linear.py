@@ -43,13 +43,13 @@ class RmsNormLinear(OpDef):
     name = "RmsNormLinear"
     aliases = ("NormLinear",)
     Params = RmsNormLinearParams
-    inputs = ("x", "norm_weight", "weight", "bias?", "scale?", "residual?")
+    inputs = ("x", "norm_weight", "weight", "bias?", "scale?", "residual?", "zeros?")
     outputs = ("y",)
 
     def bind(self, p, items):
-        """As Linear's inputs, with ``norm_weight`` second: with ``quant="w8"``, four
+        """As Linear's inputs, with ``norm_weight`` second: with a ``quant`` mode, four
         inputs are (x, norm_weight, weight, scale) unless ``bias=True``."""
-        if p.quant == "w8" and len(items) == 4 and p.bias is not True:
+        if p.quant is not None and len(items) == 4 and p.bias is not True:
             return {"x": items[0], "norm_weight": items[1], "weight": items[2], "bias": None,
                     "scale": items[3]}
         return super().bind(p, items)
@@ -67,5 +67,5 @@ class RmsNormLinear(OpDef):
         n = ref_rms_norm(x, ins["norm_weight"], p.eps, 0.0, (np.asarray(x).ndim - 1,))
         n = n.astype(np.asarray(x).dtype)  # rounded as the RmsNorm op stores it
         y = ref_linear(p, n, ins["weight"], ins.get("bias"), ins.get("scale"),
-                       ins.get("residual"))
+                       ins.get("residual"), ins.get("zeros"))
         return [y.astype(np.asarray(x).dtype)]

@@ -3,8 +3,9 @@
 ``atb verify`` runs these on each backend against the NumPy reference, and the
 fuzz tests start from them before bending shapes, values and params. A sample is
 a callable ``make(dtype, rng) -> (params, inputs)``; ``dtype`` is a float dtype
-name (``"fp32"``, ``"fp16"``, ``"bf16"``) or ``"int8"`` for the ops with a
-quantized form (``INT8_OPS``).
+name (``"fp32"``, ``"fp16"``, ``"bf16"``), ``"int8"`` for the ops with a
+quantized form (``INT8_OPS``), or ``"w4"`` / ``"w8a8"`` for the quantized Linears
+(``QUANT_OPS``).
 
     params, inputs = sample_call("RmsNorm", "fp16", seed=0)
     Builder().build_operation("RmsNorm", params).execute(inputs)
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..dtypes import Dtype
 
-__all__ = ["SAMPLES", "INT8_OPS", "sample_call", "sample_dtypes"]
+__all__ = ["SAMPLES", "INT8_OPS", "QUANT_OPS", "sample_call", "sample_dtypes"]
 
 Sample = Callable[[str, np.random.Generator], "tuple[dict[str, Any], list[np.ndarray]]"]
 
@@ -60,10 +61,14 @@ def _rope_cache(dt, rng):
 
 
 def _linear(dt, rng):
-    if dt == "int8":
+    if dt in ("int8", "w8a8"):
         w = rng.integers(-127, 128, (6, 8)).astype(np.int8)
-        return ({"quant": "w8"}, [_f(rng, (3, 8), "fp32"), w,
-                                  (rng.uniform(0.01, 0.05, 6)).astype(np.float32)])
+        return ({"quant": "w8" if dt == "int8" else "w8a8"},
+                [_f(rng, (3, 8), "fp32"), w, (rng.uniform(0.01, 0.05, 6)).astype(np.float32)])
+    if dt == "w4":  # 40 inputs: one whole group of 32 and a tail; symmetric (z = 8)
+        codes = rng.integers(0, 16, (6, 40)).astype(np.uint8)
+        scales = rng.uniform(0.01, 0.05, (6, 2)).astype(np.float16)
+        return ({"quant": "w4"}, [_f(rng, (3, 40), "fp32"), codes, scales])
     return {}, [_f(rng, (3, 8), dt), _f(rng, (6, 8), dt, 0.3), _f(rng, (6,), dt)]
 
 
@@ -74,7 +79,7 @@ def _linear_act(dt, rng):
 
 def _norm_linear(dt, rng):
     params, ins = _linear(dt, rng)
-    nw = (1 + 0.1 * rng.standard_normal(8)).astype(ins[0].dtype)
+    nw = (1 + 0.1 * rng.standard_normal(ins[0].shape[-1])).astype(ins[0].dtype)
     return {**params, "eps": 1e-5}, [ins[0], nw, *ins[1:]]
 
 
@@ -164,11 +169,14 @@ SAMPLES: dict[str, Sample] = {
 
 # Ops with an int8 form: weight-only int8 Linear, int8 KV caches.
 INT8_OPS = frozenset({"Linear", "LinearActivation", "RmsNormLinear", "ReshapeAndCache"})
+# Ops with "w4" / "w8a8" forms (4-bit group weights; int8 rows x int8 weights)
+QUANT_OPS = frozenset({"Linear", "RmsNormLinear"})
 
 
 def sample_dtypes(op: str) -> list[str]:
-    """The dtypes ``op`` has a sample for."""
-    return ["fp32", "fp16", "bf16"] + (["int8"] if op in INT8_OPS else [])
+    """The dtypes (and quantized forms) ``op`` has a sample for."""
+    return (["fp32", "fp16", "bf16"] + (["int8"] if op in INT8_OPS else [])
+            + (["w4", "w8a8"] if op in QUANT_OPS else []))
 
 
 def sample_call(op: str, dtype: str = "fp32", seed: int = 0) -> tuple[dict[str, Any], list]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ..graph.analysis import canonical_op
 from ..graph.ir import Node
+from ..ops.linear import LINEAR_FIELDS
 from .pattern import Alt, Match, Op, elewise
 from .rewrite import Rewrite, RewriteContext, concat_weights
 
@@ -117,8 +118,9 @@ def linear_activation_rewrite(m: Match) -> Rewrite | None:
     name = activation_name(act)
     if name is None or len(lin.inputs) > 4:  # act(x @ W + residual) has no fused op
         return None
-    fields = {f: getattr(lin.params, f) for f in ("in_features", "out_features", "bias",
-                                                  "transpose_weight", "quant", "dtype")}
+    if lin.params.quant not in (None, "w8"):  # LinearActivation takes dense and w8 weights
+        return None
+    fields = {f: getattr(lin.params, f) for f in LINEAR_FIELDS}
     params = m.ctx.params("LinearActivation", activation_type=name, **fields)
     return Rewrite(add=(Node(act.name, "LinearActivation", params, lin.inputs, act.outputs),))
 
@@ -143,5 +145,7 @@ def linear_residual_rewrite(m: Match) -> Rewrite | None:
     if dy is None or dr is None or tuple(dy.shape) != tuple(dr.shape) or dy.dtype != dr.dtype:
         return None
     ins[at] = m["r"]
-    node = Node(lin.name, canonical_op(lin.op), lin.params, tuple(ins[:at + 1]), add.outputs)
+    while not ins[-1]:  # optional inputs after the residual (w4 zero points) stay
+        ins.pop()
+    node = Node(lin.name, canonical_op(lin.op), lin.params, tuple(ins), add.outputs)
     return Rewrite(add=(node,))

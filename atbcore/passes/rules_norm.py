@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..graph.ir import Node
+from ..ops.linear import LINEAR_FIELDS
 from .pattern import Alt, Match, Op, elewise
 from .rewrite import Rewrite, in_consumers_only
 
@@ -83,7 +84,6 @@ def add_layernorm_rewrite(m: Match) -> Rewrite | None:
 # ----------------------------------------------------------------------------- norm + linear
 NORM_LINEAR_PATTERN = Op("Linear", (Op("RmsNorm", ("x", "nw"), name="norm"), "w"), name="lin",
                          partial=True)
-_LINEAR_FIELDS = ("in_features", "out_features", "bias", "transpose_weight", "quant", "dtype")
 
 
 def norm_linear_rewrite(m: Match) -> Rewrite | None:
@@ -98,7 +98,7 @@ def norm_linear_rewrite(m: Match) -> Rewrite | None:
     dx, dw = ctx.desc(m["x"]), ctx.desc(m["nw"])
     if dx is None or dw is None or tuple(dw.shape) != tuple(dx.shape[-1:]):
         return None
-    values = {f: getattr(lin.params, f) for f in _LINEAR_FIELDS}
+    values = {f: getattr(lin.params, f) for f in LINEAR_FIELDS}
     node = Node(lin.name, "RmsNormLinear", ctx.params("RmsNormLinear", eps=p.eps, **values),
                 (m["x"], m["nw"], *lin.inputs[1:]), lin.outputs)
     return Rewrite(add=(node,))

@@ -79,9 +79,29 @@ def _make(op: str) -> Callable[..., list]:
     return run
 
 
+def _binder(op: str) -> Callable[..., Any]:
+    """A plan's binder: with fixed CPU buffers (the planned intermediates of a decode
+    step) one C call with its arguments packed once; None (the kernel's ``fn`` runs)
+    for inputs that change per run, plugin activations or other devices."""
+    def bind(p: Any, ins: dict, outs: list, ctx: Any) -> Callable[[list], None] | None:
+        from ...runtime.binding import Slot
+
+        x, up, y = ins["x"], ins.get("up"), outs[0]
+        if Slot in (type(x), type(up), type(y)) or ck.why_not(x, up):
+            return None
+        act = get_activation(p.activation_name(), op)
+        name, why = c_activation(act)
+        if why:
+            return None
+        call = ck.activation_bound(x, name, y, up=up, split=act.gated and up is None)
+        return None if call is None else (lambda env: call())
+    return bind
+
+
 # (op, launches of the fp32 torch composite): QuickGelu is mul, sigmoid, mul; the
 # gated ones act(gate) then a multiply (Activation is counted for swiglu)
 for _op, _composite in (("Gelu", 1), ("QuickGelu", 3), ("SiLU", 1), ("Relu", 1), ("SwiGLU", 2),
                         ("GeGLU", 2), ("Activation", 2)):
     kernel(_op, impl="C activation, one kernel (CPU built-ins); else the registry torch fn "
-           "(fp32 compute)", launches=ck.c_launches(_composite), writes_out=True)(_make(_op))
+           "(fp32 compute)", launches=ck.c_launches(_composite), writes_out=True,
+           bind=_binder(_op))(_make(_op))

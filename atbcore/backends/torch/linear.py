@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from ...log import logger
 from . import kernel
-from .linear_cpu import CpuLinear, bind_cpu_linear, why_not_cpu_linear
+from .linear_cpu import bind_cpu_linear, cpu_linear, why_not_cpu_linear
+from .linear_quant import quant_linear_torch
 
 __all__ = ["w8_plan", "mm_fp32", "transposed_weight_cache", "TransposedWeightCache"]
 
@@ -196,15 +197,19 @@ def _dense_linear(p, x, w, b):
     return F.linear(x, wv, b)
 
 
-@kernel("Linear", impl="C matmul on 32-output panels (CPU; fp32/bf16/fp16/w8 weights); else "
-        "F.linear / cached-transposed GEMV; w8: aten._weight_int8pack_mm or fp32 dequantize + "
-        "GEMM", writes_out=True, bind=bind_cpu_linear)
+@kernel("Linear", impl="C matmul on 32-output panels (CPU; fp32/bf16/fp16/w8 weights), the "
+        "C w4 / w8a8 kernels on their packed layouts; else F.linear / cached-transposed GEMV; "
+        "w8: aten._weight_int8pack_mm or fp32 dequantize + GEMM; w4/w8a8: fp32 torch ops",
+        writes_out=True, bind=bind_cpu_linear)
 def linear(p, ins, out=None):
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
-    r = ins.get("residual")
-    if why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s) is None:
-        return [CpuLinear(p, w, b, s).run(x, None if out is None else out[0], r)]
-    y = _w8_linear(p, x, w, b, s) if p.quant == "w8" else _dense_linear(p, x, w, b)
+    r, z = ins.get("residual"), ins.get("zeros")
+    if why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s, z) is None:
+        return [cpu_linear(p, w, b, s, z=z).run(x, None if out is None else out[0], r)]
+    if p.quant in ("w4", "w8a8"):
+        y = quant_linear_torch(p, x, w, b, s, z)
+    else:
+        y = _w8_linear(p, x, w, b, s) if p.quant == "w8" else _dense_linear(p, x, w, b)
     return [y if r is None else add_residual(y, r)]
 
 

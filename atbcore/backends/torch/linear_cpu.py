@@ -2,7 +2,8 @@
 
 ``y = x @ W^T * scale + bias`` with fp32 sums and one rounding, for fp32/bf16/fp16
 weights and int8 ``w8`` weights with their per-channel scale, any row count (the
-panels are read sequentially, each activation broadcast against a panel row). The
+panels are read sequentially, each activation broadcast against a panel row);
+``w4`` and ``w8a8`` weights run their own C kernels (:mod:`.linear_quant`). The
 panels are made once per weight (:mod:`.weight_layout`), so a bound call, an unbound
 one and every plan of a GraphOp read the same copy and compute the same bits. A
 bound call with fixed buffers packs its C arguments once.
@@ -18,19 +19,28 @@ from ...runtime.binding import Slot, getter, resolve
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import LINEAR_WEIGHT_DTYPES, linear_rows, linear_rows_bound
 from ..cpu_kernels.torch_linear import linear_rows_bound_io
+from .linear_quant import CpuQuantLinear, why_not_cpu_quant
 from .weight_layout import PANELS_LAYOUT, panels, panels_enabled
 
-__all__ = ["CpuLinear", "why_not_cpu_linear", "why_not_norm_weight", "bind_cpu_linear"]
+__all__ = ["CpuLinear", "why_not_cpu_linear", "why_not_norm_weight", "bind_cpu_linear",
+           "cpu_linear"]
 
 
 def why_not_cpu_linear(p: Any, x_dtype: torch.dtype, device: str, w: Any, b: Any,
-                       s: Any) -> str | None:
+                       s: Any, z: Any = None) -> str | None:
     """Why the C matmul cannot run this Linear (None = it can)."""
     if not str(device).startswith("cpu"):
         return f"C kernels run on the CPU, not {device}"
     why = ck.unavailable_reason()
     if why:
         return why
+    if b is not None and (b.desc.dtype.torch if type(b) is Slot else b.dtype) not in \
+            ck.DTYPE_CODES:
+        return "bias dtype"
+    if p.quant in ("w4", "w8a8"):
+        if x_dtype not in ck.DTYPE_CODES:
+            return f"x {x_dtype}: not a C matmul dtype"
+        return why_not_cpu_quant(p, w, s, z)
     if not panels_enabled():
         return "ATB_PANELS=0"
     wd = w.desc.dtype.torch if type(w) is Slot else w.dtype
@@ -38,9 +48,6 @@ def why_not_cpu_linear(p: Any, x_dtype: torch.dtype, device: str, w: Any, b: Any
         return f"x {x_dtype} / weight {wd}: not a C matmul dtype pair"
     if (wd == torch.int8) != (p.quant == "w8"):
         return "int8 weights run as w8 only"
-    if b is not None and (b.desc.dtype.torch if type(b) is Slot else b.dtype) not in \
-            ck.DTYPE_CODES:
-        return "bias dtype"
     if s is not None and (s.desc.dtype.torch if type(s) is Slot else s.dtype) != torch.float32:
         return "the C matmul takes an fp32 w8 scale"
     if type(w) is Slot:
@@ -67,6 +74,7 @@ class CpuLinear:
                  s: torch.Tensor | None, norm: tuple[float, torch.Tensor] | None = None
                  ) -> None:
         self.panels, self.meta = panels(w, transposed=not p.transpose_weight)
+        self.layout = PANELS_LAYOUT if p.quant is None else f"int8 {PANELS_LAYOUT} (w8)"
         self.bias, self.scale = b, s
         self.eps, self.norm_weight = norm if norm is not None else (None, None)
 
@@ -100,14 +108,24 @@ class CpuLinear:
                                     residual_like=None if residual is None else like(residual))
 
 
+def cpu_linear(p: Any, w: torch.Tensor, b: torch.Tensor | None, s: torch.Tensor | None,
+               norm: tuple[float, torch.Tensor] | None = None, z: torch.Tensor | None = None
+               ) -> "CpuLinear | CpuQuantLinear":
+    """The C matmul of this Linear's weights in the layout its quant mode runs."""
+    if p.quant in ("w4", "w8a8"):
+        return CpuQuantLinear(p, w, b, s, z, norm)
+    return CpuLinear(p, w, b, s, norm)
+
+
 def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
                     ) -> Callable[[list], None] | None:
     """The binder of Linear and RmsNormLinear (None where the C matmul cannot run:
     then the kernel's ``fn``)."""
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
+    z = ins.get("zeros")
     xd = x.dtype if type(x) is not Slot else x.desc.dtype.torch
     dev = str(x.device) if type(x) is not Slot else x.desc.device
-    if why_not_cpu_linear(p, xd, dev, w, b, s) is not None or type(b) is Slot \
+    if why_not_cpu_linear(p, xd, dev, w, b, s, z) is not None or type(b) is Slot \
             or type(s) is Slot:
         return None
     norm = None
@@ -117,8 +135,8 @@ def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
             return None
         norm = (float(p.eps), ins["norm_weight"])
     r = ins.get("residual")
-    lin, y = CpuLinear(p, w, b, s, norm), outs[0]
-    ctx.note_layout("weight", PANELS_LAYOUT)
+    lin, y = cpu_linear(p, w, b, s, norm, z), outs[0]
+    ctx.note_layout("weight", lin.layout)
     xs = x.desc.shape if type(x) is Slot else x.shape
     ctx.note_pool_rows(_rows(xs))
     if Slot not in (type(x), type(y), type(r)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..cpu_kernels import torch_ops as ck
 from . import TORCH_KERNELS, kernel
 from . import linear as _linear, norm as _norm  # noqa: F401  (registered before this kernel)
-from .linear_cpu import CpuLinear, bind_cpu_linear, why_not_cpu_linear, why_not_norm_weight
+from .linear_cpu import bind_cpu_linear, cpu_linear, why_not_cpu_linear, why_not_norm_weight
 
 __all__: list[str] = []
 
@@ -20,17 +20,17 @@ __all__: list[str] = []
 def rms_norm_linear(p, ins, out=None):
     x, nw, w, b, s = ins["x"], ins["norm_weight"], ins["weight"], ins.get("bias"), \
         ins.get("scale")
-    r = ins.get("residual")
-    why = why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s) or \
+    r, z = ins.get("residual"), ins.get("zeros")
+    why = why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s, z) or \
         why_not_norm_weight(nw, x.shape[-1])
     if why is None:
-        lin = CpuLinear(p, w, b, s, (float(p.eps), nw))
+        lin = cpu_linear(p, w, b, s, (float(p.eps), nw), z)
         return [lin.run(x, None if out is None else out[0], r)]
     ck.log_fallback("RmsNormLinear", why)
     norm_p = _rms_params(p)
     n, = TORCH_KERNELS["RmsNorm"].fn(norm_p, {"x": x, "weight": nw})
     y, = TORCH_KERNELS["Linear"].fn(p.linear(), {"x": n, "weight": w, "bias": b, "scale": s,
-                                                 "residual": r})
+                                                 "residual": r, "zeros": z})
     return [ck.into(out, 0, y)]
 
 

@@ -234,7 +234,7 @@ BAD = [
     ("Linear", {"bias": True}, [X, W], atb.InputError, ["'bias' is missing"]),
     ("Linear", {"bias": False}, [X, W, rand((4,), "fp32", 3)], atb.InputError, ["bias=False"]),
     ("Linear", {}, [X], atb.InputError, ["number of inputs", "1"]),
-    ("Linear", {}, [X, W, W, W, W, W], atb.InputError, ["number of inputs", "6"]),
+    ("Linear", {}, [X, W, W, W, W, W, W], atb.InputError, ["number of inputs", "7"]),
     ("Linear", {}, [X, W, None, None, rand((4, 3), "fp32", 4)], atb.ShapeError,
      ["'residual' shape", "[2, 4]", "[4, 3]"]),
     ("Linear", {}, [X, W, None, None, rand((2, 4), "fp16", 4)], atb.DtypeError,
@@ -264,7 +264,7 @@ def test_wrong_outputs():
 
 
 @pytest.mark.parametrize("op,params,frag", [
-    ("Linear", {"quant": "w4"}, "quant"),
+    ("Linear", {"quant": "w3"}, "quant"),
     ("Linear", {"in_features": 0}, "in_features"),
     ("Linear", {"bias": "yes"}, "bias"),
     ("Linear", {"transpose_c": True}, "transpose_c"),

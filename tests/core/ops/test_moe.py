@@ -111,7 +111,8 @@ BAD = [
     ({}, [X.astype(np.int64), R, GU, DN], atb.DtypeError, ["x", "INT64"]),
     ({"dtype": "bf16"}, GOOD, atb.DtypeError, ["BF16"]),
     ({}, GOOD[:3], atb.InputError, ["number of inputs"]),
-    ({}, [*GOOD, X], atb.InputError, ["number of inputs"]),
+    ({}, [*GOOD, X, X, X, X, X], atb.InputError, ["number of inputs"]),
+    ({}, [*GOOD, X], atb.InputError, ["gate_up_scale", "quant"]),
     ({}, [X, R, None, DN], atb.InputError, ["w_gate_up", "missing"]),
 ]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from atbcore.ops.attention import split_packed
 from atbcore.ops.fused import attention_part, rope_part
+from atbcore.ops.linear_quant import dense_or_w8_only
 from atbcore.ops.registry import get_op
 
 from . import kernel
@@ -48,7 +49,8 @@ def linear_activation(p, ins):
     return [cast(ms_activation(p.activation_type, y), x.dtype)]
 
 
-@kernel("RmsNormLinear", impl="mindspore RmsNorm + mindspore Linear (the fused op's parts)",
+@kernel("RmsNormLinear", check=dense_or_w8_only,
+        impl="mindspore RmsNorm + mindspore Linear (the fused op's parts)",
         launches=2)
 def rms_norm_linear(p, ins):
     from . import MS_KERNELS

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from atbcore.ops.linear_quant import dense_or_w8_only
+
 from . import kernel
 from .common import cast, f32, mint, swap_last
 
@@ -32,7 +34,8 @@ def linear_fp32(p: Any, x: Any, w: Any, b: Any, s: Any) -> Any:
     return y.reshape((*x.shape[:-1], y.shape[-1]))
 
 
-@kernel("Linear", impl="mindspore mint.matmul (fp32 compute; w8: int8 widened, column scale)")
+@kernel("Linear", check=dense_or_w8_only,
+        impl="mindspore mint.matmul (fp32 compute; w8: int8 widened, column scale)")
 def linear(p, ins):
     x, r = ins["x"], ins.get("residual")
     y = linear_fp32(p, x, ins["weight"], ins.get("bias"), ins.get("scale"))

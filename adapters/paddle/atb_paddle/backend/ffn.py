@@ -35,6 +35,8 @@ class _ActName:
 
 
 def _check_ffn(p, ins) -> list[str]:
+    if getattr(p, "quant", None):  # quantized MoE experts: the torch kernel's
+        return [f"quant={p.quant!r} experts: float experts only"]
     return _check_activation(_ActName(p), ins)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from atbcore.ops.attention import split_packed
 from atbcore.ops.fused import attention_part, rope_part
+from atbcore.ops.linear_quant import dense_or_w8_only
 from atbcore.ops.registry import get_op
 from atbcore.tensor import TensorDesc
 
@@ -53,7 +54,7 @@ def linear_activation(p, ins):
     return [to_dtype(paddle_activation(p.activation_type, f32(y)), x.dtype)]
 
 
-@kernel("RmsNormLinear", launches=2,
+@kernel("RmsNormLinear", launches=2, check=dense_or_w8_only,
         impl="paddle fused_rms_norm + paddle.matmul (the RmsNorm and Linear kernels)")
 def rms_norm_linear(p, ins):
     from atbcore.ops.registry import get_op as _op

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import paddle
 
+from atbcore.ops.linear_quant import dense_or_w8_only
+
 from . import kernel
 from .common import PATHS, f32, to_dtype
 
@@ -34,7 +36,8 @@ def linear_fp32(x, w, b, transpose_weight: bool = True, scale=None):
     return y
 
 
-@kernel("Linear", impl="paddle.matmul (fp32 compute) + bias; w8: int8 -> fp32 GEMM, "
+@kernel("Linear", check=dense_or_w8_only,
+        impl="paddle.matmul (fp32 compute) + bias; w8: int8 -> fp32 GEMM, "
         "per-channel scale on the product")
 def linear(p, ins):
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")

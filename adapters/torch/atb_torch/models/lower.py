@@ -1,4 +1,4 @@
-"""A Hugging Face decoder as one core GraphOp (the lowering ``compile()`` is moving to).
+"""A Hugging Face decoder as one core GraphOp (what ``compile()`` runs: :mod:`.core_runner`).
 
     from atb_torch.models.lower import lower_decoder
     op = lower_decoder(hf_model)                      # atbcore GraphOp: ids -> logits
@@ -17,15 +17,18 @@ runs with an ``atb.KVCache`` in the in-place cache form (the cache written by th
 plan, one bound program per decode step; 58 launches for the default model's step).
 ``explain()`` shows what it became.
 
+``quantize="w8" | "w8a8" | "w4"`` makes every projection a quantized core Linear
+(:mod:`atbcore.models.quant`; the FFN then runs as (gate|)up Linear, activation, down
+Linear), fused and bound like the float ones, its packed layout shown by ``explain()``.
+
 Covered: every decoder ``hf_arch`` describes (Llama, Qwen2, Qwen3 with its q/k
 norms, Mistral, Mixtral's MoE blocks, GPT-2 with LayerNorm, learned positions and a
 biased GELU MLP), scaled RoPE (llama3, linear, yarn, dynamic within its length) and
 any registered MLP activation; anything else raises ``CapabilityError`` naming what
-is missing (:func:`atbcore.models.decoder.why_not_lowered`). ``compile()`` still runs its own decode
-plan (:mod:`.plan`): on this machine that plan is still faster (0.83-0.86x, see
-``benchmarks/graph_decode.py``) and serves paged batches, padding and CUDA graphs,
-which this form does not yet; ``compile(model, tensor_parallel=N)`` runs this form
-(:mod:`.compile_tp`).
+is missing (:func:`atbcore.models.decoder.why_not_lowered`). ``compile()`` runs this
+GraphOp for every decoder (:class:`.core_runner.CoreRunner`: Hugging Face's padding
+masks, positions and cache over it), ``compile(model, tensor_parallel=N)`` its sharded
+form (:mod:`.compile_tp`), ``atb_torch.LLM`` its paged form.
 """
 
 from __future__ import annotations
@@ -42,10 +45,13 @@ from .arch import resolve_architecture
 __all__ = ["lower_decoder", "decoder_layers"]
 
 
-def lower_decoder(model: Any, last_token: bool = False, **graph_op_kwargs: Any) -> GraphOp:
+def lower_decoder(model: Any, last_token: bool = False, quantize: str | None = None,
+                  **graph_op_kwargs: Any) -> GraphOp:
     """The Hugging Face causal LM ``model`` as one core GraphOp (ids ``[B, S]`` ->
     logits ``[B, S, V]``, or ``[B, 1, V]`` of each row's last token with
-    ``last_token``); call it with ``kv_cache=`` an ``atb.KVCache``."""
+    ``last_token``); call it with ``kv_cache=`` an ``atb.KVCache``. ``quantize``
+    (None, "w8", "w8a8", "w4"): every projection quantized (a GPTQ/AWQ checkpoint's
+    own 4-bit codes kept: :mod:`atbcore.models.quant`)."""
     arch = resolve_architecture(model.config)
     spec = arch.describe(model.config)
     why = _why_not(spec)
@@ -55,4 +61,5 @@ def lower_decoder(model: Any, last_token: bool = False, **graph_op_kwargs: Any) 
     if weights.lm_head is None:
         raise CapabilityError("lower_decoder", "a base model (no LM head)", "a causal LM",
                               type(model).__name__)
-    return GraphOp(decoder_layers(spec, weights, last_token), name=spec.arch, **graph_op_kwargs)
+    return GraphOp(decoder_layers(spec, weights, last_token, quantize), name=spec.arch,
+                   **graph_op_kwargs)

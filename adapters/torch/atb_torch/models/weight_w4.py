@@ -9,47 +9,15 @@ tensor they dequantize to: those are packed as they are, not quantized again.
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass
-
 import torch
+
+from atbcore.models.quant import PREQUANTIZED, W4Codes  # the registry the core lowering reads
 
 from .weight_prep import Prep
 
 __all__ = ["W4Codes", "PREQUANTIZED", "W4_GROUP", "w4_reason", "w4_weight"]
 
 W4_GROUP = 32  # inputs per scale of weights quantized at compile time
-
-
-@dataclass(frozen=True, eq=False)
-class W4Codes:
-    """Unpacked w4 codes of one ``[n, k]`` weight: ``codes`` uint8 [n, K'], ``scales``
-    fp16 [n, K'/group], ``zeros`` uint8 (same shape) or None for z = 8."""
-
-    codes: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor | None
-    group: int
-
-
-class _Prequantized:
-    """float weight tensor (a model parameter) -> the checkpoint's exact codes, held
-    while the tensor lives (keyed by identity: tensors compare elementwise)."""
-
-    def __init__(self) -> None:
-        self._by_id: dict[int, tuple[weakref.ref, W4Codes]] = {}
-
-    def register(self, tensor: torch.Tensor, codes: W4Codes) -> None:
-        key = id(tensor)
-        self._by_id[key] = (weakref.ref(tensor, lambda _r, k=key: self._by_id.pop(k, None)),
-                            codes)
-
-    def get(self, tensor: object) -> W4Codes | None:
-        hit = self._by_id.get(id(tensor))
-        return hit[1] if hit is not None and hit[0]() is tensor else None
-
-
-PREQUANTIZED = _Prequantized()
 
 
 def w4_reason(prep: Prep) -> str:

@@ -115,10 +115,31 @@ def _write_checkpoint(tmp_path, method):
     return tmp_path, exact
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq"])
-def test_quantized_checkpoint_codes_reach_the_kernel(tmp_path, method):
-    from atb_torch.models.gptq_load import load_quantized
+def _runner_logits(m, ids):
+    """compile()'s runner: the checkpoint's codes packed as stored into its down proj."""
     from atbcore.backends.cpu_kernels.torch_linear_w4 import pack_w4
+
+    c = compile(m, quantize="w4")
+    return c(ids).logits, c.atb_runner.blocks[1].down.w4, pack_w4
+
+
+def _lowered_logits(m, ids):
+    """The core lowering: the checkpoint's codes as the graph's w4 Linear weights (and
+    packed by the binder from them)."""
+    from atb_torch.models.lower import lower_decoder
+    from atbcore.memory import KVCache
+
+    op = lower_decoder(m, quantize="w4")
+    cfg = m.config
+    cache = KVCache(cfg.num_hidden_layers, 1, 32, cfg.num_key_value_heads,
+                    cfg.hidden_size // cfg.num_attention_heads, dtype="fp32")
+    return op(ids, kv_cache=cache)[0], dict(op.graph.weights), None
+
+
+@pytest.mark.parametrize("engine", ["runner", "lowered"])
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_quantized_checkpoint_codes_reach_the_kernel(tmp_path, method, engine):
+    from atb_torch.models.gptq_load import load_quantized
 
     d, exact = _write_checkpoint(tmp_path, method)
     m = load_quantized(d)
@@ -127,16 +148,20 @@ def test_quantized_checkpoint_codes_reach_the_kernel(tmp_path, method):
     deq = (codes.float() - zeros.float().repeat_interleave(32, 1)) * \
         scales.float().repeat_interleave(32, 1)
     assert torch.equal(w, deq)  # the float model is exactly what the codes stand for
-    c = compile(m, quantize="w4")
-    down = c.atb_runner.blocks[1].down.w4
-    want = pack_w4(codes, scales, zeros, 32, k=128)
-    assert torch.equal(down.codes, want.codes) and torch.equal(down.zeros, want.zeros)
-    assert torch.equal(down.scales, want.scales)  # packed as stored, not re-quantized
     ids = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        ref, out = m(ids).logits, c(ids).logits
+        ref = m(ids).logits
+        out, down, pack_w4 = (_runner_logits if engine == "runner" else _lowered_logits)(m, ids)
+    if engine == "runner":
+        want = pack_w4(codes, scales, zeros, 32, k=128)
+        assert torch.equal(down.codes, want.codes) and torch.equal(down.zeros, want.zeros)
+        assert torch.equal(down.scales, want.scales)  # packed as stored, not re-quantized
+    else:  # the graph's weights are the stored codes, scales and zero points themselves
+        assert (down["l1.down.weight"] == codes.numpy()).all()
+        assert (down["l1.down.scale"] == scales.numpy()).all()
+        assert (down["l1.down.zeros"] == zeros.numpy()).all()
     cos = _cos(out, ref, torch.ones(1, 20))
-    print(f"{method} checkpoint: logits cosine to its float model {cos:.5f}")
+    print(f"{method} checkpoint ({engine}): logits cosine to its float model {cos:.5f}")
     assert cos >= 0.99  # only the int8 activation blocks differ (measured 0.996)
 
 

@@ -1,0 +1,197 @@
+"""Linear with ``quant="w4"`` or ``"w8a8"`` on torch tensors: on the CPU the C kernels
+(:mod:`~atbcore.backends.cpu_kernels.torch_linear_w4`, :mod:`~atbcore.backends.
+cpu_kernels.torch_w8a8`) over weights packed once into their layouts (in the binding
+GraphOp's huge-page weight arena), elsewhere the same arithmetic in torch ops.
+
+A packed layout is made once per weight tensor and version (as the float panels of
+:mod:`.weight_layout`), so every plan of a GraphOp and an unbound call read one copy.
+The C kernels take a residual as an addend of the output they accumulate into: a
+residual that is not the output buffer itself is copied there first.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["W4_LAYOUT", "W8A8_LAYOUT", "CpuQuantLinear", "why_not_cpu_quant",
+           "quant_linear_torch"]
+
+W4_LAYOUT = "w4 32-output panels (4-bit codes, fp16 group scales{zeros}, group {group})"
+W8A8_LAYOUT = "w8a8 VNNI panels (int8 [P, K/4 + 1, 32, 4], column sums)"
+
+_LOCK = threading.Lock()
+# (id(weight), mode) -> (weakref to it, version, address, packed layout)
+_CACHE: dict[tuple[int, str], tuple[Any, int, int, Any]] = {}
+
+
+def _cached(w: torch.Tensor, mode: str, make: Callable[[], Any]) -> Any:
+    key = (id(w), mode)
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == w.data_ptr():
+            return hit[3]
+    with torch.no_grad():
+        packed = make()
+
+    def drop(_ref: Any) -> None:
+        with _LOCK:
+            _CACHE.pop(key, None)
+    with _LOCK:
+        _CACHE[key] = (weakref.ref(w, drop), w._version, w.data_ptr(), packed)
+    return packed
+
+
+def _arena_copy(t: torch.Tensor) -> torch.Tensor:
+    from ...memory import hugepages
+
+    out = hugepages.weight_empty(tuple(t.shape), t.dtype)
+    return out.copy_(t)
+
+
+def w4_packed(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, group: int) -> Any:
+    """The :class:`~atbcore.backends.cpu_kernels.torch_linear_w4.W4Weight` of codes ``w``
+    uint8 [N, K], fp16 scales ``s`` and zero points ``z`` [N, G], in the arena."""
+    from ..cpu_kernels.torch_linear_w4 import W4Weight, pack_w4
+
+    def make() -> Any:
+        n, k = w.shape
+        kg = s.shape[1] * group
+        codes = torch.full((n, kg), 8, dtype=torch.uint8)  # padding: zero weights (z = 8)
+        if z is not None:
+            codes[:, k:] = z[:, -1:]                       # the last group's zero point
+        codes[:, :k] = w
+        p = pack_w4(codes, s, z, group, k=k)
+        return W4Weight(_arena_copy(p.codes), _arena_copy(p.scales),
+                        None if p.zeros is None else _arena_copy(p.zeros), n, k, group)
+    return _cached(w, "w4", make)
+
+
+def w8a8_packed(w: torch.Tensor) -> torch.Tensor:
+    """The int8 weight ``w`` [N, K] in the w8a8 kernel's VNNI panels, in the arena."""
+    from ...memory import hugepages
+    from ..cpu_kernels.torch_w8a8 import pack_w8a8, w8a8_shape
+
+    return _cached(w, "w8a8", lambda: pack_w8a8(
+        w.contiguous(), out=hugepages.weight_empty(w8a8_shape(*w.shape), torch.int8)))
+
+
+def why_not_cpu_quant(p: Any, w: Any, s: Any, z: Any) -> str | None:
+    """Why the C w4 / w8a8 kernel cannot run this Linear's weights (None = it can);
+    the caller has checked the device, x's dtype and the bias."""
+    from ...runtime.binding import Slot
+
+    if Slot in (type(w), type(s), type(z)):
+        return "the weight changes per run"
+    if p.quant == "w4":
+        if s.dtype != torch.float16:
+            return f"the C w4 matmul takes fp16 group scales, given {s.dtype}"
+    elif s.dtype != torch.float32:
+        return "the C w8a8 matmul takes an fp32 per-channel scale"
+    if w.is_inference():
+        return "an inference-mode weight (no version counter to keep its layout current)"
+    return None
+
+
+class CpuQuantLinear:
+    """One w4 or w8a8 Linear's packed weight (with its bias, scale and, with ``norm`` =
+    ``(eps, weight)``, the RmsNorm of its input rows), ready to run; the interface of
+    :class:`~.linear_cpu.CpuLinear`."""
+
+    def __init__(self, p: Any, w: torch.Tensor, b: torch.Tensor | None, s: torch.Tensor,
+                 z: torch.Tensor | None, norm: tuple[float, torch.Tensor] | None = None
+                 ) -> None:
+        self.quant, self.bias = p.quant, b
+        self.eps, self.norm_weight = norm if norm is not None else (None, None)
+        if p.quant == "w4":
+            self.w4 = w4_packed(w, s, z, p.group_size)
+            self.layout = W4_LAYOUT.format(group=p.group_size,
+                                           zeros="" if z is None else ", zero points")
+        else:
+            self.packed, self.scale = w8a8_packed(w), s.contiguous()
+            self.layout = W8A8_LAYOUT
+
+    def _kw(self) -> dict[str, Any]:
+        return {"bias": self.bias, "rms_norm_eps": self.eps,
+                "rms_norm_weight": self.norm_weight}
+
+    def run(self, x: torch.Tensor, out: torch.Tensor | None = None,
+            residual: torch.Tensor | None = None) -> torch.Tensor:
+        from ..cpu_kernels.torch_linear_w4 import linear_w4
+        from ..cpu_kernels.torch_w8a8 import linear_w8a8
+
+        if self.quant == "w8a8":
+            if residual is not None and not residual.is_contiguous():
+                residual = residual.contiguous()
+            return linear_w8a8(x, self.packed, self.scale, out=out, residual=residual,
+                               **self._kw())
+        if residual is None:
+            return linear_w4(x, self.w4, out=out, **self._kw())
+        if out is None:
+            out = residual.clone(memory_format=torch.contiguous_format)
+        elif out.data_ptr() != residual.data_ptr() or out.stride() != residual.stride():
+            out.copy_(residual)
+        return linear_w4(x, self.w4, out=out, accumulate=True, **self._kw())
+
+    def bound(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None = None
+              ) -> Callable[[], None] | None:
+        """The call with these fixed buffers, its C arguments packed once (a residual
+        other than ``out`` is copied into ``out``, which the kernel accumulates into)."""
+        from ..cpu_kernels.torch_linear_w4 import linear_w4_bound
+        from ..cpu_kernels.torch_w8a8 import linear_w8a8_bound
+
+        acc = residual is not None
+        if acc and (not residual.is_contiguous() or residual.shape != out.shape):
+            return None
+        if self.quant == "w4":
+            call = linear_w4_bound(x, self.w4, out, accumulate=acc, **self._kw())
+        else:
+            call = linear_w8a8_bound(x, self.packed, self.scale, out, accumulate=acc,
+                                     **self._kw())
+        if call is None or not acc or residual.data_ptr() == out.data_ptr():
+            return call
+
+        def with_residual() -> None:
+            out.copy_(residual)
+            call()
+        return with_residual
+
+    def bound_io(self, x: Any, out: Any, residual: Any = None) -> None:
+        """No packed form for inputs that change per run: the binder calls :meth:`run`."""
+        return None
+
+
+def _quant_x(x: torch.Tensor, block: int | None) -> torch.Tensor:
+    """``x`` [M, K] fp32 as the C kernels quantize it, dequantized (fp32 [M, K'])."""
+    m, k = x.shape
+    b = k if block is None else block
+    kp = -(-k // b) * b
+    xp = torch.zeros(m, kp, dtype=torch.float32)
+    xp[:, :k] = x
+    blocks = xp.view(m, kp // b, b)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    q = torch.round(blocks * inv).clamp_(-127, 127)
+    return (q * (amax / 127.0)).view(m, kp)
+
+
+def quant_linear_torch(p: Any, x: torch.Tensor, w: torch.Tensor, b: Any, s: torch.Tensor,
+                       z: Any) -> torch.Tensor:
+    """w4 / w8a8 in torch ops (fp32, one rounding to x's dtype): the op's arithmetic
+    where the C kernels cannot run."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).float()
+    if p.quant == "w4":
+        g = p.group_size
+        sf = s.float().repeat_interleave(g, 1)[:, :k]
+        zf = 8.0 if z is None else z.float().repeat_interleave(g, 1)[:, :k]
+        wf = (w.float() - zf) * sf                                        # [N, K]
+        y = _quant_x(x2, 32)[:, :k] @ wf.t()
+    else:
+        y = (_quant_x(x2, None) @ w.float().t()) * s.float()
+    if b is not None:
+        y = y + b.float()
+    return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])

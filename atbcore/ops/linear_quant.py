@@ -1,0 +1,147 @@
+"""Quantized Linear weights and activations in NumPy: the quantizers that make them and
+the float64 references of ``Linear(quant="w4" | "w8a8")`` (``"w8"`` is
+:func:`atbcore.ops.linear.quantize_w8`).
+
+* ``w4`` — group-wise 4-bit weights: codes ``q`` uint8 ``[N, K]`` in [0, 15], one
+  scale per output and group of ``group_size`` inputs (``[N, ceil(K / group)]``) and
+  optional uint8 zero points of the same shape (8 when absent: the symmetric form,
+  Q4_0's information content; GPTQ/AWQ checkpoints carry them): ``W = s (q - z)``.
+  Activations are quantized per row and block of 32 inputs to int8
+  (``rint(x * 127 / max|x|)``, fp32, as llama.cpp's Q8_0 does) and summed against the
+  codes, so the op is a 4-bit-weight, 8-bit-activation product.
+* ``w8a8`` — int8 weights ``[N, K]`` with one scale per output channel (as ``w8``)
+  times int8 activations quantized per row (``rint(x * 127 / max|x|)``, fp32): integer
+  sums, scaled once.
+
+    codes, scales, zeros = quantize_w4(w)                     # symmetric: zeros None
+    y, = Builder().build_operation("Linear", {"quant": "w4"}).execute(
+        [x, codes, None, scales])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, ShapeError
+from .base import f64
+
+__all__ = ["quantize_w4", "dequantize_w4", "w4_groups", "ACT_BLOCK", "W4_GROUP",
+           "quantize_act_rows", "ref_w4", "ref_w8a8", "dense_or_w8_only"]
+
+ACT_BLOCK = 32  # inputs per int8 activation block of w4 (a group is a multiple of it)
+W4_GROUP = 32   # the default group size of w4 weights
+
+
+def w4_groups(k: int, group: int) -> int:
+    """Scale columns of a w4 weight of ``k`` inputs: ``ceil(k / group)``."""
+    return -(-k // group)
+
+
+def _check_group(op: str, group: Any) -> None:
+    if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or group < ACT_BLOCK \
+            or group % ACT_BLOCK:
+        raise InputError(op, "group_size", f"a multiple of {ACT_BLOCK}", repr(group))
+
+
+def quantize_w4(weight: Any, group: int = W4_GROUP, symmetric: bool = True
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``weight`` [N, K] (any float array) as ``(codes uint8 [N, K], scales fp16
+    [N, G], zeros uint8 [N, G] or None)``, ``G = ceil(K / group)``. Symmetric (Q4_0's
+    rule): ``s = m / -8`` for the group's value ``m`` of largest magnitude, ``q =
+    clip(rint(w / s) + 8, 0, 15)``; asymmetric: ``s = (max - min) / 15`` (the range
+    holding 0), ``z = clip(rint(-min / s), 0, 15)``, ``q = clip(rint(w / s) + z, 0, 15)``.
+    Scales are rounded to fp16 before the codes are chosen; fp32 arithmetic."""
+    w = np.asarray(weight).astype(np.float32)
+    if w.ndim != 2:
+        raise ShapeError("quantize_w4", "weight rank", "rank 2 [out, in]", f"shape {list(w.shape)}")
+    _check_group("quantize_w4", group)
+    n, k = w.shape
+    kg = w4_groups(k, group) * group
+    wf = np.zeros((n, kg), np.float32)
+    wf[:, :k] = w
+    g = wf.reshape(n, kg // group, group)                        # [N, G, group]
+    with np.errstate(divide="ignore"):
+        if symmetric:
+            idx = np.abs(g).argmax(axis=-1)[..., None]
+            m = np.take_along_axis(g, idx, -1)[..., 0]
+            s = (m / np.float32(-8.0)).astype(np.float16)
+            sf = s.astype(np.float32)[..., None]
+            inv = np.where(sf != 0, np.float32(1.0) / sf, np.float32(0)).astype(np.float32)
+            q = np.clip(np.rint(g * inv) + 8, 0, 15)
+            zeros = None
+        else:
+            lo = np.minimum(g.min(axis=-1), 0).astype(np.float32)
+            hi = np.maximum(g.max(axis=-1), 0).astype(np.float32)
+            s = ((hi - lo) / np.float32(15.0)).astype(np.float16)
+            sf = s.astype(np.float32)
+            inv = np.where(sf != 0, np.float32(1.0) / sf, np.float32(0)).astype(np.float32)
+            z = np.clip(np.rint(-lo * inv), 0, 15)
+            q = np.clip(np.rint(g * inv[..., None]) + z[..., None], 0, 15)
+            zeros = z.astype(np.uint8)
+    codes = q.reshape(n, kg)[:, :k].astype(np.uint8)
+    return np.ascontiguousarray(codes), s, zeros
+
+
+def dequantize_w4(codes: Any, scales: Any, zeros: Any = None, group: int = W4_GROUP
+                  ) -> np.ndarray:
+    """The float64 weight ``[N, K]`` of w4 ``codes`` ``[N, K]``: ``s (q - z)``."""
+    q = f64(codes)
+    k = q.shape[1]
+    s = np.repeat(f64(scales), group, axis=1)[:, :k]
+    z = 8.0 if zeros is None else np.repeat(f64(zeros), group, axis=1)[:, :k]
+    return (q - z) * s
+
+
+def _fp32(x: Any) -> np.ndarray:
+    return np.asarray(x).astype(np.float32)
+
+
+def quantize_act_rows(x: Any, block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``x`` [M, K] as the C kernels quantize them (fp32 arithmetic):
+    ``(q int8 [M, K'], dx fp32 [M, K' / block])`` per ``block`` inputs (None: the whole
+    row, K' = K; else K' = K rounded up to ``block``, zeros past K), with
+    ``dx = max|x| / 127`` and ``q = rint(x * (127 / max|x|))``."""
+    xf = _fp32(x)
+    m, k = xf.shape
+    b = k if block is None else block
+    kp = -(-k // b) * b
+    xp = np.zeros((m, kp), np.float32)
+    xp[:, :k] = xf
+    blocks = xp.reshape(m, kp // b, b)
+    amax = np.abs(blocks).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint((blocks * inv[..., None]).astype(np.float32)), -127, 127)
+    return q.reshape(m, kp).astype(np.int8), (amax / np.float32(127)).astype(np.float32)
+
+
+def ref_w4(x: Any, codes: Any, scales: Any, zeros: Any, group: int) -> np.ndarray:
+    """float64 ``quant32(x) @ W.T`` of a w4 weight, ``x`` [..., K] (see the module doc)."""
+    xa = np.asarray(x)
+    k = xa.shape[-1]
+    q, dx = quantize_act_rows(xa.reshape(-1, k), ACT_BLOCK)        # [M, K'], [M, K'/32]
+    xq = (f64(q).reshape(q.shape[0], -1, ACT_BLOCK) * f64(dx)[..., None]).reshape(q.shape)
+    w = dequantize_w4(codes, scales, zeros, group)                 # [N, K]
+    y = xq[:, :k] @ w.T
+    return y.reshape(*xa.shape[:-1], w.shape[0])
+
+
+def ref_w8a8(x: Any, w_int8: Any, scale: Any) -> np.ndarray:
+    """float64 ``(q @ w.T) * dx * scale`` of per-row int8 activations and int8 weights."""
+    xa = np.asarray(x)
+    k = xa.shape[-1]
+    q, dx = quantize_act_rows(xa.reshape(-1, k))                   # [M, K], [M, 1]
+    acc = q.astype(np.int64) @ np.asarray(w_int8).astype(np.int64).T   # exact integer sums
+    y = f64(acc) * f64(dx) * f64(scale)[None, :]
+    return y.reshape(*xa.shape[:-1], acc.shape[1])
+
+
+def dense_or_w8_only(p: Any, ins: Any = None) -> list[str]:
+    """A kernel check (``Kernel.check``) for kernels that compute float and w8 weights
+    only: the reason they cannot run a ``w4`` / ``w8a8`` call (empty list otherwise)."""
+    q = getattr(p, "quant", None)
+    if q in ("w4", "w8a8"):
+        return [f"quant={q!r}: this kernel computes float and w8 weights only"]
+    return []

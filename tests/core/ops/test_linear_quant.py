@@ -1,0 +1,133 @@
+"""Linear with quant="w4" / "w8a8" (and their RmsNormLinear form): the torch kernels (the
+C w4 / w8a8 kernels on their packed layouts, and the torch-ops fallback) against the
+float64 NumPy reference at odd sizes and group tails; the NumPy quantizer against the
+torch one the hand-written runner uses; errors naming what is wrong."""
+
+import numpy as np
+import pytest
+import torch
+
+import atbcore as atb
+from atbcore.backends.cpu_kernels import available
+from atbcore.errors import DtypeError, InputError, ParamsError, ShapeError
+from atbcore.ops.linear import quantize_w8
+from atbcore.ops.linear_quant import dequantize_w4, quantize_w4
+from oracle import check_error, check_op, rand
+
+pytestmark = pytest.mark.skipif(not available(), reason="no C compiler here: C kernels absent")
+
+
+def _w4_inputs(n, k, group, symmetric, seed, bias=False):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    codes, scales, zeros = quantize_w4(w, group, symmetric)
+    x = (rng.standard_normal((3, k)) * 2).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32) if bias else None
+    return x, codes, b, scales, zeros
+
+
+@pytest.mark.parametrize("n,k,group", [(70, 100, 32), (33, 64, 64), (129, 320, 128),
+                                       (1, 31, 32), (40, 161, 32)])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_w4_kernel_matches_reference(n, k, group, symmetric):
+    x, codes, b, s, z = _w4_inputs(n, k, group, symmetric, n + k + group, bias=n % 2 == 0)
+    ins = [x, codes, b, s, None, z]
+    check_op("Linear", {"quant": "w4", "group_size": group, "bias": b is not None}, ins)
+    # quantization error of the op itself (4-bit weights, int8 activation blocks)
+    plain = x.astype(np.float64) @ dequantize_w4(codes, s, z, group).T
+    y, = atb.Builder().build_operation("Linear", {"quant": "w4", "group_size": group}).execute(
+        [torch.from_numpy(x), torch.from_numpy(codes), None, torch.from_numpy(s), None,
+         None if z is None else torch.from_numpy(z)])
+    err = np.linalg.norm(y.double().numpy() - plain) / np.linalg.norm(plain)
+    assert err < 0.02, err
+
+
+def test_w4_numpy_quantizer_equals_the_runners():
+    """The core's NumPy quantizer gives the torch one's codes and scales bit for bit
+    (the lowered graph and the hand-written runner quantize alike)."""
+    from atbcore.backends.cpu_kernels.torch_linear_w4 import quantize_w4 as torch_q
+
+    w = torch.randn(48, 200, generator=torch.Generator().manual_seed(1)) * 0.05
+    for symmetric in (True, False):
+        codes, s, z = quantize_w4(w.numpy(), 32, symmetric)
+        tc, ts, tz, _ = torch_q(w, 32, symmetric)
+        np.testing.assert_array_equal(codes, tc[:, :200].numpy())
+        np.testing.assert_array_equal(s, ts.numpy())
+        if symmetric:
+            assert z is None and tz is None
+        else:
+            np.testing.assert_array_equal(z, tz.numpy())
+
+
+@pytest.mark.parametrize("rows,k,n", [(1, 64, 33), (5, 161, 70), (70, 96, 40)])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_w8a8_kernel_matches_reference(rows, k, n, dtype):
+    rng = np.random.default_rng(rows + k)
+    wq, s = quantize_w8(rng.standard_normal((n, k)).astype(np.float32))
+    x = rand((rows, k), dtype, seed=k)
+    b = rand((n,), dtype, seed=n)
+    check_op("Linear", {"quant": "w8a8"}, [x, wq, s])
+    check_op("Linear", {"quant": "w8a8", "bias": True}, [x, wq, b, s])
+
+
+@pytest.mark.parametrize("quant", ["w4", "w8a8"])
+def test_rms_norm_linear_and_residual_quantized(quant):
+    """The norm read inside the quantized matmul and the residual added in its
+    epilogue, as the pass pipeline fuses them, against the reference."""
+    rng = np.random.default_rng(7)
+    k, n = 96, 45
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    if quant == "w4":
+        codes, s, z = quantize_w4(w, 32, False)
+        wt, extra = codes, [z]
+    else:
+        wt, s = quantize_w8(w)
+        extra = []
+    x = rand((2, 3, k), "fp32", seed=1)
+    nw = rand((k,), "fp32", seed=2)
+    r = rand((2, 3, n), "fp32", seed=3)
+    check_op("RmsNormLinear", {"quant": quant, "eps": 1e-5},
+             [x, nw, wt, None, s, r, *extra])
+    check_op("Linear", {"quant": quant}, [x, wt, None, s, r, *extra])
+
+
+def test_fallback_without_the_c_kernels_matches_reference(monkeypatch):
+    """fp32 scales for w4 are not the C kernel's fp16: the torch-ops path runs."""
+    x, codes, b, s, z = _w4_inputs(20, 70, 32, False, 3)
+    check_op("Linear", {"quant": "w4"}, [x, codes, None, s.astype(np.float32), None, z])
+    rng = np.random.default_rng(4)
+    wq, sc = quantize_w8(rng.standard_normal((9, 40)).astype(np.float32))
+    check_op("Linear", {"quant": "w8a8"}, [rand((4, 40), "fp32", seed=5), wq,
+                                           sc.astype(np.float16)])
+
+
+def test_quantized_linear_errors_name_what_is_wrong():
+    x, codes, _, s, z = _w4_inputs(8, 64, 32, False, 1)
+    check_error("Linear", {"quant": "w4"}, [x, codes.astype(np.int8), None, s], DtypeError,
+                "UINT8")
+    check_error("Linear", {"quant": "w4"}, [x, codes, None, s[:, :1]], ShapeError, "scale")
+    check_error("Linear", {"quant": "w4"}, [x, codes, None, s, None, z[:, :1]], ShapeError,
+                "zeros")
+    wq, sc = quantize_w8(np.ones((8, 64), np.float32))
+    check_error("Linear", {"quant": "w8a8"}, [x, wq, None, sc, None, z], InputError, "zeros")
+    check_error("Linear", {"quant": "w4", "group_size": 48}, [], ParamsError, "group_size",
+                build_error=True)
+
+
+@pytest.mark.parametrize("quant", ["w8", "w8a8", "w4"])
+def test_quantized_moe_experts_match_reference(quant):
+    """MoE with quantized experts (each projection a quantized Linear) against the
+    float64 reference, with routing over 4 experts, top 2."""
+    from atbcore.models.quant import quantized_experts
+
+    rng = np.random.default_rng(11)
+    e, h, inter = 4, 64, 96
+    x = rand((5, h), "fp32", seed=12)
+    router = rand((e, h), "fp32", seed=13)
+    gu = quantized_experts(rng.standard_normal((e, 2 * inter, h)).astype(np.float32), quant,
+                           "gate_up")
+    dn = quantized_experts(rng.standard_normal((e, h, inter)).astype(np.float32) * 0.1, quant,
+                           "down")
+    assert gu["w_gate_up"].dtype == (np.uint8 if quant == "w4" else np.int8)
+    check_op("MoE", {"top_k": 2, "quant": quant},
+             [x, router, gu["w_gate_up"], dn["w_down"], gu["gate_up_scale"], dn["down_scale"]])
