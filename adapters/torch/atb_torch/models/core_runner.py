@@ -61,8 +61,6 @@ def why_not_core(spec: ModelSpec, quantize: str | None = None,
     why = why_not_lowered(spec)
     if why:
         return why
-    if quantize is not None:
-        return f"quantize={quantize!r}"
     if kv_cache_dtype not in (None, "auto"):
         return f"kv_cache_dtype={kv_cache_dtype!r}"
     return ""
@@ -101,7 +99,7 @@ def _fusions(opt_level: int) -> Any:
 
 class CoreRunner:
     """See the module docstring. ``dtype``: compute and weight dtype (None: the
-    weights'); ``opt_level`` 0 runs every node as its own kernel, 1-3 the standard
+    weights'); ``quantize``: None, "w8", "w8a8" or "w4" (:mod:`atbcore.models.quant`); ``opt_level`` 0 runs every node as its own kernel, 1-3 the standard
     fusions (the plan is bound over planned memory at every level)."""
 
     def __init__(self, spec: ModelSpec, weights: ModelWeights, *, opt_level: int = 2,
@@ -116,7 +114,8 @@ class CoreRunner:
         self.device = torch.device(device) if device is not None else weights.embed.device
         self.kv_cache_dtype = kv_cache_dtype
         w = _cast(weights, self.dtype)
-        self.op = GraphOp(decoder_layers(spec, w, last_token=True), name=spec.arch,
+        self.op = GraphOp(decoder_layers(spec, w, last_token=True, quantize=quantize),
+                          name=spec.arch,
                           fusion_config=_fusions(self.opt_level))
         self.lm_head = True if w.lm_head is not None else None
         self.vocab_size = int(w.embed.shape[0])
@@ -292,6 +291,16 @@ class CoreRunner:
         launches)."""
         form = self.op._in_place  # what the calls run: the in-place cache form
         return (form or self.op).explain()
+
+    def layouts(self) -> dict[str, str]:
+        """Node -> the weight layout its kernel packed (the last call's plan; what
+        ``explain()`` lists under each node)."""
+        form = self.op._in_place
+        plan = getattr(form, "last_plan", None) if form else None
+        if plan is None:
+            return {}
+        return {d["node"]: "; ".join(d["layouts"].values()) for d in plan.nodes_table()
+                if d["layouts"]}
 
     @property
     def launches(self) -> int | None:

@@ -137,7 +137,7 @@ def test_config_helper_defaults():
 
 def test_plugin_points_a_compiled_model_does_not_run_are_named_in_a_warning(caplog):
     """A plugin implementing an execution point (here ``atb_rope``) is not applied by a
-    model compiled onto the hand-written runner (a quantized one here): compile() says
+    model compiled onto the hand-written runner (an int8 KV cache here): compile() says
     so, naming the plugin; the core engine runs it (tested with the example plugin)."""
     import logging
 
@@ -150,13 +150,13 @@ def test_plugin_points_a_compiled_model_does_not_run_are_named_in_a_warning(capl
     plugin = Rope()
     m = tiny("llama")
     with caplog.at_level(logging.WARNING, logger="atb"):
-        compile(m, quantize="w8")
+        compile(m, kv_cache_dtype="int8")
         assert not [r for r in caplog.records if "plugin points" in r.getMessage()]
         pm.register(plugin, name="rope-warning-test")
         try:
             compile(m)  # the core engine runs the points: nothing to say
             assert not [r for r in caplog.records if "plugin points" in r.getMessage()]
-            compile(m, quantize="w8")  # still the hand-written runner
+            compile(m, kv_cache_dtype="int8")  # still the hand-written runner
         finally:
             pm.unregister(plugin)
     msgs = [r.getMessage() for r in caplog.records if "plugin points" in r.getMessage()]

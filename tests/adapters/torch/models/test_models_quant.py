@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from atb_torch.models import compile
-from tiny_models import left_padded, tiny
+from tiny_models import assert_layouts, left_padded, tiny
 
 
 def _cos(out, ref, mask):
@@ -17,9 +17,7 @@ def _cos(out, ref, mask):
 def test_w8_logits_cosine(arch):
     m = tiny(arch)
     c = compile(m, quantize="w8")
-    blk = c.atb_runner.blocks[0]
-    assert blk.qkv.w.dtype == torch.int8 and blk.qkv.scale.shape == (blk.qkv.out_features,)
-    assert c.atb_runner.lm_head.w.dtype == torch.int8
+    assert_layouts(c, "int8 32-output panels (w8)")
     ids, mask = left_padded([7, 12])
     with torch.no_grad():
         ref = m(ids, attention_mask=mask, use_cache=True)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from atb_torch.models import compile
 from atbcore.backends.cpu_kernels import available
-from tiny_models import left_padded, tiny
+from tiny_models import assert_layouts, left_padded, tiny
 
 pytestmark = pytest.mark.skipif(not available(), reason="no C compiler here: C kernels absent")
 
@@ -41,9 +41,7 @@ def _prefill_and_step(m, c):
 def test_w4_logits_cosine(arch):
     m = tiny(arch)
     c = compile(m, quantize="w4")
-    head = c.atb_runner.lm_head
-    assert head.w4 is not None and "C w4 matmul" in head.kernel
-    assert head.nbytes < head.w4.n * head.w4.k * 0.6  # 4.5 bits a weight, not 32
+    assert_layouts(c, "w4 32-output panels (4-bit codes")
     cos_prefill, cos_step, agree = _prefill_and_step(m, c)
     print(f"{arch} w4: logits cosine prefill {cos_prefill:.4f}, decode {cos_step:.4f}, "
           f"greedy agreement {agree:.2f}")
@@ -115,12 +113,10 @@ def _write_checkpoint(tmp_path, method):
     return tmp_path, exact
 
 
-def _runner_logits(m, ids):
-    """compile()'s runner: the checkpoint's codes packed as stored into its down proj."""
-    from atbcore.backends.cpu_kernels.torch_linear_w4 import pack_w4
-
+def _compiled_logits(m, ids):
+    """compile(): the checkpoint's codes as its core graph's w4 Linear weights."""
     c = compile(m, quantize="w4")
-    return c(ids).logits, c.atb_runner.blocks[1].down.w4, pack_w4
+    return c(ids).logits, dict(c.atb_runner.op.graph.weights), None
 
 
 def _lowered_logits(m, ids):
@@ -136,7 +132,7 @@ def _lowered_logits(m, ids):
     return op(ids, kv_cache=cache)[0], dict(op.graph.weights), None
 
 
-@pytest.mark.parametrize("engine", ["runner", "lowered"])
+@pytest.mark.parametrize("engine", ["compile", "lowered"])
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_quantized_checkpoint_codes_reach_the_kernel(tmp_path, method, engine):
     from atb_torch.models.gptq_load import load_quantized
@@ -151,15 +147,11 @@ def test_quantized_checkpoint_codes_reach_the_kernel(tmp_path, method, engine):
     ids = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref = m(ids).logits
-        out, down, pack_w4 = (_runner_logits if engine == "runner" else _lowered_logits)(m, ids)
-    if engine == "runner":
-        want = pack_w4(codes, scales, zeros, 32, k=128)
-        assert torch.equal(down.codes, want.codes) and torch.equal(down.zeros, want.zeros)
-        assert torch.equal(down.scales, want.scales)  # packed as stored, not re-quantized
-    else:  # the graph's weights are the stored codes, scales and zero points themselves
-        assert (down["l1.down.weight"] == codes.numpy()).all()
-        assert (down["l1.down.scale"] == scales.numpy()).all()
-        assert (down["l1.down.zeros"] == zeros.numpy()).all()
+        out, down, _ = (_compiled_logits if engine == "compile" else _lowered_logits)(m, ids)
+    # the graph's weights are the stored codes, scales and zero points themselves
+    assert (down["l1.down.weight"] == codes.numpy()).all()
+    assert (down["l1.down.scale"] == scales.numpy()).all()
+    assert (down["l1.down.zeros"] == zeros.numpy()).all()
     cos = _cos(out, ref, torch.ones(1, 20))
     print(f"{method} checkpoint ({engine}): logits cosine to its float model {cos:.5f}")
     assert cos >= 0.99  # only the int8 activation blocks differ (measured 0.996)
@@ -191,17 +183,18 @@ def _deq(exact, layer):
 
 
 def test_w4_without_c_kernels_runs_dequantized(monkeypatch):
-    """Where the C w4 matmul cannot run, the codes' dequantized weight runs as a dense
-    Linear: the same model up to the int8 activation blocks the kernel adds."""
-    import atb_torch.models.weight_w4 as w4mod
+    """Where the C w4 matmul cannot run, the codes run through the torch composite
+    (dequantized weight, int8 activation blocks as the kernel): the same model."""
+    import atbcore.backends.torch.linear_cpu as linear_cpu
 
     m = tiny("llama")
     c_kernel = compile(m, quantize="w4")
-    monkeypatch.setattr(w4mod, "w4_reason", lambda prep: "C kernels disabled (test)")
+    assert_layouts(c_kernel, "w4 32-output panels")
+    monkeypatch.setattr(linear_cpu, "why_not_cpu_quant", lambda *a: "C kernels disabled (test)")
     dense = compile(m, quantize="w4")
-    lin = dense.atb_runner.blocks[0].qkv
-    assert lin.w4 is None and "dequantized w4" in lin.kernel and "disabled" in lin.kernel
-    assert torch.equal(lin.w, c_kernel.atb_runner.blocks[0].qkv.w4.dequantize())
+    with torch.no_grad():
+        dense(torch.ones(1, 2, dtype=torch.long))
+    assert not dense.atb_runner.layouts()  # nothing packed: the composite ran
     ids, mask = left_padded([6, 9])
     with torch.no_grad():
         a = c_kernel(ids, attention_mask=mask).logits

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import transformers as tf
 
-__all__ = ["DECODERS", "tiny", "left_padded", "VOCAB"]
+__all__ = ["DECODERS", "tiny", "left_padded", "VOCAB", "assert_layouts"]
 
 VOCAB = 256
 _COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -59,3 +59,14 @@ def left_padded(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.
     for i, n in enumerate(lengths):
         mask[i, s - n:] = 1
     return ids.masked_fill(mask == 0, 0), mask
+
+
+def assert_layouts(compiled, want: str) -> None:
+    """Every projection of a compiled model's core plan (QKV, o, gate|up, down, the LM
+    head) packed its weight in the layout ``want`` names (after one call)."""
+    with torch.no_grad():
+        compiled(torch.ones(1, 2, dtype=torch.long))
+    got = compiled.atb_runner.layouts()
+    heads = [n for n in got if n.endswith(("qkv", ".o", "gate_up", "down", "lm_head"))]
+    assert "lm_head" in heads and any(n.endswith("qkv") for n in heads), got
+    assert all(want in got[n] for n in heads), got
