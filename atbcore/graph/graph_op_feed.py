@@ -19,6 +19,15 @@ for a call from the cache's per-row lengths:
 The index tensors are kept per (framework, device, capacity, batch, tokens per row)
 and moved forward in place as the rows grow, so decode steps feed the very tensors
 the bound program packed (no repacking, no allocation).
+
+**A paged cache** (:class:`atbcore.memory.PagedKVCache`, blocks ``[num_blocks,
+block_size, Hkv, D]`` per layer) feeds the same graph through
+:meth:`CacheFeeder.prepare_paged`: the packed new tokens of several sequences (prefill
+chunks and decode tokens mixed) with the step's
+:class:`~atbcore.memory.paged.PagedBatch` (its slot mapping, block tables, context
+and new-token lengths, positions, made by the block manager, which also counts the
+tokens). ``cache.last_rows`` then picks each sequence's last new token, or, with
+``all_logits``, every token (speculative verification reads them all).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from ..tensor import convert, describe, framework_of, raw_signature, reshape
 from .ir import Graph
 from .sequential import BLOCK_INPUT
 
-__all__ = ["CacheFeeder", "LAST_ROWS", "cache_state"]
+__all__ = ["CacheFeeder", "LAST_ROWS", "cache_state", "layer_kv"]
 
 LAST_ROWS = "cache.last_rows"  # int64 [B]: each row's last token (LastToken's gather)
 _MAX_INDEX_SETS = 64  # index tensor sets kept per cache
@@ -46,9 +55,23 @@ _CACHE_STATE: "weakref.WeakKeyDictionary[Any, tuple[int, dict, dict]]" = \
     weakref.WeakKeyDictionary()
 
 
+def layer_kv(cache: Any, layer: int) -> tuple[Any, Any]:
+    """The key and value tensors of one cache layer: ``[max_batch, max_seq_len, Hkv,
+    D]`` rows of a ``KVCache``, ``[num_blocks, block_size, Hkv, D]`` blocks of a
+    ``PagedKVCache`` (both read as blocks by ``PagedAttention``)."""
+    if hasattr(cache, "key_cache"):
+        return cache.key_cache(layer), cache.value_cache(layer)
+    return cache.keys(layer), cache.values(layer)
+
+
+def _paged(cache: Any) -> bool:
+    return hasattr(cache, "key_cache") and hasattr(cache, "manager")
+
+
 def cache_state(cache: Any) -> tuple[dict, dict]:
-    """(views, index sets) kept for ``cache`` (fresh after its storage moved)."""
-    version = getattr(cache, "version", 0)
+    """(views, index sets) kept for ``cache`` (fresh after its storage moved; a
+    paged cache's storage never moves: its version counts edits of its tables)."""
+    version = 0 if _paged(cache) else getattr(cache, "version", 0)
     state = _CACHE_STATE.get(cache)
     if state is None or state[0] != version:
         state = _CACHE_STATE[cache] = (version, {}, {})
@@ -96,6 +119,37 @@ class _IndexSet:
         if changed and not self.shared:
             self.tensors = [_on(*self.where, a) for a in self.arrays]
         return self.tensors
+
+
+class _PagedIndexSet:
+    """The index tensors of paged steps of one shape (framework, device, B, T, block
+    table width, logit rows): kept, and refilled in place from each step's
+    ``PagedBatch`` (a decode step then feeds the tensors its bound program packed)."""
+
+    def __init__(self, x: Any, b: int, t: int, width: int, out_rows: int) -> None:
+        i32, i64 = np.int32, np.int64
+        self.arrays = [np.zeros(t, i32), np.zeros((b, width), i32), np.zeros(b, i32),
+                       np.zeros(b, i32), np.zeros(t, i64), np.zeros(out_rows, i64)]
+        self.where = (framework_of(x), getattr(x, "device", None))
+        self.tensors = [_on(*self.where, a) for a in self.arrays]
+        self.shared = all(_shares(t_, a) for t_, a in zip(self.tensors, self.arrays))
+
+    def fill(self, slots: np.ndarray, tables: np.ndarray, ctx: np.ndarray, q: np.ndarray,
+             pos: np.ndarray, last: np.ndarray) -> list:
+        a = self.arrays
+        a[0][:], a[2][:], a[3][:], a[4][:], a[5][:] = slots, ctx, q, pos, last
+        a[1][:, :tables.shape[1]] = tables
+        a[1][:, tables.shape[1]:] = 0
+        if not self.shared:
+            self.tensors = [_on(*self.where, arr) for arr in a]
+        return self.tensors
+
+
+def _host_ints(t: Any, name: str, op: str) -> np.ndarray:
+    try:
+        return np.asarray(convert(t, "numpy")).astype(np.int64, copy=False)
+    except Exception:  # noqa: BLE001 - anything that is not a tensor of ints
+        raise InputError(op, f"PagedBatch.{name}", "an int tensor", type(t).__name__) from None
 
 
 def _shares(t: Any, a: np.ndarray) -> bool:
@@ -201,7 +255,7 @@ class CacheFeeder:
             if want.is_floating and Dtype.of(cache.dtype) != want:
                 raise DtypeError(self.graph.name, "atb.KVCache dtype (the block input's)",
                                  want.name, Dtype.of(cache.dtype).name)
-            pairs = [(_as(x, cache.keys(layer)), _as(x, cache.values(layer))) for layer in layers]
+            pairs = [tuple(_as(x, t) for t in layer_kv(cache, layer)) for layer in layers]
             views.update(((fw, layer), kv) for layer, kv in zip(layers, pairs))
         return pairs
 
@@ -259,6 +313,19 @@ class CacheFeeder:
                 index.pop(next(iter(index)))
             got = index[key] = _IndexSet(x, cache.max_seq_len, q, p, rows)
         idx = got.at(p, pos)
+        xt = x if q_lens is not None else x.reshape([sum(q), *shape[2:]])
+        inputs = self._assemble(idx, pairs, xt)
+        if kept is not None:
+            if LAST_ROWS not in self.index:
+                raise InputError(name, "keep", "a graph ending in a LastToken", "keep=")
+            inputs[self.graph.inputs.index(LAST_ROWS)] = _on(*got.where, kept)
+            self.raw = None
+        return inputs, (rows, q, layers)
+
+    def _assemble(self, idx: list, pairs: list, xt: Any) -> list:
+        """The graph inputs: index tensors ``idx`` (slots, tables, context lengths,
+        new-token lengths, positions, last rows), the layers' caches ``pairs`` and
+        the token-major block input ``xt``; sets :attr:`raw`."""
         tkey = (id(idx[0]), *map(id, (t for kv in pairs for t in kv)))
         tpl = self._template
         if tpl is None or tpl[0] != tkey:  # the inputs but x, while the same tensors serve
@@ -273,16 +340,55 @@ class CacheFeeder:
             # the signature of every input but x, read once per set of tensors
             tpl = self._template = (tkey, ins, sig[:self._x_at], sig[self._x_at:])
         inputs = list(tpl[1])
-        xt = x if q_lens is not None else x.reshape([sum(q), *shape[2:]])
         inputs[self._x_at] = xt
         xs = raw_signature([xt])
         self.raw = None if xs is None or not tpl[2] + tpl[3] else tpl[2] + xs + tpl[3]
-        if kept is not None:
-            if LAST_ROWS not in self.index:
-                raise InputError(name, "keep", "a graph ending in a LastToken", "keep=")
-            inputs[self.graph.inputs.index(LAST_ROWS)] = _on(*got.where, kept)
-            self.raw = None
-        return inputs, (rows, q, layers)
+        return inputs
+
+    def prepare_paged(self, x: Any, cache: Any, batch: Any, all_logits: bool = False) -> list:
+        """Graph inputs for the packed new tokens ``x`` ``[T, ...]`` of the sequences of
+        ``batch`` (a :class:`~atbcore.memory.paged.PagedBatch` of ``cache``, a
+        ``PagedKVCache``: see the module docstring); checked against both first
+        (nothing is written when this raises). ``all_logits``: the graph's last-token
+        gather keeps every token (``[T, ...]`` out) instead of each sequence's last."""
+        name, shape = self.graph.name, tuple(x.shape)
+        slots = _host_ints(batch.slot_mapping, "slot_mapping", name).reshape(-1)
+        tables = _host_ints(batch.block_tables, "block_tables", name)
+        ctx = _host_ints(batch.context_lens, "context_lens", name).reshape(-1)
+        q = _host_ints(batch.q_seq_lens, "q_seq_lens", name).reshape(-1)
+        pos = _host_ints(batch.positions, "positions", name).reshape(-1)
+        b, t = len(q), int(q.sum()) if len(q) else 0
+        if b < 1 or q.min() < 1 or len(ctx) != b or (ctx < q).any():
+            raise InputError(name, "PagedBatch lengths", "q_seq_lens >= 1 and context_lens >= "
+                             "q_seq_lens, one each per sequence", (q.tolist(), ctx.tolist()))
+        if len(shape) < 1 or shape[0] != t or len(slots) != t or len(pos) != t:
+            raise ShapeError(name, "packed new tokens of a PagedBatch",
+                             f"[{t}, ...] with {t} slots and positions (sum of q_seq_lens)",
+                             [list(shape), len(slots), len(pos)])
+        nb, bs = cache.num_blocks, cache.block_size
+        if tables.ndim != 2 or tables.shape[0] != b or \
+                (ctx > tables.shape[1] * bs).any() or tables.min() < 0 or tables.max() >= nb:
+            raise InputError(name, "PagedBatch.block_tables", f"[{b}, >= ceil(context / {bs})] "
+                             f"blocks in 0..{nb - 1}", list(tables.shape))
+        if slots.min() < 0 or slots.max() >= nb * bs:
+            raise InputError(name, "PagedBatch.slot_mapping", f"slots in 0..{nb * bs - 1}",
+                             [int(slots.min()), int(slots.max())])
+        views, index = cache_state(cache)
+        layers = self.layers._layers(cache)
+        pairs = self._pairs(x, cache, views, layers)
+        # a table width rounded up to a power of two: few shapes, few bound programs
+        width = 1 << max(int(tables.shape[1]) - 1, 0).bit_length()
+        out_rows = t if all_logits else b
+        key = ("paged", framework_of(x), str(getattr(x, "device", "cpu")), b, t, width,
+               out_rows)
+        got = index.get(key)
+        if got is None:
+            if len(index) >= _MAX_INDEX_SETS:
+                index.pop(next(iter(index)))
+            got = index[key] = _PagedIndexSet(x, b, t, width, out_rows)
+        last = np.arange(t) if all_logits else np.cumsum(q) - 1
+        idx = got.fill(slots, tables, ctx, q, pos, last)
+        return self._assemble(idx, pairs, x)
 
     def finish(self, out: Any, cache: Any,
                shape: tuple[tuple[int, ...], tuple[int, ...], list[int]],
