@@ -121,6 +121,19 @@ class PagedKVCache:
         for src, dst in copies:  # every layer, keys and values
             kv[:, :, dst] = kv[:, :, src]
 
+    def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Copy the keys and values at slots ``src`` to slots ``dst``, every layer
+        (a speculative fork's accepted tokens into their sequence)."""
+        src, dst = [int(s) for s in src], [int(s) for s in dst]
+        if src == dst:
+            return
+        kv, bs = self._alive(), self.block_size  # [L, 2, num_blocks, block_size, Hkv, D]
+        self.version += 1
+        src_b, src_o, dst_b, dst_o = (self._ints(v, np.int64) for v in (
+            [s // bs for s in src], [s % bs for s in src], [s // bs for s in dst],
+            [s % bs for s in dst]))
+        kv[:, :, dst_b, dst_o] = kv[:, :, src_b, src_o]
+
     def write(self, layer: int, key: Any, value: Any, slot_mapping: Any) -> None:
         """Store ``key``/``value`` ``[T, Hkv, D]`` at ``slot_mapping`` in ``layer`` through
         the ReshapeAndCache op (in place). Inputs of another framework or device are
