@@ -156,7 +156,7 @@ def test_bad_checkpoints_and_arguments_are_refused_by_name(fw, ckpts, tmp_path):
         llm.generate([])
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_a_cache_too_small_for_the_batch_preempts_and_keeps_the_tokens(fw, arch, ckpts,
                                                                        hf_tokens):
