@@ -1,8 +1,8 @@
 """``atb_torch.LLM``'s serving job on its two possible models, one engine
-(:class:`atbcore.serving.engine.Engine`): the hand-written runner's
-``forward_paged`` with torch token selection (today's ``LLM``) against the core
-lowered decoder (:class:`atbcore.serving.paged_model.PagedDecoder`, the plan
-MindSpore/Paddle ``LLM`` run) with host selection. The embedded default model (fp32),
+(:class:`atbcore.serving.engine.Engine`): the core lowered decoder
+(:class:`atbcore.serving.paged_model.PagedDecoder`, the plan MindSpore/Paddle ``LLM``
+run; what ``LLM`` picks for an fp32 CPU model) with host token selection, against
+the hand-written runner's ``forward_paged`` with torch selection (``LLM`` before). The embedded default model (fp32),
 16 prompts of 16..512 tokens, ``--new`` greedy tokens each (``ignore_eos``), no prefix
 caching; interleaved samples, medians, and whether both give the same tokens.
 
@@ -23,19 +23,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 
-def core_llm(model, **kw):
-    """An ``atb_torch.LLM`` whose engine runs the core lowered decoder."""
+def runner_llm(model, **kw):
+    """An ``atb_torch.LLM`` whose engine runs the hand-written runner (what ``LLM``
+    ran before it moved to the core decoder)."""
     from atb_torch.llm import LLM
+    from atb_torch.llm.engine import Engine
+    from atb_torch.llm.llm import build_runner
     from atb_torch.llm.loop import EngineLoop
-    from atb_torch.models.lower import lower_decoder
-    from atbcore.serving.engine import Engine
-    from atbcore.serving.paged_model import PagedDecoder
 
     llm = LLM(model, **kw)
     llm.loop.close()
-    decoder = PagedDecoder(lower_decoder(model, last_token=True), llm.cache, "torch",
-                           llm.vocab_size)
-    llm.engine = Engine(decoder, llm.cache, kw["max_batch_size"], kw["max_prefill_tokens"],
+    llm.runner = build_runner(model, None, None, 2)
+    llm.engine = Engine(llm.runner, llm.cache, kw["max_batch_size"], kw["max_prefill_tokens"],
                         llm.max_model_len)
     llm.loop = EngineLoop(llm.engine)
     return llm
@@ -54,7 +53,8 @@ def main() -> int:
     lens = torch.linspace(16, 512, 16).round().long().tolist()
     prompts = [torch.randint(3, 32000, (n,), generator=gen).tolist() for n in lens]
     kw = dict(max_batch_size=16, max_prefill_tokens=8192, enable_prefix_caching=False)
-    llms = {"runner": LLM(model, **kw), "core": core_llm(model, **kw)}
+    llms = {"runner": runner_llm(model, **kw), "core": LLM(model, **kw)}
+    assert llms["core"].runner is None  # LLM's own choice: the core decoder
     times: dict[str, list[float]] = {k: [] for k in llms}
     toks, stats = {}, {}
     for rep in range(args.repeats + 1):  # the first round builds the plans: not timed

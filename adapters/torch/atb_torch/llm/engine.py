@@ -1,8 +1,11 @@
 """``atb_torch.LLM``'s engine: the core serving engine
 (:class:`atbcore.serving.engine.Engine`: continuous batching, prefix caching,
-preemption, prompt-lookup speculation, per-request sampling, error isolation) on the
-compiled model's runner, its tokens chosen on torch logits
-(:func:`.sampling.select_tokens`, the same rules as the core's host selection)."""
+preemption, prompt-lookup speculation, per-request sampling, error isolation), as
+MindSpore's and Paddle's ``LLM`` run it, on the core lowered decoder
+(:func:`core_decoder`: CPU, unquantized fp32 models of the architectures
+``decoder_layers`` covers; host token selection). Elsewhere (quantized, bf16/fp16,
+accelerators) it runs the compiled model's runner with torch token selection
+(:class:`Engine`, :func:`.sampling.select_tokens`: the same rules)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,25 @@ from atbcore.serving.engine import Engine as CoreEngine
 from .request import Request, SpecConfig
 from .sampling import select_tokens
 
-__all__ = ["Request", "Engine", "SpecConfig"]
+__all__ = ["Request", "Engine", "SpecConfig", "core_decoder"]
+
+
+def core_decoder(hf: Any, device: torch.device, dtype: torch.dtype | None,
+                 quantize: str | None) -> Any:
+    """``hf`` lowered to the core decoder (a GraphOp keeping each sequence's last
+    token) when the core plan serves it, else None (the runner serves it)."""
+    from atbcore.errors import CapabilityError
+
+    from ..models.lower import lower_decoder
+
+    weight = next(hf.parameters(), None)
+    if device.type != "cpu" or quantize is not None or weight is None or \
+            weight.dtype != torch.float32 or dtype not in (None, torch.float32):
+        return None
+    try:
+        return lower_decoder(hf, last_token=True)
+    except CapabilityError:
+        return None
 
 
 class Engine(CoreEngine):
