@@ -29,14 +29,14 @@ def main() -> int:
     args = ap.parse_args()
 
     from atb_torch.llm.bench.models import build_default_model
-    from atb_torch.models.compile import compile as atb_compile
+    from atb_torch.llm.llm import build_runner
     from atb_torch.models.lower import lower_decoder
     from atbcore.graph.graph_op_kv import run_paged
     from atbcore.memory import PagedKVCache
 
     model = build_default_model(0)
     cfg = model.config
-    runner = atb_compile(model).atb_runner
+    runner = build_runner(model, None, None, 2)  # the hand-written runner
     op = lower_decoder(model, last_token=True)
     hd = cfg.hidden_size // cfg.num_attention_heads
     n = args.batch

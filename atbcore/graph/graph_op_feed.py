@@ -26,8 +26,9 @@ block_size, Hkv, D]`` per layer) feeds the same graph through
 chunks and decode tokens mixed) with the step's
 :class:`~atbcore.memory.paged.PagedBatch` (its slot mapping, block tables, context
 and new-token lengths, positions, made by the block manager, which also counts the
-tokens). ``cache.last_rows`` then picks each sequence's last new token, or, with
-``all_logits``, every token (speculative verification reads them all).
+tokens; :mod:`.graph_op_paged` makes the index tensors). ``cache.last_rows`` then
+picks each sequence's last new token, or, with ``all_logits``, every token
+(speculative verification reads them all).
 """
 
 from __future__ import annotations
@@ -119,37 +120,6 @@ class _IndexSet:
         if changed and not self.shared:
             self.tensors = [_on(*self.where, a) for a in self.arrays]
         return self.tensors
-
-
-class _PagedIndexSet:
-    """The index tensors of paged steps of one shape (framework, device, B, T, block
-    table width, logit rows): kept, and refilled in place from each step's
-    ``PagedBatch`` (a decode step then feeds the tensors its bound program packed)."""
-
-    def __init__(self, x: Any, b: int, t: int, width: int, out_rows: int) -> None:
-        i32, i64 = np.int32, np.int64
-        self.arrays = [np.zeros(t, i32), np.zeros((b, width), i32), np.zeros(b, i32),
-                       np.zeros(b, i32), np.zeros(t, i64), np.zeros(out_rows, i64)]
-        self.where = (framework_of(x), getattr(x, "device", None))
-        self.tensors = [_on(*self.where, a) for a in self.arrays]
-        self.shared = all(_shares(t_, a) for t_, a in zip(self.tensors, self.arrays))
-
-    def fill(self, slots: np.ndarray, tables: np.ndarray, ctx: np.ndarray, q: np.ndarray,
-             pos: np.ndarray, last: np.ndarray) -> list:
-        a = self.arrays
-        a[0][:], a[2][:], a[3][:], a[4][:], a[5][:] = slots, ctx, q, pos, last
-        a[1][:, :tables.shape[1]] = tables
-        a[1][:, tables.shape[1]:] = 0
-        if not self.shared:
-            self.tensors = [_on(*self.where, arr) for arr in a]
-        return self.tensors
-
-
-def _host_ints(t: Any, name: str, op: str) -> np.ndarray:
-    try:
-        return np.asarray(convert(t, "numpy")).astype(np.int64, copy=False)
-    except Exception:  # noqa: BLE001 - anything that is not a tensor of ints
-        raise InputError(op, f"PagedBatch.{name}", "an int tensor", type(t).__name__) from None
 
 
 def _shares(t: Any, a: np.ndarray) -> bool:
@@ -348,46 +318,15 @@ class CacheFeeder:
     def prepare_paged(self, x: Any, cache: Any, batch: Any, all_logits: bool = False) -> list:
         """Graph inputs for the packed new tokens ``x`` ``[T, ...]`` of the sequences of
         ``batch`` (a :class:`~atbcore.memory.paged.PagedBatch` of ``cache``, a
-        ``PagedKVCache``: see the module docstring); checked against both first
-        (nothing is written when this raises). ``all_logits``: the graph's last-token
-        gather keeps every token (``[T, ...]`` out) instead of each sequence's last."""
-        name, shape = self.graph.name, tuple(x.shape)
-        slots = _host_ints(batch.slot_mapping, "slot_mapping", name).reshape(-1)
-        tables = _host_ints(batch.block_tables, "block_tables", name)
-        ctx = _host_ints(batch.context_lens, "context_lens", name).reshape(-1)
-        q = _host_ints(batch.q_seq_lens, "q_seq_lens", name).reshape(-1)
-        pos = _host_ints(batch.positions, "positions", name).reshape(-1)
-        b, t = len(q), int(q.sum()) if len(q) else 0
-        if b < 1 or q.min() < 1 or len(ctx) != b or (ctx < q).any():
-            raise InputError(name, "PagedBatch lengths", "q_seq_lens >= 1 and context_lens >= "
-                             "q_seq_lens, one each per sequence", (q.tolist(), ctx.tolist()))
-        if len(shape) < 1 or shape[0] != t or len(slots) != t or len(pos) != t:
-            raise ShapeError(name, "packed new tokens of a PagedBatch",
-                             f"[{t}, ...] with {t} slots and positions (sum of q_seq_lens)",
-                             [list(shape), len(slots), len(pos)])
-        nb, bs = cache.num_blocks, cache.block_size
-        if tables.ndim != 2 or tables.shape[0] != b or \
-                (ctx > tables.shape[1] * bs).any() or tables.min() < 0 or tables.max() >= nb:
-            raise InputError(name, "PagedBatch.block_tables", f"[{b}, >= ceil(context / {bs})] "
-                             f"blocks in 0..{nb - 1}", list(tables.shape))
-        if slots.min() < 0 or slots.max() >= nb * bs:
-            raise InputError(name, "PagedBatch.slot_mapping", f"slots in 0..{nb * bs - 1}",
-                             [int(slots.min()), int(slots.max())])
-        views, index = cache_state(cache)
-        layers = self.layers._layers(cache)
-        pairs = self._pairs(x, cache, views, layers)
-        # a table width rounded up to a power of two: few shapes, few bound programs
-        width = 1 << max(int(tables.shape[1]) - 1, 0).bit_length()
-        out_rows = t if all_logits else b
-        key = ("paged", framework_of(x), str(getattr(x, "device", "cpu")), b, t, width,
-               out_rows)
-        got = index.get(key)
-        if got is None:
-            if len(index) >= _MAX_INDEX_SETS:
-                index.pop(next(iter(index)))
-            got = index[key] = _PagedIndexSet(x, b, t, width, out_rows)
-        last = np.arange(t) if all_logits else np.cumsum(q) - 1
-        idx = got.fill(slots, tables, ctx, q, pos, last)
+        ``PagedKVCache``: see the module docstring and :mod:`.graph_op_paged`);
+        checked against both first (nothing is written when this raises).
+        ``all_logits``: the graph's last-token gather keeps every token (``[T, ...]``
+        out) instead of each sequence's last."""
+        from .graph_op_paged import paged_index
+
+        idx = paged_index(self.graph.name, x, cache, batch, all_logits)
+        views, _ = cache_state(cache)
+        pairs = self._pairs(x, cache, views, self.layers._layers(cache))
         return self._assemble(idx, pairs, x)
 
     def finish(self, out: Any, cache: Any,
