@@ -1,9 +1,9 @@
 """``atb_torch.LLM``'s serving job on its two possible models, one engine
 (:class:`atbcore.serving.engine.Engine`): the core lowered decoder
 (:class:`atbcore.serving.paged_model.PagedDecoder`, the plan MindSpore/Paddle ``LLM``
-run; what ``LLM`` picks for an fp32 CPU model) with host token selection, against
-the hand-written runner's ``forward_paged`` with torch selection (``LLM`` before). The embedded default model (fp32),
-16 prompts of 16..512 tokens, ``--new`` greedy tokens each (``ignore_eos``), no prefix
+run; ``LLM(core_plan=True)``) with host token selection, against the hand-written
+runner's ``forward_paged`` with torch selection (``LLM``'s default). The embedded
+default model (fp32), 16 prompts of 16..512 tokens, ``--new`` greedy tokens each (``ignore_eos``), no prefix
 caching; interleaved samples, medians, and whether both give the same tokens.
 
     python benchmarks/serve_engines.py [--repeats 3] [--new 64]
@@ -23,23 +23,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 
-def runner_llm(model, **kw):
-    """An ``atb_torch.LLM`` whose engine runs the hand-written runner (what ``LLM``
-    ran before it moved to the core decoder)."""
-    from atb_torch.llm import LLM
-    from atb_torch.llm.engine import Engine
-    from atb_torch.llm.llm import build_runner
-    from atb_torch.llm.loop import EngineLoop
-
-    llm = LLM(model, **kw)
-    llm.loop.close()
-    llm.runner = build_runner(model, None, None, 2)
-    llm.engine = Engine(llm.runner, llm.cache, kw["max_batch_size"], kw["max_prefill_tokens"],
-                        llm.max_model_len)
-    llm.loop = EngineLoop(llm.engine)
-    return llm
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -53,8 +36,8 @@ def main() -> int:
     lens = torch.linspace(16, 512, 16).round().long().tolist()
     prompts = [torch.randint(3, 32000, (n,), generator=gen).tolist() for n in lens]
     kw = dict(max_batch_size=16, max_prefill_tokens=8192, enable_prefix_caching=False)
-    llms = {"runner": runner_llm(model, **kw), "core": LLM(model, **kw)}
-    assert llms["core"].runner is None  # LLM's own choice: the core decoder
+    llms = {"runner": LLM(model, **kw), "core": LLM(model, core_plan=True, **kw)}
+    assert llms["core"].runner is None and llms["runner"].runner is not None
     times: dict[str, list[float]] = {k: [] for k in llms}
     toks, stats = {}, {}
     for rep in range(args.repeats + 1):  # the first round builds the plans: not timed

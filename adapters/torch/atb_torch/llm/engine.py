@@ -1,11 +1,12 @@
 """``atb_torch.LLM``'s engine: the core serving engine
 (:class:`atbcore.serving.engine.Engine`: continuous batching, prefix caching,
 preemption, prompt-lookup speculation, per-request sampling, error isolation), as
-MindSpore's and Paddle's ``LLM`` run it, on the core lowered decoder
-(:func:`core_decoder`: CPU, unquantized fp32 models of the architectures
-``decoder_layers`` covers; host token selection). Elsewhere (quantized, bf16/fp16,
-accelerators) it runs the compiled model's runner with torch token selection
-(:class:`Engine`, :func:`.sampling.select_tokens`: the same rules)."""
+MindSpore's and Paddle's ``LLM`` run it: on the runner with torch token selection
+(:class:`Engine`, :func:`.sampling.select_tokens`: the same rules as the host's), or
+with ``LLM(core_plan=True)`` on the core lowered decoder (:func:`core_decoder`: CPU,
+unquantized fp32 models of the architectures ``decoder_layers`` covers; host token
+selection). The runner stays the default while the core decoder's paged prefill is
+slower than the runner's (``benchmarks/serve_engines.py``)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from atbcore.errors import InputError, ParamsError
+from atbcore.errors import CapabilityError, InputError, ParamsError
 from atbcore.models.arch import resolve_architecture
 from atbcore.progress import progress
 from atbcore.serving.engine import Engine as CoreEngine
@@ -79,7 +79,9 @@ class LLM(LLMFront):
     (default: room for ``max_batch_size`` full-length sequences within
     ``kv_cache_memory`` bytes). ``tensor_parallel_size`` N > 1: the checkpoint
     sharded over N ranks that this call starts (or those of ``torchrun``), see
-    :mod:`.tp`."""
+    :mod:`.tp`. ``core_plan=True``: the engine runs the core lowered decoder over the
+    paged cache (as MindSpore's and Paddle's ``LLM`` do; CPU, unquantized fp32
+    Llama-family models) instead of the compiled runner."""
 
     def __new__(cls, *args: Any, tensor_parallel_size: int = 1, **kwargs: Any) -> "LLM":
         from .tp import TensorParallelLLM, check_tensor_parallel_size
@@ -94,7 +96,8 @@ class LLM(LLMFront):
                  opt_level: int = 2, max_batch_size: int = 32, max_prefill_tokens: int = 4096,
                  block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_memory: int = 256 * 2**20, num_speculative_tokens: int = 4,
-                 max_model_len: int | None = None, tensor_parallel_size: int = 1) -> None:
+                 max_model_len: int | None = None, tensor_parallel_size: int = 1,
+                 core_plan: bool = False) -> None:
         if quantize not in (None, "w8", "w4", "w8a8"):
             raise ParamsError("LLM", "quantize", "None, 'w8', 'w4' or 'w8a8'", repr(quantize))
         tdtype = _dtype(dtype)
@@ -106,7 +109,11 @@ class LLM(LLMFront):
             hf, tok, self.path = model, tokenizer, None
         self.tokenizer = tok if tokenizer is None else tokenizer
         self.config = hf.config
-        op = core_decoder(hf, device, tdtype, quantize)
+        op = core_decoder(hf, device, tdtype, quantize) if core_plan else None
+        if core_plan and op is None:
+            raise CapabilityError("LLM", "core_plan=True: the core lowered decoder serves CPU, "
+                                  "unquantized fp32 Llama-family models", "such a model",
+                                  f"{type(hf).__name__} on {device}, quantize={quantize!r}")
         self.runner = None
         if op is None:
             with progress(f"atb: compiling {type(hf).__name__}"):  # a terminal only, after 2 s
