@@ -19,6 +19,16 @@ for a call from the cache's per-row lengths:
 The index tensors are kept per (framework, device, capacity, batch, tokens per row)
 and moved forward in place as the rows grow, so decode steps feed the very tensors
 the bound program packed (no repacking, no allocation).
+
+**A paged cache** (:class:`atbcore.memory.PagedKVCache`, blocks ``[num_blocks,
+block_size, Hkv, D]`` per layer) feeds the same graph through
+:meth:`CacheFeeder.prepare_paged`: the packed new tokens of several sequences (prefill
+chunks and decode tokens mixed) with the step's
+:class:`~atbcore.memory.paged.PagedBatch` (its slot mapping, block tables, context
+and new-token lengths, positions, made by the block manager, which also counts the
+tokens; :mod:`.graph_op_paged` makes the index tensors). ``cache.last_rows`` then
+picks each sequence's last new token, or, with ``all_logits``, every token
+(speculative verification reads them all).
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from ..tensor import convert, describe, framework_of, raw_signature, reshape
 from .ir import Graph
 from .sequential import BLOCK_INPUT
 
-__all__ = ["CacheFeeder", "LAST_ROWS", "cache_state"]
+__all__ = ["CacheFeeder", "LAST_ROWS", "cache_state", "layer_kv"]
 
 LAST_ROWS = "cache.last_rows"  # int64 [B]: each row's last token (LastToken's gather)
 _MAX_INDEX_SETS = 64  # index tensor sets kept per cache
@@ -46,9 +56,23 @@ _CACHE_STATE: "weakref.WeakKeyDictionary[Any, tuple[int, dict, dict]]" = \
     weakref.WeakKeyDictionary()
 
 
+def layer_kv(cache: Any, layer: int) -> tuple[Any, Any]:
+    """The key and value tensors of one cache layer: ``[max_batch, max_seq_len, Hkv,
+    D]`` rows of a ``KVCache``, ``[num_blocks, block_size, Hkv, D]`` blocks of a
+    ``PagedKVCache`` (both read as blocks by ``PagedAttention``)."""
+    if hasattr(cache, "key_cache"):
+        return cache.key_cache(layer), cache.value_cache(layer)
+    return cache.keys(layer), cache.values(layer)
+
+
+def _paged(cache: Any) -> bool:
+    return hasattr(cache, "key_cache") and hasattr(cache, "manager")
+
+
 def cache_state(cache: Any) -> tuple[dict, dict]:
-    """(views, index sets) kept for ``cache`` (fresh after its storage moved)."""
-    version = getattr(cache, "version", 0)
+    """(views, index sets) kept for ``cache`` (fresh after its storage moved; a
+    paged cache's storage never moves: its version counts edits of its tables)."""
+    version = 0 if _paged(cache) else getattr(cache, "version", 0)
     state = _CACHE_STATE.get(cache)
     if state is None or state[0] != version:
         state = _CACHE_STATE[cache] = (version, {}, {})
@@ -201,7 +225,7 @@ class CacheFeeder:
             if want.is_floating and Dtype.of(cache.dtype) != want:
                 raise DtypeError(self.graph.name, "atb.KVCache dtype (the block input's)",
                                  want.name, Dtype.of(cache.dtype).name)
-            pairs = [(_as(x, cache.keys(layer)), _as(x, cache.values(layer))) for layer in layers]
+            pairs = [tuple(_as(x, t) for t in layer_kv(cache, layer)) for layer in layers]
             views.update(((fw, layer), kv) for layer, kv in zip(layers, pairs))
         return pairs
 
@@ -259,6 +283,19 @@ class CacheFeeder:
                 index.pop(next(iter(index)))
             got = index[key] = _IndexSet(x, cache.max_seq_len, q, p, rows)
         idx = got.at(p, pos)
+        xt = x if q_lens is not None else x.reshape([sum(q), *shape[2:]])
+        inputs = self._assemble(idx, pairs, xt)
+        if kept is not None:
+            if LAST_ROWS not in self.index:
+                raise InputError(name, "keep", "a graph ending in a LastToken", "keep=")
+            inputs[self.graph.inputs.index(LAST_ROWS)] = _on(*got.where, kept)
+            self.raw = None
+        return inputs, (rows, q, layers)
+
+    def _assemble(self, idx: list, pairs: list, xt: Any) -> list:
+        """The graph inputs: index tensors ``idx`` (slots, tables, context lengths,
+        new-token lengths, positions, last rows), the layers' caches ``pairs`` and
+        the token-major block input ``xt``; sets :attr:`raw`."""
         tkey = (id(idx[0]), *map(id, (t for kv in pairs for t in kv)))
         tpl = self._template
         if tpl is None or tpl[0] != tkey:  # the inputs but x, while the same tensors serve
@@ -273,16 +310,24 @@ class CacheFeeder:
             # the signature of every input but x, read once per set of tensors
             tpl = self._template = (tkey, ins, sig[:self._x_at], sig[self._x_at:])
         inputs = list(tpl[1])
-        xt = x if q_lens is not None else x.reshape([sum(q), *shape[2:]])
         inputs[self._x_at] = xt
         xs = raw_signature([xt])
         self.raw = None if xs is None or not tpl[2] + tpl[3] else tpl[2] + xs + tpl[3]
-        if kept is not None:
-            if LAST_ROWS not in self.index:
-                raise InputError(name, "keep", "a graph ending in a LastToken", "keep=")
-            inputs[self.graph.inputs.index(LAST_ROWS)] = _on(*got.where, kept)
-            self.raw = None
-        return inputs, (rows, q, layers)
+        return inputs
+
+    def prepare_paged(self, x: Any, cache: Any, batch: Any, all_logits: bool = False) -> list:
+        """Graph inputs for the packed new tokens ``x`` ``[T, ...]`` of the sequences of
+        ``batch`` (a :class:`~atbcore.memory.paged.PagedBatch` of ``cache``, a
+        ``PagedKVCache``: see the module docstring and :mod:`.graph_op_paged`);
+        checked against both first (nothing is written when this raises).
+        ``all_logits``: the graph's last-token gather keeps every token (``[T, ...]``
+        out) instead of each sequence's last."""
+        from .graph_op_paged import paged_index
+
+        idx = paged_index(self.graph.name, x, cache, batch, all_logits)
+        views, _ = cache_state(cache)
+        pairs = self._pairs(x, cache, views, self.layers._layers(cache))
+        return self._assemble(idx, pairs, x)
 
     def finish(self, out: Any, cache: Any,
                shape: tuple[tuple[int, ...], tuple[int, ...], list[int]],

@@ -38,11 +38,11 @@ from ..dtypes import Dtype
 from ..errors import InputError
 from ..tensor import TensorDesc, describe, framework_of
 from .ir import Graph
-from .graph_op_feed import CacheFeeder, _as, _on
+from .graph_op_feed import CacheFeeder, _as, _on, layer_kv
 from .sequential import KVSlot, kv_cache_slots
 
 __all__ = ["KVBinder", "kv_dim_names", "CacheFeeder", "in_place_cache", "in_place_form",
-           "run_in_place", "cache_layers", "share_cache_layers"]
+           "run_in_place", "run_paged", "cache_layers", "share_cache_layers"]
 
 # cache object -> {GraphOp key: [layer index per slot]}
 _CACHE_LAYERS: "weakref.WeakKeyDictionary[Any, dict[str, list[int]]]" = \
@@ -226,7 +226,7 @@ def in_place_form(op: Any, x: Any, cache: Any) -> Any:
             form = copy.copy(op)
             form._reset_state()
             form.graph_unfused = None
-            dx, dc = describe(x), describe(_as(x, cache.keys(0)))
+            dx, dc = describe(x), describe(_as(x, layer_kv(cache, 0)[0]))
             form._cache_form = (dc, dx.shape[0])
             form._ensure_graph([dx.replace(shape=(dx.shape[0] * dx.shape[1], *dx.shape[2:]))])
             form._feeder = feeder = CacheFeeder(form.graph, op._kv)
@@ -260,6 +260,31 @@ def run_in_place(op: Any, x: Any, cache: Any, q_lens: Any = None, rows: Any = No
     hot = form._run_hot(inputs, feeder.raw) if feeder.raw is not None else None
     out = (hot if hot is not None else form.execute(inputs))[0]
     return form._feeder.finish(out, cache, shape, packed=q_lens is not None)
+
+
+def run_paged(op: Any, x: Any, cache: Any, batch: Any, all_logits: bool = False) -> Any:
+    """Run block ``op`` (built from layers, e.g. :func:`atbcore.models.decoder.decoder_layers`
+    with ``last_token=True``) on the packed new tokens ``x`` ``[T]`` (ids; ``[T, H]``
+    hidden states) of the sequences of ``batch``, a
+    :class:`~atbcore.memory.paged.PagedBatch` of the paged ``cache``: the plan writes
+    their keys/values at the batch's slots and attends over its block tables. Returns
+    ``[B, ...]``: each sequence's last new token (``[T, ...]``: every token with
+    ``all_logits``, or when the block keeps every token). The block manager counts the
+    tokens (``cache.prepare_*``), not this."""
+    if x is None or getattr(x, "ndim", 0) < 1:
+        raise InputError(op.name, "packed new tokens of a PagedBatch", "[T] ids or [T, H]",
+                         getattr(x, "shape", None))
+    x3 = x[None]
+    if op.graph is None:  # the block's own lowering first (its cache layer assignment)
+        op._ensure_graph(op._descs_of([x3]))
+    form = in_place_form(op, x3, cache)
+    if form is None:
+        raise InputError(op.name, "block run over a PagedKVCache", "layers with "
+                         "FlashAttention(kv_cache=True)", "a block without the in-place form")
+    feeder = form._feeder
+    inputs = feeder.prepare_paged(x, cache, batch, all_logits)
+    hot = form._run_hot(inputs, feeder.raw) if feeder.raw is not None else None
+    return (hot if hot is not None else form.execute(inputs))[0]
 
 
 def _bare_pair(kv: Any) -> bool:

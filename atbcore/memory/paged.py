@@ -121,6 +121,19 @@ class PagedKVCache:
         for src, dst in copies:  # every layer, keys and values
             kv[:, :, dst] = kv[:, :, src]
 
+    def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Copy the keys and values at slots ``src`` to slots ``dst``, every layer
+        (a speculative fork's accepted tokens into their sequence)."""
+        src, dst = [int(s) for s in src], [int(s) for s in dst]
+        if src == dst:
+            return
+        kv, bs = self._alive(), self.block_size  # [L, 2, num_blocks, block_size, Hkv, D]
+        self.version += 1
+        src_b, src_o, dst_b, dst_o = (self._ints(v, np.int64) for v in (
+            [s // bs for s in src], [s % bs for s in src], [s // bs for s in dst],
+            [s % bs for s in dst]))
+        kv[:, :, dst_b, dst_o] = kv[:, :, src_b, src_o]
+
     def write(self, layer: int, key: Any, value: Any, slot_mapping: Any) -> None:
         """Store ``key``/``value`` ``[T, Hkv, D]`` at ``slot_mapping`` in ``layer`` through
         the ReshapeAndCache op (in place). Inputs of another framework or device are
@@ -188,7 +201,14 @@ class PagedKVCache:
     def context_lens(self, seq_ids: Sequence[Hashable]) -> Any:
         return self._ints([self.manager.num_tokens(s) for s in seq_ids])
 
-    def _batch(self, seq_ids: list[Hashable], starts: list[int], cached: list[int]) -> PagedBatch:
+    def batch_for(self, seq_ids: Sequence[Hashable], starts: Sequence[int],
+                  cached: Sequence[int] | None = None) -> PagedBatch:
+        """A step's metadata for the tokens of each sequence from ``starts[i]`` to its
+        current length (any mix: prefill chunks after ``append_tokens``, decode
+        tokens, drafts on a fork); ``cached``: prompt tokens served by the prefix
+        cache, per sequence (default none)."""
+        seq_ids, starts = list(seq_ids), [int(a) for a in starts]
+        cached = [0] * len(seq_ids) if cached is None else list(cached)
         ends = [self.manager.num_tokens(s) for s in seq_ids]
         slots = [x for s, a, e in zip(seq_ids, starts, ends) for x in self.manager.slots(s, a, e)]
         pos = [p for a, e in zip(starts, ends) for p in range(a, e)]
@@ -205,7 +225,7 @@ class PagedKVCache:
         seq_ids = list(seq_ids)
         self.version += 1
         cached = self.manager.allocate_batch(seq_ids, token_ids, num_tokens)
-        return self._batch(seq_ids, cached, cached)
+        return self.batch_for(seq_ids, cached, cached)
 
     def prepare_decode(self, seq_ids: Sequence[Hashable],
                        token_ids: Sequence[Sequence[int]] | None = None,
@@ -216,7 +236,7 @@ class PagedKVCache:
         starts = [self.manager.num_tokens(s) for s in seq_ids]
         _, copies = self.manager.append_slots_batch(seq_ids, num_tokens, token_ids)
         self._copy_blocks(copies)
-        return self._batch(seq_ids, starts, [0] * len(seq_ids))
+        return self.batch_for(seq_ids, starts)
 
     # ------------------------------------------------------------------ accounting
     def stats(self) -> dict[str, Any]:

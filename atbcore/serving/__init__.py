@@ -1,6 +1,8 @@
 """Serving pieces every front-end shares: sampling settings, requests, incremental
-detokenization, the outputs ``LLM`` returns, and the framework-neutral decode loop
-that ``atb_mindspore.LLM`` / ``atb_paddle.LLM`` run on (:mod:`.decode_loop`).
+detokenization, the outputs ``LLM`` returns, and the serving engine every ``LLM``
+runs on (:mod:`.engine`: continuous batching over a paged KV cache, prefix caching,
+preemption, prompt-lookup speculation; :mod:`.paged_model` runs the core lowered
+decoder for it).
 
 Importing this package imports no framework."""
 

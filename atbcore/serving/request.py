@@ -1,5 +1,5 @@
-"""A request in flight through a serving engine (``atb_torch.LLM``'s scheduler, or
-:mod:`.decode_loop`), and the speculative decoding settings."""
+"""A request in flight through the serving engine (:mod:`.engine`), and the
+speculative decoding settings."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class SpecConfig:
 class Request:
     """One prompt (or one of its ``n`` choices) in flight: its tokens, limits, sampling
     settings and the statistics object of the call that made it (see
-    ``atb_torch.llm.engine`` for the cache invariant)."""
+    ``atbcore.serving.engine`` for the cache invariant)."""
 
     index: int
     prompt: list[int]

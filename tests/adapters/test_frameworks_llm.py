@@ -3,7 +3,9 @@ Qwen2 with q/k/v biases, Mistral with an 8-token sliding window): greedy tokens
 against Hugging Face's generate and text against ``atb_torch.LLM``, for one prompt
 and a batch of 8 prompts of different lengths; seeded sampling, penalties and
 log-probabilities against ``atb_torch.LLM``; streaming, stop strings and
-continuous batching with fewer cache rows than prompts."""
+continuous batching with fewer batch slots than prompts; the serving engine's paged
+cache: a cache too small for the batch (preemption), prefix-cache hits and
+prompt-lookup speculation, each giving Hugging Face's greedy tokens."""
 
 import importlib
 import sys
@@ -78,9 +80,9 @@ def test_greedy_tokens_equal_hugging_face_and_text_equals_atb_torch(fw, arch, ck
     llm = _llm(fw, arch, ckpts)
     single = llm.generate_outputs(PROMPTS[1], max_new_tokens=NEW)[0]
     batch = llm.generate_outputs(PROMPTS, max_new_tokens=NEW)
-    # every prompt prefilled alone; all that outlive their first token decode together
-    assert llm.stats.prefill_steps == len(PROMPTS)
-    assert llm.stats.max_running == sum(len(o.token_ids) > 1 for o in batch)
+    # the eight prompts prefilled packed in one step, then decoded together
+    assert llm.stats.prefill_steps == 1
+    assert llm.stats.max_running == len(PROMPTS)
     assert single.token_ids == hf_tokens[arch][1]
     assert [o.token_ids for o in batch] == hf_tokens[arch]
     want = torch_llms[arch].generate_outputs(PROMPTS, max_new_tokens=NEW)
@@ -127,9 +129,9 @@ def test_stream_stop_strings_and_fewer_cache_rows_than_prompts(fw, ckpts):
         assert sum((e.token_ids for e in mine), []) == o.token_ids
         assert "".join(e.text for e in mine) == o.text
         assert mine[-1].finished and not any(e.finished for e in mine[:-1])
-    # two cache rows for eight prompts: requests wait for a free row, same tokens
+    # two batch slots for eight prompts: requests wait for a free slot, same tokens
     small = _llm(fw, "llama", ckpts, max_batch_size=2)
-    assert small.cache.max_batch == 2
+    assert small.engine.max_batch_size == 2
     assert [o.token_ids for o in small.generate_outputs(PROMPTS, max_new_tokens=NEW)] == \
         [o.token_ids for o in full]
     assert small.stats.max_running == 2
@@ -152,3 +154,44 @@ def test_bad_checkpoints_and_arguments_are_refused_by_name(fw, ckpts, tmp_path):
         llm.generate([1, 2, 10_000])
     with pytest.raises(InputError, match="prompts"):
         llm.generate([])
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_a_cache_too_small_for_the_batch_preempts_and_keeps_the_tokens(fw, arch, ckpts,
+                                                                       hf_tokens):
+    # 4 blocks of 8 tokens: the 8 prompts (1..11 tokens) and their 10 new tokens do
+    # not fit at once, so the engine preempts and recomputes, with the same tokens
+    llm = _llm(fw, arch, ckpts, block_size=8, num_blocks=4)
+    got = llm.generate_outputs(PROMPTS, max_new_tokens=NEW)
+    assert [o.token_ids for o in got] == hf_tokens[arch]
+    assert llm.stats.preemptions > 0
+    assert llm.cache.manager.num_free_blocks == 4  # every block back
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_prefix_cache_hits_are_reported_and_keep_the_tokens(fw, ckpts, hf_tokens):
+    llm = _llm(fw, "llama", ckpts)
+    head = PROMPTS[4] + " " + PROMPTS[1]  # longer than a 16-token block
+    prompts = [head + " " + p for p in PROMPTS[:3]]
+    first = llm.generate_outputs(prompts, max_new_tokens=NEW)
+    again = llm.generate_outputs(prompts, max_new_tokens=NEW)
+    assert [o.token_ids for o in again] == [o.token_ids for o in first]
+    assert all(o.num_cached_tokens >= 16 for o in again)
+    assert llm.stats.cached_prompt_tokens == sum(o.num_cached_tokens for o in again)
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(ckpts["llama"], local_files_only=True).eval()
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([first[0].prompt_token_ids]), max_new_tokens=NEW,
+                           do_sample=False, pad_token_id=0)[0, len(first[0].prompt_token_ids):]
+    assert first[0].token_ids == want.tolist()
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_prompt_lookup_speculation_gives_the_greedy_tokens(fw, ckpts, hf_tokens):
+    llm = _llm(fw, "llama", ckpts, enable_speculative=True)
+    got = llm.generate_outputs(PROMPTS, max_new_tokens=NEW)
+    assert [o.token_ids for o in got] == hf_tokens["llama"]
+    assert llm.stats.spec_steps > 0 and llm.stats.spec_proposed > 0

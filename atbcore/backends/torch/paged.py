@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -184,10 +185,33 @@ def _contiguous_prefill(p: Any, q: torch.Tensor, kc: torch.Tensor, vc: torch.Ten
     return out
 
 
+def _gathered_prefill(p: Any, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                      bt: torch.Tensor, lens: list[int], qlens: list[int],
+                      scale: float) -> torch.Tensor | None:
+    """Several queries per sequence over blocks anywhere in the cache (a paged cache's
+    prefill chunks and drafts): every sequence's keys/values gathered packed (one
+    index_select each), then one packed C flash call. None when the C kernel cannot
+    take it (the per-sequence path runs)."""
+    t, h, d = q.shape
+    bs = kc.shape[1]
+    if (q.device.type != "cpu" or sum(qlens) != t or d > MAX_HEAD_DIM or kc.dtype != vc.dtype
+            or any(m > n for n, m in zip(lens, qlens)) or ck.why_not(q, kc, vc) is not None):
+        return None
+    n_all = np.asarray(lens, dtype=np.int64)
+    seq = np.repeat(np.arange(len(lens)), n_all)                               # [Tk]
+    pos = np.arange(int(n_all.sum())) - np.repeat(np.cumsum(n_all) - n_all, n_all)
+    table = bt.cpu().numpy().astype(np.int64, copy=False)
+    slots = torch.from_numpy(table[seq, pos // bs] * bs + pos % bs)             # [Tk]
+    k = kc.reshape(-1, *kc.shape[2:]).index_select(0, slots)                   # [Tk, Hkv, D]
+    v = vc.reshape(-1, *vc.shape[2:]).index_select(0, slots)
+    return prefill_attention(q, k, v, scale=scale, q_lens=qlens, kv_lens=lens, causal=p.causal,
+                             window=p.window)
+
+
 @kernel("PagedAttention", impl="decode: C kernel reading the blocks in place (CPU), else "
         "batched block gather + torch scaled_dot_product_attention (GQA folded into query "
-        "rows); multi-token queries: C flash over contiguous cache rows in place, else per "
-        "sequence; fp32 compute", launches=ck.c_launches(8),
+        "rows); multi-token queries: C flash over contiguous cache rows in place, else over "
+        "the sequences' blocks gathered packed, else per sequence; fp32 compute", launches=ck.c_launches(8),
         bind=_bind_paged_attention)
 def paged_attention(p, ins):
     q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
@@ -212,6 +236,8 @@ def paged_attention(p, ins):
                                        decode_mask(lens, n, window))]
     qlens = [int(x) for x in qsl.tolist()]
     fast = _contiguous_prefill(p, q, kc, vc, bt, lens.tolist(), qlens, scale)
+    if fast is None:
+        fast = _gathered_prefill(p, q, kc, vc, bt, lens.tolist(), qlens, scale)
     if fast is not None:
         return [fast]
     out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)

@@ -25,15 +25,17 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from atbcore.errors import InputError, ParamsError
+from atbcore.errors import CapabilityError, InputError, ParamsError
+from atbcore.models.arch import resolve_architecture
 from atbcore.progress import progress
+from atbcore.serving.engine import Engine as CoreEngine
+from atbcore.serving.front import LLMFront
+from atbcore.serving.paged_model import PagedDecoder
 
 from ..devices import resolve_device
 from .checkpoint import load_checkpoint
-from atbcore.serving.front import LLMFront
-
 from .detok import Detokenizer
-from .engine import Engine
+from .engine import Engine, core_decoder
 from .loop import EngineLoop, RequestHandle, finish_pending
 from .outputs import GenerationStats, TokenEvent
 from .request import Request, SpecConfig
@@ -77,7 +79,9 @@ class LLM(LLMFront):
     (default: room for ``max_batch_size`` full-length sequences within
     ``kv_cache_memory`` bytes). ``tensor_parallel_size`` N > 1: the checkpoint
     sharded over N ranks that this call starts (or those of ``torchrun``), see
-    :mod:`.tp`."""
+    :mod:`.tp`. ``core_plan=True``: the engine runs the core lowered decoder over the
+    paged cache (as MindSpore's and Paddle's ``LLM`` do; CPU, unquantized fp32
+    Llama-family models) instead of the compiled runner."""
 
     def __new__(cls, *args: Any, tensor_parallel_size: int = 1, **kwargs: Any) -> "LLM":
         from .tp import TensorParallelLLM, check_tensor_parallel_size
@@ -92,7 +96,8 @@ class LLM(LLMFront):
                  opt_level: int = 2, max_batch_size: int = 32, max_prefill_tokens: int = 4096,
                  block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_memory: int = 256 * 2**20, num_speculative_tokens: int = 4,
-                 max_model_len: int | None = None, tensor_parallel_size: int = 1) -> None:
+                 max_model_len: int | None = None, tensor_parallel_size: int = 1,
+                 core_plan: bool = False) -> None:
         if quantize not in (None, "w8", "w4", "w8a8"):
             raise ParamsError("LLM", "quantize", "None, 'w8', 'w4' or 'w8a8'", repr(quantize))
         tdtype = _dtype(dtype)
@@ -104,16 +109,29 @@ class LLM(LLMFront):
             hf, tok, self.path = model, tokenizer, None
         self.tokenizer = tok if tokenizer is None else tokenizer
         self.config = hf.config
-        with progress(f"atb: compiling {type(hf).__name__}"):  # a terminal only, after 2 s
-            self.runner = build_runner(hf, tdtype, quantize, opt_level)
-        self.device, self.dtype = self.runner.device, self.runner.dtype
-        spec = self.runner.spec
-        if spec.kind != "decoder" or self.runner.lm_head is None:
-            raise InputError("LLM", "model", "a causal LM (decoder with an LM head)", spec.arch)
-        self.vocab_size = self.runner.embed_w.shape[0]
+        op = core_decoder(hf, device, tdtype, quantize) if core_plan else None
+        if core_plan and op is None:
+            raise CapabilityError("LLM", "core_plan=True: the core lowered decoder serves CPU, "
+                                  "unquantized fp32 Llama-family models", "such a model",
+                                  f"{type(hf).__name__} on {device}, quantize={quantize!r}")
+        self.runner = None
+        if op is None:
+            with progress(f"atb: compiling {type(hf).__name__}"):  # a terminal only, after 2 s
+                self.runner = build_runner(hf, tdtype, quantize, opt_level)
+            self.device, self.dtype = self.runner.device, self.runner.dtype
+            spec = self.runner.spec
+            if spec.kind != "decoder" or self.runner.lm_head is None:
+                raise InputError("LLM", "model", "a causal LM (decoder with an LM head)",
+                                 spec.arch)
+            self.vocab_size = self.runner.embed_w.shape[0]
+        else:
+            spec = resolve_architecture(hf.config).describe(hf.config)
+            self.device, self.dtype = device, torch.float32
+            self.vocab_size = int(hf.get_input_embeddings().weight.shape[0])
+        self.spec = spec
         self.max_model_len = max_model_len or getattr(hf.config, "max_position_embeddings", None)
         self.eos_ids = self._eos_ids(hf)
-        del hf  # the runner holds what it needs; drop HF's copies of the weights
+        del hf  # the runner (or the decoder's layers) hold what they need
         from atbcore.memory import PagedKVCache
 
         per_block = 2 * spec.num_layers * block_size * spec.kv_size * \
@@ -125,9 +143,15 @@ class LLM(LLMFront):
                                   spec.head_dim, dtype=self.dtype, device=str(self.device),
                                   enable_prefix_caching=enable_prefix_caching)
         self.enable_speculative = enable_speculative
-        self.engine = Engine(self.runner, self.cache, max_batch_size, max_prefill_tokens,
-                             self.max_model_len,
-                             SpecConfig(num_speculative_tokens) if enable_speculative else None)
+        spec_cfg = SpecConfig(num_speculative_tokens) if enable_speculative else None
+        if self.runner is None:
+            self.decoder = op
+            model = PagedDecoder(op, self.cache, "torch", self.vocab_size)
+            self.engine = CoreEngine(model, self.cache, max_batch_size, max_prefill_tokens,
+                                     self.max_model_len, spec_cfg)
+        else:
+            self.engine = Engine(self.runner, self.cache, max_batch_size, max_prefill_tokens,
+                                 self.max_model_len, spec_cfg)
         self.loop = EngineLoop(self.engine)
         # the cache's memory comes from atb's pool: give it back (after stopping the
         # engine thread) when the LLM goes away
@@ -188,11 +212,12 @@ class LLM(LLMFront):
         """Stop the engine thread and free the KV cache now (also done when the LLM is
         garbage-collected)."""
         self.loop.close()
-        self.runner.release_decode_kv()
+        if self.runner is not None:
+            self.runner.release_decode_kv()
         self._finalizer()
 
     def __repr__(self) -> str:
-        s = self.runner.spec
+        s = self.spec
         return (f"LLM({self.path or s.arch}, {s.num_layers} layers, {self.dtype}, "
                 f"{self.device}, cache={self.cache})")
 

@@ -138,7 +138,7 @@ def test_a_failing_step_ends_its_requests_and_the_loop_goes_on(ckpt):
     from atb_torch.llm import LLM, EngineClosedError
 
     llm = LLM(ckpt)
-    inner = llm.runner.forward_paged
+    inner = llm.engine.model.forward_paged
     calls = []
 
     def flaky(*a, **kw):
@@ -147,11 +147,11 @@ def test_a_failing_step_ends_its_requests_and_the_loop_goes_on(ckpt):
             raise RuntimeError("device lost")
         return inner(*a, **kw)
 
-    llm.runner.forward_paged = flaky
+    llm.engine.model.forward_paged = flaky
     with pytest.raises(RuntimeError, match="device lost"):
         llm.generate(PROMPTS, max_new_tokens=6, ignore_eos=True)
     assert llm.cache.manager.num_used_blocks == 0  # the failed requests' blocks are back
-    llm.runner.forward_paged = inner
+    llm.engine.model.forward_paged = inner
     assert llm.generate(PROMPTS[0], max_new_tokens=4)  # still serving
     llm.close()
     with pytest.raises(EngineClosedError):

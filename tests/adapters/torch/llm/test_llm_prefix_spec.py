@@ -9,16 +9,16 @@ from atb_torch.llm.speculative import SpecStats, accept_draft, propose_draft
 
 
 def count_model_tokens(llm):
-    """Wrap the runner so every token it computes is counted (independently of the
-    LLM's own statistics)."""
+    """Wrap the engine's model so every token it computes is counted (independently
+    of the LLM's own statistics)."""
     seen = []
-    inner = llm.runner.forward_paged
+    inner = llm.engine.model.forward_paged
 
     def spy(input_ids, batch, cache, all_logits=False):
-        seen.append(int(input_ids.numel()))
+        seen.append(len(input_ids))
         return inner(input_ids, batch, cache, all_logits=all_logits)
 
-    llm.runner.forward_paged = spy
+    llm.engine.model.forward_paged = spy
     return seen
 
 
