@@ -1,8 +1,8 @@
 """``atb_torch.LLM``'s serving job on its two possible models, one engine
 (:class:`atbcore.serving.engine.Engine`): the core lowered decoder
 (:class:`atbcore.serving.paged_model.PagedDecoder`, the plan MindSpore/Paddle ``LLM``
-run; ``LLM(core_plan=True)``) with host token selection, against the hand-written
-runner's ``forward_paged`` with torch selection (``LLM``'s default). The embedded
+run; ``LLM``'s default on the CPU) with host token selection, against the hand-written
+runner's ``forward_paged`` with torch selection (``ATB_ENGINE=runner``). The embedded
 default model (fp32), 16 prompts of 16..512 tokens, ``--new`` greedy tokens each (``ignore_eos``), no prefix
 caching; interleaved samples, medians, and whether both give the same tokens.
 
@@ -36,7 +36,10 @@ def main() -> int:
     lens = torch.linspace(16, 512, 16).round().long().tolist()
     prompts = [torch.randint(3, 32000, (n,), generator=gen).tolist() for n in lens]
     kw = dict(max_batch_size=16, max_prefill_tokens=8192, enable_prefix_caching=False)
-    llms = {"runner": LLM(model, **kw), "core": LLM(model, core_plan=True, **kw)}
+    os.environ["ATB_ENGINE"] = "runner"
+    runner = LLM(model, **kw)
+    del os.environ["ATB_ENGINE"]
+    llms = {"runner": runner, "core": LLM(model, **kw)}
     assert llms["core"].runner is None and llms["runner"].runner is not None
     times: dict[str, list[float]] = {k: [] for k in llms}
     toks, stats = {}, {}

@@ -1,12 +1,11 @@
 """``atb_torch.LLM``'s engine: the core serving engine
 (:class:`atbcore.serving.engine.Engine`: continuous batching, prefix caching,
 preemption, prompt-lookup speculation, per-request sampling, error isolation), as
-MindSpore's and Paddle's ``LLM`` run it: on the runner with torch token selection
-(:class:`Engine`, :func:`.sampling.select_tokens`: the same rules as the host's), or
-with ``LLM(core_plan=True)`` on the core lowered decoder (:func:`core_decoder`: CPU,
-unquantized fp32 models of the architectures ``decoder_layers`` covers; host token
-selection). The runner stays the default while the core decoder's paged prefill is
-slower than the runner's (``benchmarks/serve_engines.py``)."""
+MindSpore's and Paddle's ``LLM`` run it. On the CPU it runs the core lowered decoder
+(:func:`core_runner`: every architecture, dtype and quantization ``compile()`` lowers;
+host token selection); elsewhere (and with ``ATB_ENGINE=runner``, for side-by-side
+benchmarks) the hand-written runner's ``forward_paged`` with torch token selection
+(:class:`Engine`, :func:`.sampling.select_tokens`: the same rules as the host's)."""
 
 from __future__ import annotations
 
@@ -19,25 +18,29 @@ from atbcore.serving.engine import Engine as CoreEngine
 from .request import Request, SpecConfig
 from .sampling import select_tokens
 
-__all__ = ["Request", "Engine", "SpecConfig", "core_decoder"]
+__all__ = ["Request", "Engine", "SpecConfig", "core_runner"]
 
 
-def core_decoder(hf: Any, device: torch.device, dtype: torch.dtype | None,
-                 quantize: str | None) -> Any:
-    """``hf`` lowered to the core decoder (a GraphOp keeping each sequence's last
-    token) when the core plan serves it, else None (the runner serves it)."""
-    from atbcore.errors import CapabilityError
+def core_runner(hf: Any, device: torch.device, dtype: torch.dtype | None,
+                quantize: str | None, opt_level: int = 2) -> Any:
+    """``hf`` on the core engine (a :class:`~..models.core_runner.CoreRunner`, whose
+    lowered GraphOp keeps each sequence's last token) when the core serves it on
+    ``device``, else None (the runner serves it)."""
+    import os
 
-    from ..models.lower import lower_decoder
+    from atbcore.backends.npu import kernel_device
 
-    weight = next(hf.parameters(), None)
-    if device.type != "cpu" or quantize is not None or weight is None or \
-            weight.dtype != torch.float32 or dtype not in (None, torch.float32):
+    from ..models.arch import resolve_architecture
+    from ..models.core_runner import CoreRunner, why_not_core
+
+    if kernel_device(device.type) != "cpu" or os.environ.get("ATB_ENGINE") == "runner":
         return None
-    try:
-        return lower_decoder(hf, last_token=True)
-    except CapabilityError:
+    arch = resolve_architecture(hf.config)
+    spec = arch.describe(hf.config)
+    if why_not_core(spec, quantize) or arch.extract(hf, spec).lm_head is None:
         return None
+    return CoreRunner(spec, arch.extract(hf, spec), opt_level=opt_level, dtype=dtype,
+                      quantize=quantize, device=device)
 
 
 class Engine(CoreEngine):

@@ -25,8 +25,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from atbcore.errors import CapabilityError, InputError, ParamsError
-from atbcore.models.arch import resolve_architecture
+from atbcore.errors import InputError, ParamsError
 from atbcore.progress import progress
 from atbcore.serving.engine import Engine as CoreEngine
 from atbcore.serving.front import LLMFront
@@ -35,7 +34,7 @@ from atbcore.serving.paged_model import PagedDecoder
 from ..devices import resolve_device
 from .checkpoint import load_checkpoint
 from .detok import Detokenizer
-from .engine import Engine, core_decoder
+from .engine import Engine, core_runner
 from .loop import EngineLoop, RequestHandle, finish_pending
 from .outputs import GenerationStats, TokenEvent
 from .request import Request, SpecConfig
@@ -79,9 +78,8 @@ class LLM(LLMFront):
     (default: room for ``max_batch_size`` full-length sequences within
     ``kv_cache_memory`` bytes). ``tensor_parallel_size`` N > 1: the checkpoint
     sharded over N ranks that this call starts (or those of ``torchrun``), see
-    :mod:`.tp`. ``core_plan=True``: the engine runs the core lowered decoder over the
-    paged cache (as MindSpore's and Paddle's ``LLM`` do; CPU, unquantized fp32
-    Llama-family models) instead of the compiled runner."""
+    :mod:`.tp`. On the CPU the engine runs the core lowered decoder over the paged
+    cache, as MindSpore's and Paddle's ``LLM`` do (:func:`.engine.core_runner`)."""
 
     def __new__(cls, *args: Any, tensor_parallel_size: int = 1, **kwargs: Any) -> "LLM":
         from .tp import TensorParallelLLM, check_tensor_parallel_size
@@ -96,8 +94,7 @@ class LLM(LLMFront):
                  opt_level: int = 2, max_batch_size: int = 32, max_prefill_tokens: int = 4096,
                  block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_memory: int = 256 * 2**20, num_speculative_tokens: int = 4,
-                 max_model_len: int | None = None, tensor_parallel_size: int = 1,
-                 core_plan: bool = False) -> None:
+                 max_model_len: int | None = None, tensor_parallel_size: int = 1) -> None:
         if quantize not in (None, "w8", "w4", "w8a8"):
             raise ParamsError("LLM", "quantize", "None, 'w8', 'w4' or 'w8a8'", repr(quantize))
         tdtype = _dtype(dtype)
@@ -109,25 +106,18 @@ class LLM(LLMFront):
             hf, tok, self.path = model, tokenizer, None
         self.tokenizer = tok if tokenizer is None else tokenizer
         self.config = hf.config
-        op = core_decoder(hf, device, tdtype, quantize) if core_plan else None
-        if core_plan and op is None:
-            raise CapabilityError("LLM", "core_plan=True: the core lowered decoder serves CPU, "
-                                  "unquantized fp32 Llama-family models", "such a model",
-                                  f"{type(hf).__name__} on {device}, quantize={quantize!r}")
         self.runner = None
-        if op is None:
-            with progress(f"atb: compiling {type(hf).__name__}"):  # a terminal only, after 2 s
+        with progress(f"atb: compiling {type(hf).__name__}"):  # a terminal only, after 2 s
+            core = core_runner(hf, device, tdtype, quantize, opt_level)
+            if core is None:
                 self.runner = build_runner(hf, tdtype, quantize, opt_level)
-            self.device, self.dtype = self.runner.device, self.runner.dtype
-            spec = self.runner.spec
-            if spec.kind != "decoder" or self.runner.lm_head is None:
-                raise InputError("LLM", "model", "a causal LM (decoder with an LM head)",
-                                 spec.arch)
-            self.vocab_size = self.runner.embed_w.shape[0]
-        else:
-            spec = resolve_architecture(hf.config).describe(hf.config)
-            self.device, self.dtype = device, torch.float32
-            self.vocab_size = int(hf.get_input_embeddings().weight.shape[0])
+        engine_of = core if core is not None else self.runner
+        self.device, self.dtype = engine_of.device, engine_of.dtype
+        spec = engine_of.spec
+        if spec.kind != "decoder" or engine_of.lm_head is None:
+            raise InputError("LLM", "model", "a causal LM (decoder with an LM head)", spec.arch)
+        self.vocab_size = (core.vocab_size if core is not None
+                           else self.runner.embed_w.shape[0])
         self.spec = spec
         self.max_model_len = max_model_len or getattr(hf.config, "max_position_embeddings", None)
         self.eos_ids = self._eos_ids(hf)
@@ -145,8 +135,8 @@ class LLM(LLMFront):
         self.enable_speculative = enable_speculative
         spec_cfg = SpecConfig(num_speculative_tokens) if enable_speculative else None
         if self.runner is None:
-            self.decoder = op
-            model = PagedDecoder(op, self.cache, "torch", self.vocab_size)
+            self.decoder = core.op
+            model = PagedDecoder(core.op, self.cache, "torch", self.vocab_size)
             self.engine = CoreEngine(model, self.cache, max_batch_size, max_prefill_tokens,
                                      self.max_model_len, spec_cfg)
         else:
