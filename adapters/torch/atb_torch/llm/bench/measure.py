@@ -114,12 +114,13 @@ def _tensors_in(obj: Any, seen: set[int], depth: int) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.nn.Module):
         yield from obj.parameters()
         yield from obj.buffers()
+    # snapshots: another thread (an engine loop, a plan cache) may add entries meanwhile
     if isinstance(obj, Mapping):
-        items: Iterable[Any] = obj.values()
+        items: Iterable[Any] = list(obj.values())
     elif isinstance(obj, (list, tuple, set, frozenset)):
-        items = obj
+        items = list(obj)
     elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-        items = vars(obj).values()
+        items = list(vars(obj).values())
     elif hasattr(obj, "__slots__"):
         items = [getattr(obj, s, None) for s in obj.__slots__]
     else:
