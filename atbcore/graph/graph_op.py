@@ -155,7 +155,12 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
                                                   kv_cache_desc=cache_desc, batch=batch)
         from ..passes.pipeline import run_pipeline
 
-        self.graph, self.pass_reports = run_pipeline(self.graph_unfused, self._fusion_for_plugins())
+        self.graph, self.pass_reports = run_pipeline(self.graph_unfused,
+                                                     self._fusion_for_plugins(descs))
+        from ..passes.pipeline import PassReport
+
+        self.pass_reports += [PassReport(f"device:{rule}", False, f"kept off: {why}")
+                              for rule, why in self._device_unfused(descs).items()]
         self._points = plugin_points(self.graph)
         self._kv = KVBinder(self.graph, f"{self.name}@{id(self):x}")
         # The cache must not keep this GraphOp alive (its finalizer releases the cache).
