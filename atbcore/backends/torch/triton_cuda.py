@@ -244,9 +244,7 @@ def rope_cuda(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
 
 def paged_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     """Why the Triton decode attention cannot take this call (device aside)."""
-    q, kc, vc, qsl = ins["query"], ins["key_cache"], ins["value_cache"], ins.get("q_seq_lens")
-    if qsl is not None and q.shape[0] != ins["block_tables"].shape[0]:
-        return "several queries per sequence (q_seq_lens): the Triton kernel is decode-only"
+    q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
     if kc.dtype != q.dtype or vc.dtype != q.dtype:
         return f"cache dtype {str(kc.dtype)[6:]}/{str(vc.dtype)[6:]} differs from the query's"
     limit = _triton("paged").MAX_HEAD_DIM
@@ -263,10 +261,16 @@ def _paged_why(p: Any, ins: Mapping[str, Any]) -> str | None:
 
 @device_kernel("PagedAttention", "cuda", why_not=_paged_why, provider="triton",
                impl="Triton decode attention over the blocks in place (GQA groups share "
-               "each K/V read; split-K over long contexts), fp32 softmax")
+               "each K/V read; split-K over long contexts); several tokens per sequence: "
+               "Triton flash attention over the blocks in place; fp32 softmax")
 def paged_attention_cuda(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     q, kc = ins["query"], ins["key_cache"]
     scale = p.scale if p.scale is not None else q.shape[2] ** -0.5
+    qsl = ins.get("q_seq_lens")
+    if qsl is not None and q.shape[0] != ins["block_tables"].shape[0]:  # prefill / chunks
+        return [_triton("paged_prefill").paged_prefill_attention(
+            q, kc, ins["value_cache"], ins["block_tables"], ins["context_lens"], qsl, scale,
+            causal=p.causal, window=p.window, out=None if not out else out[0])]
     window = effective_window(p.window, 1, kc.shape[0] * kc.shape[1])
     return [_triton("paged").paged_decode_attention(
         q, kc, ins["value_cache"], ins["block_tables"], ins["context_lens"], scale,
