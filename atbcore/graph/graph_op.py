@@ -313,14 +313,11 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
     def _run_plan(self, plan: ExecPlan, exact: Mapping[str, TensorDesc],
                   native: dict[str, Any], hook: Any) -> list:
         if self.cuda_graph and hook is None and plan.device.startswith("cuda"):
-            from ..runtime.cuda import CapturedPlan
+            from ..runtime.cuda import capture_or_none
 
-            sig = tuple(sorted((k, exact[k]) for k in native))
-            cap = self._captured.get(sig)
-            if cap is None:
-                cap = self._captured[sig] = CapturedPlan(plan, native, exact)
-            self.last_launches = cap.launches
-            return cap.replay(native)
+            out = capture_or_none(self, plan, exact, native)
+            if out is not None:
+                return out
         prof = self.profiler if self._profiling() else None
         out = plan.run(native, descs=exact, profiler=prof, hook=hook)
         self.last_launches = plan.launches
