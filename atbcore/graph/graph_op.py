@@ -155,7 +155,12 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
                                                   kv_cache_desc=cache_desc, batch=batch)
         from ..passes.pipeline import run_pipeline
 
-        self.graph, self.pass_reports = run_pipeline(self.graph_unfused, self._fusion_for_plugins())
+        self.graph, self.pass_reports = run_pipeline(self.graph_unfused,
+                                                     self._fusion_for_plugins(descs))
+        from ..passes.pipeline import PassReport
+
+        self.pass_reports += [PassReport(f"device:{rule}", False, f"kept off: {why}")
+                              for rule, why in self._device_unfused(descs).items()]
         self._points = plugin_points(self.graph)
         self._kv = KVBinder(self.graph, f"{self.name}@{id(self):x}")
         # The cache must not keep this GraphOp alive (its finalizer releases the cache).
@@ -308,14 +313,11 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
     def _run_plan(self, plan: ExecPlan, exact: Mapping[str, TensorDesc],
                   native: dict[str, Any], hook: Any) -> list:
         if self.cuda_graph and hook is None and plan.device.startswith("cuda"):
-            from ..runtime.cuda import CapturedPlan
+            from ..runtime.cuda import capture_or_none
 
-            sig = tuple(sorted((k, exact[k]) for k in native))
-            cap = self._captured.get(sig)
-            if cap is None:
-                cap = self._captured[sig] = CapturedPlan(plan, native, exact)
-            self.last_launches = cap.launches
-            return cap.replay(native)
+            out = capture_or_none(self, plan, exact, native)
+            if out is not None:
+                return out
         prof = self.profiler if self._profiling() else None
         out = plan.run(native, descs=exact, profiler=prof, hook=hook)
         self.last_launches = plan.launches

@@ -4,7 +4,7 @@ and the text of ``GraphOp.explain()``."""
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..errors import GraphError, ParamsError
 from .ir import Graph, Node
@@ -97,9 +97,11 @@ def explain_text(op: Any) -> str:
     quiet = []
     for r in op.pass_reports:
         name = getattr(r, "name", str(r))
+        detail = getattr(r, "detail", "")
         if getattr(r, "changed", False):
-            detail = getattr(r, "detail", "")
             lines.append(f"  {name}: changed" + (f" ({detail})" if detail else ""))
+        elif name.startswith("device:"):  # a rule the inputs' device keeps off
+            lines.append(f"  {name}: {detail}")
         else:
             quiet.append(name)
     if quiet:
@@ -190,18 +192,32 @@ class GraphOpPlugins:
 
         return PointRunner(self, plan, framework)
 
-    def _fusion_for_plugins(self) -> Any:
+    def _fusion_for_plugins(self, descs: Sequence[Any] = ()) -> Any:
         """The fusion config to build with: RoPE stays its own node (not fused
-        into the attention) while a rope plugin is present, so the plugin rotates."""
+        into the attention) while a rope plugin is present, so the plugin rotates;
+        the rules the inputs' device keeps off are off
+        (:mod:`atbcore.backends.fusion_choices`)."""
+        import dataclasses
+
         from ..plugin.rope_point import rope_plugins_present
 
         cfg = self.fusion_config
         if getattr(cfg, "enable_rope_fusion", False) and rope_plugins_present(
                 self._plugins.get("rope", ())):
-            import dataclasses
-
             cfg = dataclasses.replace(cfg, enable_rope_fusion=False)
+        off = self._device_unfused(descs)
+        if off and hasattr(cfg, "disable"):
+            cfg = dataclasses.replace(cfg, disable=tuple(dict.fromkeys((*cfg.disable, *off))))
         return cfg
+
+    @staticmethod
+    def _device_unfused(descs: Sequence[Any]) -> dict[str, str]:
+        """The fusion rules the device of ``descs`` keeps off, with reasons."""
+        from ..backends.fusion_choices import unfused_rules
+        from ..backends.npu import kernel_device
+
+        dev = next((str(d.device).split(":")[0] for d in descs if hasattr(d, "device")), None)
+        return unfused_rules(kernel_device(dev)) if dev else {}
 
     def _unfuse_rope(self) -> None:
         # a rope plugin arrived after RoPE was fused (here or in the in-place cache form)

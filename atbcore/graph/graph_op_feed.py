@@ -40,7 +40,7 @@ import numpy as np
 
 from ..dtypes import Dtype
 from ..errors import DtypeError, InputError, ShapeError
-from ..tensor import convert, describe, framework_of, raw_signature, reshape
+from ..tensor import convert, copy_into, describe, framework_of, raw_signature, reshape
 from .ir import Graph
 from .sequential import BLOCK_INPUT
 
@@ -118,7 +118,11 @@ class _IndexSet:
         changed = moved or positions is not None or self.custom
         self.custom = positions is not None
         if changed and not self.shared:
-            self.tensors = [_on(*self.where, a) for a in self.arrays]
+            if self.where[0] == "torch":  # device tensors keep their addresses (a captured
+                for t, a in zip(self.tensors, self.arrays):  # step reads them there)
+                    copy_into(t, a)
+            else:
+                self.tensors = [_on(*self.where, a) for a in self.arrays]
         return self.tensors
 
 

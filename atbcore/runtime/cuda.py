@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 from ..errors import CapabilityError
 from ..tensor import TensorDesc
 
-__all__ = ["StreamRunner", "CapturedPlan", "cuda_graph_unavailable_reason"]
+__all__ = ["StreamRunner", "CapturedPlan", "cuda_graph_unavailable_reason", "capture_or_none"]
 
 
 def _slots(v: Any) -> tuple[str, ...]:
@@ -99,7 +99,10 @@ class CapturedPlan:
     launches = 1
 
     def __init__(self, plan: Any, inputs: Mapping[str, Any], descs: Mapping[str, TensorDesc],
-                 warmup: int = 2) -> None:
+                 warmup: int = 2, by_reference: frozenset[str] = frozenset()) -> None:
+        """``by_reference``: inputs captured where they are (a KV cache the plan writes
+        in place, the feeder's index tensors updated in place), not copied; a replay
+        with any of them at another address returns None (capture again)."""
         why = cuda_graph_unavailable_reason(plan)
         if why:
             raise CapabilityError(plan.graph.name, "CUDA graph capture", "a CUDA torch plan", why)
@@ -111,7 +114,8 @@ class CapturedPlan:
         # intermediates cannot run inside a graph (they need a host sync).
         self.host_checks = [c for c in plan.calls if c.check and all(
             s in inputs or s in plan.weights_env for _, v, _ in c.ins for s in _slots(v))]
-        self.static_in = {k: v.clone() for k, v in inputs.items()}
+        self.static_in = {k: v if k in by_reference else v.clone() for k, v in inputs.items()}
+        self.at = {k: v.data_ptr() for k, v in inputs.items() if k in by_reference}
         self.descs = dict(descs)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -128,8 +132,11 @@ class CapturedPlan:
             plan.skip_checks = False
         self.staging = len(self.static_in) + len(self.static_out)
 
-    def replay(self, inputs: Mapping[str, Any]) -> list:
-        """Copy ``inputs`` in, replay, return fresh copies of the outputs."""
+    def replay(self, inputs: Mapping[str, Any]) -> list | None:
+        """Copy ``inputs`` in, replay, return fresh copies of the outputs (None: an
+        input captured by reference has moved)."""
+        if any(inputs[k].data_ptr() != ptr for k, ptr in self.at.items()):
+            return None
         env = {**self.plan.weights_env, **inputs}
         for c in self.host_checks:
             ins = dict.fromkeys(c.names)
@@ -137,6 +144,32 @@ class CapturedPlan:
                 ins[name] = env[v] if isinstance(v, str) else [env[s] for s in v]
             c.opdef.check_values(c.params, ins)
         for k, v in inputs.items():
-            self.static_in[k].copy_(v)
+            if k not in self.at:
+                self.static_in[k].copy_(v)
         self.graph.replay()
         return [o.clone() for o in self.static_out]
+
+
+def capture_or_none(op: Any, plan: Any, exact: Mapping[str, TensorDesc],
+                    native: Mapping[str, Any]) -> list | None:
+    """Run ``plan`` of GraphOp ``op`` (``cuda_graph=True``) as its captured CUDA graph
+    for this exact signature (captured on first use); None where it is not captured.
+
+    An in-place cache form (``op._cache_form``) captures its decode steps only (one
+    token per row: the shape every step repeats; a prompt's length rarely does), with
+    the cache and the feeder's index tensors (``op._trusted``) by reference: the plan
+    writes the cache where it is. When the cache grows (new storage) the step is
+    captured again."""
+    if op._cache_form is not None:
+        rows = next((d for k, d in exact.items() if k.endswith("q_seq_lens")), None)
+        tokens = exact[plan.graph.inputs[0]]
+        if rows is None or tokens.shape[:1] != rows.shape[:1]:
+            return None
+    sig = tuple(sorted((k, exact[k]) for k in native))
+    cap = op._captured.get(sig)
+    out = None if cap is None else cap.replay(native)
+    if out is None:
+        op._captured[sig] = cap = CapturedPlan(plan, native, exact, by_reference=op._trusted)
+        out = cap.replay(native)
+    op.last_launches = cap.launches
+    return out

@@ -118,3 +118,21 @@ def into_out(out: list | None, i: int, y: Any) -> Any:
     buffer there (the op's result was made by torch_npu, which writes its own)."""
     o = None if not out or i >= len(out) else out[i]
     return y if o is None or o is y else o.copy_(y)
+
+
+def _register_fusion_choices() -> None:
+    """What the NPU's fused ops prefer the pass pipeline to leave apart
+    (:mod:`atbcore.backends.fusion_choices`)."""
+    from ..fusion_choices import prefer_unfused
+
+    add_norm = ("torch_npu has no GEMM epilogue: the residual add stays a node so that "
+                "add_rmsnorm makes it npu_add_rms_norm with the norm after it")
+    prefer_unfused("npu", "linear_residual", add_norm)
+    prefer_unfused("npu", "ffn_residual", add_norm)
+    prefer_unfused("npu", "norm_ffn", "the norm after a residual add stays a node so that "
+                   "add_rmsnorm makes the two one npu_add_rms_norm")
+    prefer_unfused("npu", "rope_cache", "torch_npu has no RoPE with the cache write: "
+                   "npu_rotary_mul and the reshape-and-cache op run apart")
+
+
+_register_fusion_choices()

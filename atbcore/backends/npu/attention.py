@@ -13,8 +13,11 @@
   defines them.
 * PagedAttention (decode: one query per sequence): ``npu_fused_infer_attention_score``
   with ``block_table`` over the caches viewed ``[blocks, block_size, Hkv*D]`` (A2/A3),
-  else the ATB op ``_npu_paged_attention`` when the NNAL package is there.
-* ReshapeAndCache: the ATB op ``_npu_reshape_and_cache`` (NNAL).
+  else the ATB op ``_npu_paged_attention`` when the NNAL package is there (not on
+  310P, whose ATB cache ops take NZ caches); what neither reads in place (several
+  query tokens per sequence, a window, 310P) runs FlashAttention's ops above over
+  the sequences' rows gathered contiguous (:mod:`.paged_gather`).
+* ReshapeAndCache: the ATB op ``_npu_reshape_and_cache`` (NNAL; not on 310P).
 
 Constraints (``reference/torch_npu.md`` and op-plugin's docs) are reasons; a call
 breaking one runs the torch kernel, logged.
@@ -31,6 +34,7 @@ from ...ops.attention import attention_dims, split_packed
 from ...tensor import TensorDesc
 from ..torch.device_kernels import device_kernel
 from . import into_out, nnal_reason, npu_module, soc_family, unavailable_reason
+from .paged_gather import gathered_reason, paged_attention_gathered
 
 __all__ = ["flash_attention_reasons", "paged_attention_reasons", "reshape_and_cache_reasons",
            "visible_mask"]
@@ -199,8 +203,9 @@ def _fia_paged_reason(p: Any, ins: Mapping[str, Any]) -> str | None:
     bs, hkv = kc.shape[1], kc.shape[2]
     if q.dtype not in _HALF:
         return f"npu_fused_infer_attention_score takes fp16/bf16; given {_name(q.dtype)}"
-    if bs % 16:
-        return f"paged npu_fused_infer_attention_score needs block_size % 16 == 0; given {bs}"
+    if bs % 16 or bs > 512:
+        return f"paged npu_fused_infer_attention_score decodes block_size % 16 == 0, <= 512; " \
+               f"given {bs}"
     if t > 65536 or h > 256 or d > 512 or h // hkv > 64:
         return "npu_fused_infer_attention_score takes B <= 65536, N <= 256, D <= 512, N/Nkv <= 64"
     if hkv * d > 65535:
@@ -209,7 +214,7 @@ def _fia_paged_reason(p: Any, ins: Mapping[str, Any]) -> str | None:
 
 
 def _atb_paged_reason(p: Any, ins: Mapping[str, Any]) -> str | None:
-    why = nnal_reason()
+    why = nnal_reason() or _nz_reason()
     if why:
         return f"_npu_paged_attention: {why}"
     q, kc = ins["query"], ins["key_cache"]
@@ -222,11 +227,28 @@ def _atb_paged_reason(p: Any, ins: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _nz_reason() -> str | None:
+    if soc_family() == "310P":  # vllm-ascend's 310P caches: (2, nblk, Nkv*D//16, bs, 16)
+        return "on 310P the ATB cache ops take NZ caches; atb's caches are ND"
+    return None
+
+
 def paged_attention_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
-    """Why no NPU paged-attention op takes this PagedAttention call."""
+    """Why no NPU op takes this PagedAttention call: the paged ops reading the
+    blocks in place, else FlashAttention's over the gathered rows
+    (:mod:`.paged_gather`)."""
     why = unavailable_reason()
     if why:
         return why
+    in_place = _in_place_reason(p, ins)
+    if in_place is None:
+        return None
+    gathered = gathered_reason(p, ins)
+    return None if gathered is None else f"{in_place}; over gathered rows: {gathered}"
+
+
+def _in_place_reason(p: Any, ins: Mapping[str, Any]) -> str | None:
+    """Why neither paged op reads this call's blocks in place."""
     if ins["query"].shape[0] != ins["block_tables"].shape[0]:  # sum(q_seq_lens) > B
         return "several query tokens per sequence (q_seq_lens): the NPU paged ops decode one"
     if p.window is not None:
@@ -245,8 +267,11 @@ def _scale(p: Any, d: int) -> float:
 @device_kernel("PagedAttention", "npu", why_not=paged_attention_reasons, provider="torch_npu",
                available=unavailable_reason,
                impl="torch_npu.npu_fused_infer_attention_score with block_table (A2/A3) / "
-                    "_npu_paged_attention (NNAL)")
+                    "_npu_paged_attention (NNAL); else FlashAttention's NPU ops over the "
+                    "gathered rows (prefill, window, 310P)")
 def paged_attention_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
+    if _in_place_reason(p, ins) is not None:
+        return [into_out(out, 0, paged_attention_gathered(p, ins))]
     q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
     t, h, d = q.shape
     nb, bs, hkv = kc.shape[:3]
@@ -270,7 +295,7 @@ def paged_attention_npu(p: Any, ins: Mapping[str, Any], out: list | None = None)
 
 def reshape_and_cache_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     """Why ``_npu_reshape_and_cache`` cannot take this ReshapeAndCache call."""
-    why = nnal_reason()
+    why = nnal_reason() or _nz_reason()
     if why:
         return f"_npu_reshape_and_cache: {why}"
     k = ins["key"]

@@ -192,4 +192,4 @@ def rope_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
 
 
 # the attention, paged-cache and w8 kernels live beside torch_npu's facts
-from ..npu import attention as _npu_attention, linear as _npu_linear  # noqa: E402,F401
+from ..npu import attention as _npu_attention, ffn as _npu_ffn, linear as _npu_linear  # noqa: E402,F401,E501

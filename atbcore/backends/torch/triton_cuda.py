@@ -130,14 +130,21 @@ def rope_kv_cache_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     """Why the Triton RopeKVCache cannot take this call (device aside)."""
     if p.rotary_type != "half":
         return f"rotary_type {p.rotary_type!r}: the Triton kernel rotates the 'half' layout"
-    if ins.get("slot_mapping") is not None:
-        return "slot_mapping (paged rows): the Triton kernel writes each token at its position"
     kc, vc = ins["key_cache"], ins["value_cache"]
     if kc.stride(-1) != 1 or vc.stride(-1) != 1:
         return "KV cache head_dim not contiguous"
-    if ins.get("cos") is None and kc.shape[1] > MAX_TABLE_LEN:
-        return f"cache length {kc.shape[1]} > {MAX_TABLE_LEN} (no cos/sin table that long)"
+    paged = ins.get("slot_mapping") is not None
+    if paged and not (kc.is_contiguous() and vc.is_contiguous()):
+        return "slot_mapping over non-contiguous paged caches (written as flat rows)"
+    if ins.get("cos") is None and _table_len(kc, paged) > MAX_TABLE_LEN:
+        return f"cache length {_table_len(kc, paged)} > {MAX_TABLE_LEN} (no cos/sin table " \
+               "that long)"
     return None
+
+
+def _table_len(kc: torch.Tensor, paged: bool) -> int:
+    """Positions a cache can hold: a paged cache's every row may belong to one sequence."""
+    return kc.shape[0] * kc.shape[1] if paged else kc.shape[1]
 
 
 def _rope_why(p: Any, ins: Mapping[str, Any]) -> str | None:
@@ -150,7 +157,8 @@ def _table_rows(p: Any, g: Any, ins: Mapping[str, Any], cache_rows: torch.Tensor
     """(cos, sin, rows) with cos/sin ``[P, rd]`` and rows int ``[B, S]`` into them."""
     q, pos, cos, sin = ins["q"], ins.get("position_ids"), ins.get("cos"), ins.get("sin")
     if cos is None:  # positions < S_max: a table as long as the cache needs no host sync
-        length = max(ins["key_cache"].shape[1], int(p.position_offset) + g.seq)
+        paged = ins.get("slot_mapping") is not None
+        length = max(_table_len(ins["key_cache"], paged), int(p.position_offset) + g.seq)
         ct, st = rope_tables(g.rotary_dim, p.base, "half", length, q.device)
         return ct, st, cache_rows
     if pos is not None:  # a table indexed by the ids
@@ -165,7 +173,8 @@ def _table_rows(p: Any, g: Any, ins: Mapping[str, Any], cache_rows: torch.Tensor
 
 
 @device_kernel("RopeKVCache", "cuda", why_not=_rope_why, provider="triton",
-               impl="Triton rope ('half') of q and k with the k/v cache write, one kernel")
+               impl="Triton rope ('half') of q and k with the k/v cache write (by position, "
+               "or paged by slot), one kernel")
 def rope_kv_cache_cuda(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     rins = {n: ins.get(n) for n in _ROPE_INS}
     g = geometry("RopeKVCache", p, rins)
@@ -179,11 +188,15 @@ def rope_kv_cache_cuda(p: Any, ins: Mapping[str, Any], out: list | None = None) 
         rows = pos[None] if pos.dim() == 1 else pos
     rows = rows.expand(g.batch, g.seq)
     cos, sin, trows = _table_rows(p, g, ins, rows)
+    slots = ins.get("slot_mapping")
+    if slots is not None:  # paged: token (b, s) goes to flat row slots[b * S + s]
+        rows = slots.reshape(g.batch, g.seq)
     view = {n: _heads(t, g.layout, h, g.head_dim)                          # [B, S, H, D]
             for n, t, h in (("q", q, g.q_heads), ("k", k, g.k_heads), ("v", v, g.k_heads),
                             ("o", o, g.q_heads))}
     _triton("rope_cache").rope_kv_cache(view["q"], view["k"], view["v"], view["o"], kc, vc,
-                                        cos, sin, rows, trows, g.rotary_dim)
+                                        cos, sin, rows, trows, g.rotary_dim,
+                                        paged=slots is not None)
     return [o, kc, vc]
 
 
@@ -231,9 +244,7 @@ def rope_cuda(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
 
 def paged_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
     """Why the Triton decode attention cannot take this call (device aside)."""
-    q, kc, vc, qsl = ins["query"], ins["key_cache"], ins["value_cache"], ins.get("q_seq_lens")
-    if qsl is not None and q.shape[0] != ins["block_tables"].shape[0]:
-        return "several queries per sequence (q_seq_lens): the Triton kernel is decode-only"
+    q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
     if kc.dtype != q.dtype or vc.dtype != q.dtype:
         return f"cache dtype {str(kc.dtype)[6:]}/{str(vc.dtype)[6:]} differs from the query's"
     limit = _triton("paged").MAX_HEAD_DIM
@@ -250,10 +261,16 @@ def _paged_why(p: Any, ins: Mapping[str, Any]) -> str | None:
 
 @device_kernel("PagedAttention", "cuda", why_not=_paged_why, provider="triton",
                impl="Triton decode attention over the blocks in place (GQA groups share "
-               "each K/V read; split-K over long contexts), fp32 softmax")
+               "each K/V read; split-K over long contexts); several tokens per sequence: "
+               "Triton flash attention over the blocks in place; fp32 softmax")
 def paged_attention_cuda(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     q, kc = ins["query"], ins["key_cache"]
     scale = p.scale if p.scale is not None else q.shape[2] ** -0.5
+    qsl = ins.get("q_seq_lens")
+    if qsl is not None and q.shape[0] != ins["block_tables"].shape[0]:  # prefill / chunks
+        return [_triton("paged_prefill").paged_prefill_attention(
+            q, kc, ins["value_cache"], ins["block_tables"], ins["context_lens"], qsl, scale,
+            causal=p.causal, window=p.window, out=None if not out else out[0])]
     window = effective_window(p.window, 1, kc.shape[0] * kc.shape[1])
     return [_triton("paged").paged_decode_attention(
         q, kc, ins["value_cache"], ins["block_tables"], ins["context_lens"], scale,

@@ -6,7 +6,8 @@ head is copied into the value cache, so k never round-trips through memory. Math
 fp32 with one rounding; partial rotary (``rotary_dim < head_dim``) passes the
 trailing dims through. Cos/sin come from a full-width fp32 table ``[P, rotary_dim]``
 read at ``table_rows[b, s]``. Rows outside the cache or the table are not written
-(the op checks positions before a kernel runs). :func:`rope` is the same kernel
+(the op checks positions before a kernel runs). Paged caches (``slot_mapping``) are
+written at each token's flat slot. :func:`rope` is the same kernel
 writing rotated k into ``k_out`` instead of a cache (the RoPE op).
 """
 
@@ -77,12 +78,15 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 def rope_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_out: torch.Tensor,
                   key_cache: torch.Tensor, value_cache: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, cache_rows: torch.Tensor, table_rows: torch.Tensor,
-                  rotary_dim: int) -> None:
+                  rotary_dim: int, paged: bool = False) -> None:
     """Rotate ``q`` into ``q_out`` and write rotated ``k`` and ``v`` into the caches.
 
     q/k/v/q_out: ``[B, S, H, D]`` views (any strides; unit stride on D); caches
     ``[B, S_max, Hkv, D]``; cos/sin ``[P, rotary_dim]`` full width; cache_rows and
-    table_rows int ``[B, S]``."""
+    table_rows int ``[B, S]``. ``paged``: the caches are contiguous blocks
+    ``[num_blocks, block_size, Hkv, D]`` and cache_rows are flat slots into their
+    ``num_blocks * block_size`` rows, shared by every batch row (a negative slot is
+    not written)."""
     b, s, hq, d = q.shape
     hk = k.shape[2]
     if b * s == 0:
@@ -91,10 +95,17 @@ def rope_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_out: torc
     cos, sin = cos.contiguous(), sin.contiguous()
     crow = cache_rows.to(torch.int32).expand(b, s).contiguous()
     trow = table_rows.to(torch.int32).expand(b, s).contiguous()
+    if paged:  # one flat [rows, Hkv, D] cache; batch stride 0: slots are absolute
+        kc = key_cache.view(-1, *key_cache.shape[2:])
+        vc = value_cache.view(-1, *value_cache.shape[2:])
+        rows, kcs, vcs = kc.shape[0], (0, *kc.stride()[:2]), (0, *vc.stride()[:2])
+    else:
+        kc, vc, rows = key_cache, value_cache, key_cache.shape[1]
+        kcs, vcs = key_cache.stride()[:3], value_cache.stride()[:3]
     _rope_kv_cache_kernel[(b * s, hq + hk)](
-        q, k, v, q_out, key_cache, value_cache, cos, sin, crow, trow, s, hq, d,
-        key_cache.shape[1], cos.shape[0], *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-        *q_out.stride()[:3], *key_cache.stride()[:3], *value_cache.stride()[:3], cos.stride(0),
+        q, k, v, q_out, kc, vc, cos, sin, crow, trow, s, hq, d,
+        rows, cos.shape[0], *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        *q_out.stride()[:3], *kcs, *vcs, cos.stride(0),
         HALF=rotary_dim // 2, BLOCK_D=max(16, triton.next_power_of_2(d)), HAS_V=True)
 
 

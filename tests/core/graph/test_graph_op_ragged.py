@@ -103,3 +103,32 @@ def test_caller_positions_and_kept_tokens():
     with pytest.raises(InputError, match="LastToken"):
         run_in_place(op, x, _cache(3, 2), LENS, keep=[0])
     assert cache.seq_lens(layer=0).tolist() == [0, 0, 0]
+
+
+def test_index_tensors_off_the_host_are_updated_where_they_are(monkeypatch):
+    """Index tensors that do not share the host arrays' memory (a GPU's) get the new
+    step's values copied in, at the same addresses: a captured decode step reads them
+    there. Tensors standing in for device ones here: the results are unchanged."""
+    import atbcore.graph.graph_op_feed as feed
+
+    op = seed_block()
+    steps = torch.from_numpy(rand([3, len(LENS), 1, H], seed=21))
+    rows = [torch.from_numpy(rand([n, H], seed=10 + i)) for i, n in enumerate(LENS)]
+
+    def run():
+        cache = _cache(len(LENS))
+        run_in_place(op, torch.cat(rows), cache, LENS)
+        outs, ptrs = [], []
+        for t in range(3):
+            outs.append(op(steps[t], kv_cache=cache)[0].clone())
+            state = feed.cache_state(cache)[1]
+            ptrs.append({k: list(s.tensors) for k, s in state.items()})
+        return outs, ptrs
+
+    want, _ = run()
+    monkeypatch.setattr(feed, "_shares", lambda t, a: False)
+    got, ptrs = run()
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    decode_sets = set(ptrs[0]) & set(ptrs[2])
+    assert decode_sets and all(a is b for k in decode_sets for a, b in zip(ptrs[0][k], ptrs[2][k]))

@@ -152,10 +152,10 @@ def _compile_hf(model: Any, options: dict) -> Any:
         weights = arch.extract(model, spec)
         weights.layers = _CountedLayers(weights.layers, advance)
         kind = ModelRunner
-        # the core engine on the CPU kernels; accelerators keep the runner's device plans
-        # until the core binds their fused ops (a test double's stand-in included)
-        if kernel_device(dev.type) == "cpu" and not why_not_core(spec, options["quantize"],
-                                                  options.get("kv_cache_dtype")) \
+        # the core engine on the CPU and NPU kernels (a test double's stand-in included);
+        # CUDA keeps the runner's device plans until the core plan is checked on a GPU
+        if kernel_device(dev.type) in ("cpu", "npu") and not why_not_core(
+                spec, options["quantize"], options.get("kv_cache_dtype")) \
                 and os.environ.get("ATB_ENGINE") != "runner":
             kind = CoreRunner
         runner = kind(spec, weights, opt_level=opt, dtype=options["dtype"],

@@ -1,7 +1,8 @@
 """``compile()`` and ``LLM`` end to end on the NPU kernels, through the torch_npu
 conformance double: CPU tensors stand for NPU ones (``use_npu_module(...,
 stand_in="cpu")``), so every op with an NPU kernel runs torch_npu's documented call
-(validated by the double) and the C CPU kernels step aside. The greedy tokens must
+(validated by the double) and the C CPU kernels step aside. ``compile()`` runs the
+core plan there (CoreRunner); ``LLM`` still runs the runner's paged device plan. The greedy tokens must
 equal the CPU backend's on the same seeded tiny Llama and Qwen2 (and Mistral, whose
 sliding window the decode attention folds into its mask)."""
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import atb_torch as atb
+from atb_torch.models.core_runner import CoreRunner
 from atb_torch.models.paged_plan_device import DevicePagedDecodePlan
 from atbcore.backends.npu import use_npu_module
 
@@ -36,12 +38,19 @@ def test_compile_generate_through_the_double_equals_cpu(arch):
     with use_npu_module(NpuDouble("A2"), stand_in="cpu") as npu:
         fast = atb.compile(model, opt_level=2)
         got = fast.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+        text = fast.atb_runner.explain()
     assert torch.equal(got, want)
+    assert isinstance(fast.atb_runner, CoreRunner)  # the core plan, not the runner's
     ran = set(npu.calls)
+    # the core's plan also writes the cache with the ATB op (the double has NNAL)
     assert {"npu_rms_norm", "npu_add_rms_norm", "npu_rotary_mul", "npu_swiglu",
-            "npu_fusion_attention", "npu_fused_infer_attention_score"} <= ran, ran
+            "npu_fusion_attention", "npu_fused_infer_attention_score",
+            "_npu_reshape_and_cache"} <= ran, ran
     # the decode plan's attention: one fused inference call per layer and step
     assert npu.calls.count("npu_fused_infer_attention_score") == 2 * 7
+    # prefill: one npu_fusion_attention per layer over the gathered rows
+    assert npu.calls.count("npu_fusion_attention") == 2
+    assert "AddRmsNorm" in text and "device:linear_residual: kept off" in text
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -140,9 +149,12 @@ def test_compile_on_a_310p_double_falls_back_where_documented():
     want = atb.compile(model, opt_level=2).generate(ids, attention_mask=mask, max_new_tokens=5,
                                                     do_sample=False)
     with use_npu_module(NpuDouble("310P"), stand_in="cpu") as npu:
-        got = atb.compile(model, opt_level=2).generate(ids, attention_mask=mask,
-                                                       max_new_tokens=5, do_sample=False)
+        fast = atb.compile(model, opt_level=2)
+        got = fast.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
     assert torch.equal(got, want)
+    assert isinstance(fast.atb_runner, CoreRunner)
+    # 310P's ATB cache ops take NZ caches: the cache write stays a torch kernel
+    assert "_npu_reshape_and_cache" not in npu.calls
     ran = set(npu.calls)
     assert {"npu_rms_norm", "npu_incre_flash_attention"} <= ran, ran
     assert not {"npu_fusion_attention", "npu_rotary_mul", "npu_fused_infer_attention_score"} & ran

@@ -124,26 +124,46 @@ def test_paged_attention_fia_and_atb(dtype):
         (o,), (ref,), _ = _run("PagedAttention", {}, ins)
         assert_close(o, ref, dtype, what="npu PagedAttention (FIA)")
         assert double.calls == ["npu_fused_infer_attention_score"]
-    with use_npu_module(NpuDouble("310P")) as double:  # no FIA on 310P: the ATB op
-        (o,), (ref,), _ = _run("PagedAttention", {}, ins)
+    # 320 heads: FIA takes <= 256, the ATB op reads the blocks in place
+    many = {**ins, "query": rand((3, 320, 32), dtype, 10)}
+    with use_npu_module(NpuDouble("A2")) as double:
+        (o,), (ref,), _ = _run("PagedAttention", {}, many)
         assert_close(o, ref, dtype, what="npu PagedAttention (ATB)")
         assert double.calls == ["_npu_paged_attention"]
+    # 310P: no FIA, and its ATB ops take NZ caches: fp16 decode over the gathered rows
+    with use_npu_module(NpuDouble("310P")) as double:
+        if dtype == "fp16":
+            (o,), (ref,), _ = _run("PagedAttention", {}, ins)
+            assert_close(o, ref, dtype, what="npu PagedAttention (310P, gathered)")
+            assert double.calls == ["npu_incre_flash_attention"]
+        else:
+            why = _why("PagedAttention", {}, ins)
+            assert "NZ caches" in why and "takes fp16" in why, why
     with use_npu_module(NpuDouble("310P", nnal=False)):
-        why = _why("PagedAttention", {}, ins)
-        assert "A2/A3" in why and "NNAL" in why
+        why = _why("PagedAttention", {}, {**ins, "query": rand((3, 320, 32), dtype, 10)})
+        assert "A2/A3" in why and "NNAL" in why and "over gathered rows" in why, why
 
 
 def test_paged_attention_reasons(npu):
-    ins = _paged_inputs("fp16", bs=8, lens=(5, 8))
-    assert "block_size % 16" in _why("PagedAttention", {}, {**ins})  # ATB takes it (16 | 8? no)
-    ins16 = _paged_inputs("fp32")
-    assert "fp16/bf16" in _why("PagedAttention", {}, ins16)
-    assert "window" in _why("PagedAttention", {"window": 4}, _paged_inputs("fp16"))
+    """What the in-place paged ops refuse; the gathered rows take all of it."""
+    from atbcore.backends.npu.attention import _in_place_reason
+
+    def both(params, ins):
+        p = get_op("PagedAttention").make_params(params)
+        return _in_place_reason(p, _torch_ins(ins)), _why("PagedAttention", params, ins)
+
+    assert "block_size % 16" in both({}, _paged_inputs("fp16", bs=8, lens=(5, 8)))[0]
+    assert "fp16/bf16" in both({}, _paged_inputs("fp32"))[0]
+    assert "window" in both({"window": 4}, _paged_inputs("fp16"))[0]
+    assert "<= 512" in both({}, _paged_inputs("fp16", bs=1024, lens=(20, 1, 600)))[0]
     ones = {**_paged_inputs("fp16"), "q_seq_lens": np.array([1, 1, 1], np.int32)}
-    assert _why("PagedAttention", {}, ones) is None            # decode: one query per sequence
+    assert both({}, ones) == (None, None)            # decode: one query per sequence
     multi = _paged_inputs("fp16", lens=(20, 2))
     multi.update(query=rand((3, 4, 32), "fp16"), q_seq_lens=np.array([1, 2], np.int32))
-    assert "q_seq_lens" in _why("PagedAttention", {}, multi)
+    why, gathered = both({}, multi)
+    assert "q_seq_lens" in why and gathered is None
+    with use_npu_module(NpuDouble("310P")):
+        assert "310P has no prefill" in _why("PagedAttention", {}, multi)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

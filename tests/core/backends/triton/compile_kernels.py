@@ -13,7 +13,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from atbcore.backends.triton import activation, norm, paged, prefill, rope_cache  # noqa: E402
+from atbcore.backends.triton import (activation, norm, paged, paged_prefill, prefill,  # noqa: E402
+                                    rope_cache)
 
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
           torch.int32: "i32"}
@@ -62,6 +63,13 @@ def cases(bf=torch.bfloat16, f32=torch.float32, i32=torch.int32):
         {**pbase, "CAUSAL": True, "HAS_WINDOW": True, "HAS_LENS": True, "IEEE": False}, 4
     yield "prefill fp32 full", prefill._prefill_kernel, [f32 if a is bf else a for a in pre], \
         {**pbase, "CAUSAL": False, "HAS_WINDOW": False, "HAS_LENS": False, "IEEE": True}, 4
+
+    ppre = [bf] * 4 + [i32] * 4 + [100] * 11 + [16, 32, 4, 128, 0.1, 0]
+    yield "paged prefill causal", paged_prefill._paged_prefill_kernel, ppre, \
+        {**pbase, "CAUSAL": True, "HAS_WINDOW": False, "IEEE": False}, 4
+    yield "paged prefill fp32 window", paged_prefill._paged_prefill_kernel, \
+        [f32 if a is bf else a for a in ppre], \
+        {**pbase, "CAUSAL": True, "HAS_WINDOW": True, "IEEE": True}, 4
 
 
 if __name__ == "__main__":

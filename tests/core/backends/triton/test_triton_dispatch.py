@@ -58,7 +58,7 @@ def test_reasons_name_what_the_kernels_do_not_cover():
            "block_tables": torch.zeros(1, 3, dtype=torch.int32),
            "context_lens": torch.ones(1, dtype=torch.int32),
            "q_seq_lens": torch.tensor([2], dtype=torch.int32)}
-    assert "decode-only" in tc.paged_reasons(_p("PagedAttention"), ins)
+    assert tc.paged_reasons(_p("PagedAttention"), ins) is None  # the paged prefill kernel
     ins8 = {**ins, "key_cache": kc.to(torch.int8), "q_seq_lens": None,
             "block_tables": torch.zeros(2, 3, dtype=torch.int32),
             "context_lens": torch.ones(2, dtype=torch.int32)}
@@ -67,6 +67,9 @@ def test_reasons_name_what_the_kernels_do_not_cover():
     why = tc.rope_kv_cache_reasons(_p("RopeKVCache", rotary_type="gptj"), rope_ins)
     assert "'interleave'" in why
     assert tc.rope_kv_cache_reasons(_p("RopeKVCache"), rope_ins) is None
+    strided = {"key_cache": torch.zeros(2, 4, 4, 8)[:, :, :2], "slot_mapping": torch.zeros(1)}
+    strided["value_cache"] = strided["key_cache"]
+    assert "non-contiguous" in tc.rope_kv_cache_reasons(_p("RopeKVCache"), strided)
     assert "without a weight" in tc.norm_reasons(_p("RmsNorm"), {"x": q, "weight": None})
 
 

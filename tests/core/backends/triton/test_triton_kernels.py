@@ -142,6 +142,29 @@ def test_rope_kv_cache_decode_positions(dtype, layout):
     assert_close(got, hf.to(qo.dtype), dtype, what="triton RopeKVCache q vs HF rotate_half")
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rope_kv_cache_paged_slots(dtype):
+    """The core's in-place cache form: tokens written at flat slots of paged blocks
+    (rows of other sequences untouched), rotated at their own positions."""
+    b, s, hq, hk, d, nb, bs = 2, 3, 4, 2, 32, 5, 4
+    q, k, v = (rand((b, s, h * d), dtype, i) for h, i in ((hq, 31), (hk, 32), (hk, 33)))
+    kc, vc = rand((nb, bs, hk, d), dtype, 34), rand((nb, bs, hk, d), dtype, 35)
+    pos = np.array([[9, 10, 11], [0, 1, 2]], dtype=np.int64)
+    slots = np.array([13, 14, 15, 4, 5, 6], dtype=np.int32)  # blocks 3 and 1: rows 1..3, 0..2
+    params = {"num_heads": hq, "num_kv_heads": hk, "head_dim": d}
+    ins = {"q": q, "k": k, "v": v, "key_cache": kc, "value_cache": vc, "position_ids": pos,
+           "slot_mapping": slots}
+    (qo, kco, vco), (rq, rkc, rvc), tins = _run("RopeKVCache", params, ins)
+    assert _run.raw[1] is tins["key_cache"]  # in place
+    assert_close(qo, rq, dtype, what="triton paged RopeKVCache q")
+    assert_close(kco, rkc, dtype, what="triton paged RopeKVCache key cache")
+    assert_close(vco, rvc, dtype, what="triton paged RopeKVCache value cache")
+    untouched = np.ones(nb * bs, bool)
+    untouched[slots] = False
+    flat = kco.float().numpy().reshape(nb * bs, hk, d)
+    assert np.array_equal(flat[untouched], np.asarray(kc, np.float32).reshape(-1, hk, d)[untouched])
+
+
 def test_rope_kv_cache_partial_rotary_offset_and_given_tables():
     b, s, h, d, rd, smax = 1, 4, 2, 24, 16, 8
     q, k, v = (rand((b, s, h, d), "fp32", i) for i in (16, 17, 18))
