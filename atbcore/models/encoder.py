@@ -1,0 +1,112 @@
+"""An encoder's atb layers (BERT, sentence-transformers' BERT models), from a
+framework-neutral :class:`~.arch.ModelSpec` and its weights (NumPy arrays or any
+framework's tensors): what ``atb_torch.models.lower_encoder`` lowers a Hugging Face
+encoder to.
+
+    layers = encoder_layers(spec, weights)            # embeddings ... [pooler]
+    op = GraphOp(layers, name="bert", dim_names=ENCODER_DIM_NAMES)
+    hidden, pooled = op(ids, pos_type, seq_lens, first_rows)
+    # ids [T] (the real tokens, packed), pos_type [T], seq_lens [B], first_rows [B]
+
+The model runs token-major over the packed real tokens ``[T, H]`` (see
+:mod:`atbcore.graph.layers_encoder` for the inputs): embeddings (word + position +
+token type, LayerNorm); per post-norm block the merged QKV Linear, attention
+within each sequence (``UnpadFlashAttention``), the output projection, a residual
+add and LayerNorm, the FFN (``up``, activation, ``down``, biases) and a residual add
+and LayerNorm; the optional pooler. The one pass pipeline fuses it: the residual
+adds ride in the GEMM epilogues of the output projection and the FFN's down
+projection, the embeddings' sum goes into their LayerNorm (``AddLayerNorm``).
+Covered: post-norm LayerNorm encoders with learned absolute positions, token
+types and a plain (non-gated) activation; anything else raises
+``CapabilityError`` naming what is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import Dtype
+from ..errors import CapabilityError
+from ..graph import layers as L
+from ..graph.layers_attention import FusedFeedForward
+from ..graph.layers_encoder import (FIRST_ROWS, POS_TYPE, SEQ_LENS, EncoderEmbeddings, Pooler,
+                                    UnpadAttention, summed_position_types)
+from ..graph.sequential import BLOCK_INPUT
+from .arch import ModelSpec, ModelWeights
+from .decoder import host_weight
+
+__all__ = ["encoder_layers", "why_not_encoder", "ENCODER_DIM_NAMES"]
+
+# the plan cache's dim names: T tokens bucket as a sequence length, B rows as a batch
+ENCODER_DIM_NAMES = {BLOCK_INPUT: ("seq_len",), POS_TYPE: ("seq_len",),
+                     SEQ_LENS: ("batch_size",), FIRST_ROWS: ("batch_size",)}
+
+
+def why_not_encoder(spec: ModelSpec) -> str:
+    """Why ``spec`` cannot be lowered by :func:`encoder_layers` ("" when it can)."""
+    checks = [
+        (spec.kind != "encoder", f"a {spec.kind} model (encoders only)"),
+        (spec.norm != "layer", f"{spec.norm} norms (LayerNorm only)"),
+        (not spec.post_norm, "pre-norm blocks (post-norm only)"),
+        (spec.position != "learned", f"{spec.position} positions (learned absolute only)"),
+        (spec.gated, "gated MLPs"),
+        (spec.moe is not None, "routed experts"),
+        (spec.qk_norm, "q/k norms"),
+        (any(w is not None for w in spec.windows), "sliding windows"),
+    ]
+    return "; ".join(why for bad, why in checks if bad)
+
+
+def _cast(dtype: Dtype | None):
+    def to(t: Any) -> np.ndarray | None:
+        a = host_weight(t)
+        if a is None or dtype is None or Dtype.of(a.dtype) == dtype:
+            return a
+        return a.astype(dtype.numpy)
+    return to
+
+
+def encoder_layers(spec: ModelSpec, w: ModelWeights, dtype: Any = None,
+                   inputs_embeds: bool = False) -> list[Any]:
+    """The atb layers computing the encoder (see the module docstring); ``dtype``
+    (e.g. ``"bf16"``; None = the weights') is the compute and weight dtype. With
+    ``inputs_embeds`` the block input is word vectors ``[T, H]`` instead of ids."""
+    why = why_not_encoder(spec)
+    if why:
+        raise CapabilityError("lower_encoder", why, "a BERT-style encoder", spec.arch)
+    a = _cast(None if dtype is None else Dtype.of(dtype))
+    if w.pos_embed is None or w.type_embed is None or w.embed_norm is None:
+        raise CapabilityError("lower_encoder", "embeddings without position, token-type "
+                              "tables or their LayerNorm", "BERT embeddings", spec.arch)
+    table = summed_position_types(a(w.pos_embed), a(w.type_embed))
+    layers: list[Any] = [EncoderEmbeddings("embed", eps=spec.norm_eps,
+                                                     inputs_embeds=inputs_embeds).load_weights(
+        {"word": a(w.embed), "pos_type": table, "norm.weight": a(w.embed_norm),
+         "norm.bias": a(w.embed_norm_b)})]
+    prev = "embed"
+    for i, lw in enumerate(w.layers):
+        qkv = {"weight": np.concatenate([a(lw.q), a(lw.k), a(lw.v)]),
+               "bias": np.concatenate([a(lw.q_b), a(lw.k_b), a(lw.v_b)])}
+        ffn = {"up_proj.weight": a(lw.up), "up_proj.bias": a(lw.up_b),
+               "down_proj.weight": a(lw.down), "down_proj.bias": a(lw.down_b)}
+        layers += [
+            L.Linear(f"l{i}.qkv", out_features=qkv["weight"].shape[0]).load_weights(qkv),
+            UnpadAttention(f"l{i}.attn", num_heads=spec.num_heads,
+                           num_kv_heads=spec.num_kv_heads, scale=spec.scales[i]),
+            L.Linear(f"l{i}.o", out_features=spec.hidden_size).load_weights(
+                {"weight": a(lw.o), "bias": a(lw.o_b)}),
+            L.ResidualAdd(f"l{i}.attn_out", residual=prev),
+            L.LayerNorm(f"l{i}.attn_norm", eps=spec.norm_eps).load_weights(
+                {"weight": a(lw.attn_norm), "bias": a(lw.attn_norm_b)}),
+            FusedFeedForward(f"l{i}.mlp", intermediate_size=spec.intermediate_size,
+                             activation_type=spec.activation, bias=True).load_weights(ffn),
+            L.ResidualAdd(f"l{i}.mlp_out", residual=f"l{i}.attn_norm"),
+            L.LayerNorm(f"l{i}.mlp_norm", eps=spec.norm_eps).load_weights(
+                {"weight": a(lw.mlp_norm), "bias": a(lw.mlp_norm_b)})]
+        prev = f"l{i}.mlp_norm"
+    if w.pooler is not None:
+        layers.append(Pooler("pooler").load_weights({"weight": a(w.pooler),
+                                                     "bias": a(w.pooler_b)}))
+    return layers
