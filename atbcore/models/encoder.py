@@ -4,7 +4,7 @@ framework's tensors): what ``atb_torch.models.lower_encoder`` lowers a Hugging F
 encoder to.
 
     layers = encoder_layers(spec, weights)            # embeddings ... [pooler]
-    op = GraphOp(layers, name="bert", dim_names=ENCODER_DIM_NAMES)
+    op = GraphOp(layers, name="bert", dim_names=encoder_dim_names())
     hidden, pooled = op(ids, pos_type, seq_lens, first_rows)
     # ids [T] (the real tokens, packed), pos_type [T], seq_lens [B], first_rows [B]
 
@@ -37,11 +37,15 @@ from ..graph.sequential import BLOCK_INPUT
 from .arch import ModelSpec, ModelWeights
 from .decoder import host_weight
 
-__all__ = ["encoder_layers", "why_not_encoder", "ENCODER_DIM_NAMES"]
+__all__ = ["encoder_layers", "why_not_encoder", "encoder_dim_names"]
 
-# the plan cache's dim names: T tokens bucket as a sequence length, B rows as a batch
-ENCODER_DIM_NAMES = {BLOCK_INPUT: ("seq_len",), POS_TYPE: ("seq_len",),
-                     SEQ_LENS: ("batch_size",), FIRST_ROWS: ("batch_size",)}
+
+def encoder_dim_names(inputs_embeds: bool = False) -> dict[str, tuple[str | None, ...]]:
+    """The plan cache's dim names of an encoder GraphOp: the T packed tokens bucket
+    as a sequence length, the B sequences as a batch (plans are reused across
+    batches of similar sizes)."""
+    return {BLOCK_INPUT: ("seq_len", None) if inputs_embeds else ("seq_len",),
+            POS_TYPE: ("seq_len",), SEQ_LENS: ("batch_size",), FIRST_ROWS: ("batch_size",)}
 
 
 def why_not_encoder(spec: ModelSpec) -> str:

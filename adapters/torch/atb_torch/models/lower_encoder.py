@@ -25,7 +25,7 @@ import torch
 
 from atbcore.errors import CapabilityError, InputError
 from atbcore.graph.graph_op import GraphOp
-from atbcore.models.encoder import ENCODER_DIM_NAMES, encoder_layers, why_not_encoder
+from atbcore.models.encoder import encoder_dim_names, encoder_layers, why_not_encoder
 
 from .arch import resolve_architecture
 
@@ -73,7 +73,7 @@ class CoreEncoder:
     def _graph_op(self, embeds: bool) -> GraphOp:
         layers = encoder_layers(self.spec, self._weights, _dt(self.dtype), inputs_embeds=embeds)
         return GraphOp(layers, name=f"{self.spec.arch}{'_embeds' if embeds else ''}",
-                       dim_names=ENCODER_DIM_NAMES, **self._kwargs)
+                       dim_names=encoder_dim_names(embeds), **self._kwargs)
 
     def explain(self) -> str:
         """The GraphOp's report (nodes before/after fusion, kernels, layouts, arena)."""
