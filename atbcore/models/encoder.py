@@ -16,6 +16,8 @@ add and LayerNorm, the FFN (``up``, activation, ``down``, biases) and a residual
 and LayerNorm; the optional pooler. The one pass pipeline fuses it: the residual
 adds ride in the GEMM epilogues of the output projection and the FFN's down
 projection, the embeddings' sum goes into their LayerNorm (``AddLayerNorm``).
+``quantize="w8a8"`` puts the blocks' Linears on int8 weights with rows quantized on
+the fly (the C w8a8 matmul; the FFN is then up / activation / down Linears).
 Covered: post-norm LayerNorm encoders with learned absolute positions, token
 types and a plain (non-gated) activation; anything else raises
 ``CapabilityError`` naming what is missing.
@@ -33,7 +35,9 @@ from ..graph import layers as L
 from ..graph.layers_attention import FusedFeedForward
 from ..graph.layers_encoder import (FIRST_ROWS, POS_TYPE, SEQ_LENS, EncoderEmbeddings, Pooler,
                                     UnpadAttention, summed_position_types)
+from ..graph.op_layer import OpLayer
 from ..graph.sequential import BLOCK_INPUT
+from ..ops.linear import quantize_w8
 from .arch import ModelSpec, ModelWeights
 from .decoder import host_weight
 
@@ -72,12 +76,43 @@ def _cast(dtype: Dtype | None):
     return to
 
 
+def _linear(name: str, weight: np.ndarray, bias: np.ndarray, quantize: str | None) -> Any:
+    """``x @ weight.T + bias``: a float Linear, or with ``quantize="w8a8"`` a Linear
+    on the int8 weight (per-output-channel fp32 scale) whose rows of x are
+    quantized on the fly."""
+    if quantize is None:
+        return L.Linear(name, out_features=weight.shape[0]).load_weights(
+            {"weight": weight, "bias": bias})
+    wq, scale = quantize_w8(weight.astype(np.float32))
+    return OpLayer(name, op="Linear", kind="linear", cast=False,
+                   params={"quant": quantize, "bias": True},
+                   weights={"weight": wq, "bias": bias, "scale": scale.astype(np.float32)})
+
+
+def _mlp(i: int, spec: ModelSpec, lw: Any, a: Any, quantize: str | None) -> list[Any]:
+    """The block's FFN: one FusedFeedForward (float), or up / activation / down
+    Linears (quantized)."""
+    if quantize is None:
+        return [FusedFeedForward(f"l{i}.mlp", intermediate_size=spec.intermediate_size,
+                                 activation_type=spec.activation, bias=True).load_weights(
+            {"up_proj.weight": a(lw.up), "up_proj.bias": a(lw.up_b),
+             "down_proj.weight": a(lw.down), "down_proj.bias": a(lw.down_b)})]
+    return [_linear(f"l{i}.up", a(lw.up), a(lw.up_b), quantize),
+            L.Activation(f"l{i}.act", activation_type=spec.activation),
+            _linear(f"l{i}.mlp", a(lw.down), a(lw.down_b), quantize)]
+
+
 def encoder_layers(spec: ModelSpec, w: ModelWeights, dtype: Any = None,
-                   inputs_embeds: bool = False) -> list[Any]:
+                   inputs_embeds: bool = False, quantize: str | None = None) -> list[Any]:
     """The atb layers computing the encoder (see the module docstring); ``dtype``
     (e.g. ``"bf16"``; None = the weights') is the compute and weight dtype. With
-    ``inputs_embeds`` the block input is word vectors ``[T, H]`` instead of ids."""
+    ``inputs_embeds`` the block input is word vectors ``[T, H]`` instead of ids.
+    ``quantize="w8a8"``: the blocks' Linears take int8 weights (symmetric, per
+    output channel) and quantize their input rows on the fly (the C w8a8 matmul);
+    embeddings, norms, attention and the pooler stay in ``dtype``."""
     why = why_not_encoder(spec)
+    if quantize not in (None, "w8a8"):
+        why = "; ".join(filter(None, [why, f"quantize={quantize!r} (None or 'w8a8')"]))
     if why:
         raise CapabilityError("lower_encoder", why, "a BERT-style encoder", spec.arch)
     a = _cast(None if dtype is None else Dtype.of(dtype))
@@ -91,21 +126,16 @@ def encoder_layers(spec: ModelSpec, w: ModelWeights, dtype: Any = None,
          "norm.bias": a(w.embed_norm_b)})]
     prev = "embed"
     for i, lw in enumerate(w.layers):
-        qkv = {"weight": np.concatenate([a(lw.q), a(lw.k), a(lw.v)]),
-               "bias": np.concatenate([a(lw.q_b), a(lw.k_b), a(lw.v_b)])}
-        ffn = {"up_proj.weight": a(lw.up), "up_proj.bias": a(lw.up_b),
-               "down_proj.weight": a(lw.down), "down_proj.bias": a(lw.down_b)}
         layers += [
-            L.Linear(f"l{i}.qkv", out_features=qkv["weight"].shape[0]).load_weights(qkv),
+            _linear(f"l{i}.qkv", np.concatenate([a(lw.q), a(lw.k), a(lw.v)]),
+                    np.concatenate([a(lw.q_b), a(lw.k_b), a(lw.v_b)]), quantize),
             UnpadAttention(f"l{i}.attn", num_heads=spec.num_heads,
                            num_kv_heads=spec.num_kv_heads, scale=spec.scales[i]),
-            L.Linear(f"l{i}.o", out_features=spec.hidden_size).load_weights(
-                {"weight": a(lw.o), "bias": a(lw.o_b)}),
+            _linear(f"l{i}.o", a(lw.o), a(lw.o_b), quantize),
             L.ResidualAdd(f"l{i}.attn_out", residual=prev),
             L.LayerNorm(f"l{i}.attn_norm", eps=spec.norm_eps).load_weights(
                 {"weight": a(lw.attn_norm), "bias": a(lw.attn_norm_b)}),
-            FusedFeedForward(f"l{i}.mlp", intermediate_size=spec.intermediate_size,
-                             activation_type=spec.activation, bias=True).load_weights(ffn),
+            *_mlp(i, spec, lw, a, quantize),
             L.ResidualAdd(f"l{i}.mlp_out", residual=f"l{i}.attn_norm"),
             L.LayerNorm(f"l{i}.mlp_norm", eps=spec.norm_eps).load_weights(
                 {"weight": a(lw.mlp_norm), "bias": a(lw.mlp_norm_b)})]

@@ -4,6 +4,10 @@
 (``transpose_weight=False``: W given as [in, out]). With ``quant="w8"`` the weight
 is int8 and ``scale`` holds one float per output channel:
 ``W = weight * scale[:, None]`` (see :func:`quantize_w8`). x is ``[..., in]``.
+``quant="w8a8"`` takes the same weight and scale and also quantizes each row of x
+to int8 on the fly (symmetric per row, ``rint(x * 127 / max|x|)``, scale
+``max|x| / 127``, computed in fp32: :func:`quantize_rows`), int32 sums, one
+rounding -- the C w8a8 matmul's arithmetic, which the reference follows.
 
 ``MatMul(a, b)``: ``op(a) @ op(b)`` with optional transposes of the last two dims
 and broadcasting batch dims (numpy/torch ``matmul`` rules, rank >= 2).
@@ -24,10 +28,13 @@ from .base import (FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_param_dtype
 from .registry import register_op
 
 __all__ = ["LinearParams", "MatMulParams", "Linear", "MatMul", "quantize_w8", "dequantize_w8",
-           "QUANT_TYPES"]
+           "quantize_rows", "QUANT_TYPES", "INT8_WEIGHT_QUANTS"]
 
 # accepted spelling -> canonical quant mode
-QUANT_TYPES = {"w8": "w8", "w8a16": "w8", "w8a32": "w8", "int8": "w8", "weight_int8": "w8"}
+QUANT_TYPES = {"w8": "w8", "w8a16": "w8", "w8a32": "w8", "int8": "w8", "weight_int8": "w8",
+               "w8a8": "w8a8", "w8a8_dynamic": "w8a8"}
+# the quant modes whose weight is int8 [out, in] with an fp32 per-channel scale
+INT8_WEIGHT_QUANTS = ("w8", "w8a8")
 
 
 def quantize_w8(weight: Any) -> tuple[Any, Any]:
@@ -64,6 +71,18 @@ def dequantize_w8(w_int8: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return f64(w_int8) * f64(scale)[:, None]
 
 
+def quantize_rows(x: Any) -> np.ndarray:
+    """Each row of ``x`` [..., K] quantized to int8 and back (float64), as the w8a8
+    matmul does it in fp32: ``q = rint(x * (127 / max|x|))`` clipped to +-127, times
+    ``max|x| / 127``; an all-zero row stays zero."""
+    xf = np.asarray(x).astype(np.float32)
+    amax = np.abs(xf).max(axis=-1) if xf.shape[-1] else np.zeros(xf.shape[:-1], np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(xf * inv[..., None]), -127, 127)
+    return f64(q) * f64(amax / np.float32(127.0))[..., None]
+
+
 # ----------------------------------------------------------------------------- Linear
 
 
@@ -71,7 +90,7 @@ def dequantize_w8(w_int8: np.ndarray, scale: np.ndarray) -> np.ndarray:
 class LinearParams(Params):
     """``in_features``/``out_features`` (checked when given), ``bias`` (True: a bias
     input is required, False: refused, None: whatever is given), ``transpose_weight``
-    (True: weight [out, in] as nn.Linear), ``quant`` (None or "w8"), ``dtype``."""
+    (True: weight [out, in] as nn.Linear), ``quant`` (None, "w8" or "w8a8"), ``dtype``."""
 
     ALIASES = {"transpose_b": "transpose_weight", "transposeB": "transpose_weight",
                "quant_type": "quant", "hasBias": "bias"}
@@ -112,11 +131,11 @@ def _check_linear(op: str, p: LinearParams, ins) -> TensorDesc:
     if w.rank != 2:
         want = "[out, in]" if p.transpose_weight else "[in, out]"
         raise ShapeError(op, "input 'weight' rank", f"rank 2 {want}", f"shape {list(w.shape)}")
-    if p.quant == "w8":
-        expect_dtype(op, "weight (quant w8)", w, {Dtype.INT8})
+    if p.quant in INT8_WEIGHT_QUANTS:
+        expect_dtype(op, f"weight (quant {p.quant})", w, {Dtype.INT8})
         if s is None:
-            raise InputError(op, "input 'scale' is missing (quant w8)", "a float [out_features] tensor",
-                             "None")
+            raise InputError(op, f"input 'scale' is missing (quant {p.quant})",
+                             "a float [out_features] tensor", "None")
     else:
         if w.dtype.is_integer:
             raise DtypeError(op, "input 'weight' dtype (integer weights need quant='w8')",
@@ -156,12 +175,13 @@ def _check_linear(op: str, p: LinearParams, ins) -> TensorDesc:
 
 def ref_linear(p: LinearParams, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                s: np.ndarray | None, r: np.ndarray | None = None) -> np.ndarray:
-    """float64 ``x @ W.T + b [+ r]`` (W dequantized for w8)."""
-    if p.quant == "w8":   # one scale per output channel: rows of [out, in], columns of [in, out]
+    """float64 ``x @ W.T + b [+ r]`` (W dequantized for w8 and w8a8, x's rows
+    quantized for w8a8)."""
+    if p.quant in INT8_WEIGHT_QUANTS:   # one scale per output channel: rows of [out, in], columns of [in, out]
         wf = dequantize_w8(w, s) if p.transpose_weight else dequantize_w8(w.T, s)
     else:
         wf = f64(w) if p.transpose_weight else f64(w).T
-    y = f64(x) @ wf.T
+    y = (quantize_rows(x) if p.quant == "w8a8" else f64(x)) @ wf.T
     if b is not None:
         y = y + f64(b)
     if r is not None:
@@ -178,11 +198,11 @@ class Linear(OpDef):
     outputs = ("y",)
 
     def bind(self, p: Params, items: Sequence[Any]) -> dict[str, Any]:
-        """With ``quant="w8"``, three inputs are (x, weight, scale) unless
+        """With ``quant="w8"`` / ``"w8a8"``, three inputs are (x, weight, scale) unless
         ``bias=True``; four are (x, weight, bias, scale). ``residual`` (shaped and
         typed as the output) is added to it: ``y = x @ W.T + bias + residual``, one
         rounding where the kernel fuses it (the ``linear_residual`` fusion)."""
-        if p.quant == "w8" and len(items) == 3 and p.bias is not True:
+        if p.quant in INT8_WEIGHT_QUANTS and len(items) == 3 and p.bias is not True:
             return {"x": items[0], "weight": items[1], "bias": None, "scale": items[2]}
         return super().bind(p, items)
 

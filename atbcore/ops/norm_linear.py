@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from .base import FLOAT_DTYPES, OpDef, expect_dtype
-from .linear import LinearParams, _check_linear, ref_linear
+from .linear import INT8_WEIGHT_QUANTS, LinearParams, _check_linear, ref_linear
 from .norm import ref_rms_norm
 from .registry import register_op
 
@@ -49,7 +49,7 @@ class RmsNormLinear(OpDef):
     def bind(self, p, items):
         """As Linear's inputs, with ``norm_weight`` second: with ``quant="w8"``, four
         inputs are (x, norm_weight, weight, scale) unless ``bias=True``."""
-        if p.quant == "w8" and len(items) == 4 and p.bias is not True:
+        if p.quant in INT8_WEIGHT_QUANTS and len(items) == 4 and p.bias is not True:
             return {"x": items[0], "norm_weight": items[1], "weight": items[2], "bias": None,
                     "scale": items[3]}
         return super().bind(p, items)

@@ -196,10 +196,15 @@ def _dense_linear(p, x, w, b):
     return F.linear(x, wv, b)
 
 
-@kernel("Linear", impl="C matmul on 32-output panels (CPU; fp32/bf16/fp16/w8 weights); else "
+@kernel("Linear", impl="C matmul on 32-output panels (CPU; fp32/bf16/fp16/w8 weights; w8a8: "
+        "the C w8a8 matmul, rows quantized on the fly); else "
         "F.linear / cached-transposed GEMV; w8: aten._weight_int8pack_mm or fp32 dequantize + "
         "GEMM", writes_out=True, bind=bind_cpu_linear)
 def linear(p, ins, out=None):
+    if p.quant == "w8a8":
+        from .linear_w8a8 import w8a8_linear
+
+        return [w8a8_linear(p, ins, None if out is None else out[0])]
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
     r = ins.get("residual")
     if why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s) is None:

@@ -104,6 +104,10 @@ def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
                     ) -> Callable[[list], None] | None:
     """The binder of Linear and RmsNormLinear (None where the C matmul cannot run:
     then the kernel's ``fn``)."""
+    if p.quant == "w8a8":
+        from .linear_w8a8 import bind_w8a8_linear
+
+        return bind_w8a8_linear(p, ins, outs, ctx)
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
     xd = x.dtype if type(x) is not Slot else x.desc.dtype.torch
     dev = str(x.device) if type(x) is not Slot else x.desc.device

@@ -35,16 +35,18 @@ __all__ = ["lower_encoder", "CoreEncoder"]
 def lower_encoder(model: Any, quantize: str | None = None, dtype: torch.dtype | None = None,
                   **graph_op_kwargs: Any) -> "CoreEncoder":
     """The Hugging Face encoder ``model`` (a ``BertModel``, a model with ``.bert``)
-    as a :class:`CoreEncoder` computing in ``dtype`` (None: the model's)."""
-    if quantize is not None:
-        raise CapabilityError("lower_encoder", "quantize", "None", repr(quantize))
+    as a :class:`CoreEncoder` computing in ``dtype`` (None: the model's);
+    ``quantize="w8a8"``: int8 weights, rows quantized on the fly (see
+    :func:`atbcore.models.encoder.encoder_layers`)."""
+    if quantize not in (None, "w8a8"):
+        raise CapabilityError("lower_encoder", "quantize", "None or 'w8a8'", repr(quantize))
     arch = resolve_architecture(model.config)
     spec = arch.describe(model.config)
     why = why_not_encoder(spec)
     if why:
         raise CapabilityError("lower_encoder", why, "a BERT-style encoder", spec.arch)
     weights = arch.extract(model, spec)
-    return CoreEncoder(spec, weights, dtype or weights.embed.dtype, **graph_op_kwargs)
+    return CoreEncoder(spec, weights, dtype or weights.embed.dtype, quantize, **graph_op_kwargs)
 
 
 def _dt(dtype: torch.dtype) -> str:
@@ -57,9 +59,9 @@ class CoreEncoder:
     GraphOps (one over token ids, one over given word vectors, built on first use).
     One caller at a time per object (the GraphOps' plans are locked per run)."""
 
-    def __init__(self, spec: Any, weights: Any, dtype: torch.dtype, **graph_op_kwargs: Any
-                 ) -> None:
-        self.spec, self.dtype = spec, dtype
+    def __init__(self, spec: Any, weights: Any, dtype: torch.dtype, quantize: str | None = None,
+                 **graph_op_kwargs: Any) -> None:
+        self.spec, self.dtype, self.quantize = spec, dtype, quantize
         self._weights, self._kwargs = weights, dict(graph_op_kwargs)
         self.n_pos = int(weights.pos_embed.shape[0])
         self.n_type = int(weights.type_embed.shape[0])
@@ -71,7 +73,8 @@ class CoreEncoder:
             self.pool_zero = torch.tanh(weights.pooler_b.detach().float()).to(dtype)
 
     def _graph_op(self, embeds: bool) -> GraphOp:
-        layers = encoder_layers(self.spec, self._weights, _dt(self.dtype), inputs_embeds=embeds)
+        layers = encoder_layers(self.spec, self._weights, _dt(self.dtype), inputs_embeds=embeds,
+                                quantize=self.quantize)
         return GraphOp(layers, name=f"{self.spec.arch}{'_embeds' if embeds else ''}",
                        dim_names=encoder_dim_names(embeds), **self._kwargs)
 
