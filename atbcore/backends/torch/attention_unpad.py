@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from ...dtypes import Dtype
 from ...ops.attention_unpad import unpad_geometry
 from ...runtime.binding import getter
 from ...tensor import TensorDesc
@@ -48,7 +49,7 @@ def _why_not_c(qkv: torch.Tensor, d: int) -> str | None:
 def _run(p: Any, qkv: torch.Tensor, lens: list[int], out: torch.Tensor | None
          ) -> torch.Tensor:
     h, hkv, d = unpad_geometry("UnpadFlashAttention", p, TensorDesc.of(qkv),
-                               TensorDesc((len(lens),), _LENS_DTYPE))
+                               TensorDesc((len(lens),), Dtype.INT64))
     scale = p.scale if p.scale is not None else d ** -0.5
     t = qkv.shape[0]
     given = out
@@ -73,9 +74,6 @@ def _run(p: Any, qkv: torch.Tensor, lens: list[int], out: torch.Tensor | None
             out[sl] = o[0].transpose(0, 1).reshape(n, h * d).to(out.dtype)
         start += n
     return ck.into([given], 0, out) if given is not None else out
-
-
-_LENS_DTYPE = TensorDesc((1,), "int64").dtype
 
 
 def _lens(seq_lens: torch.Tensor) -> list[int]:
