@@ -17,7 +17,7 @@ and LayerNorm; the optional pooler. The one pass pipeline fuses it: the residual
 adds ride in the GEMM epilogues of the output projection and the FFN's down
 projection, the embeddings' sum goes into their LayerNorm (``AddLayerNorm``).
 ``quantize="w8a8"`` puts the blocks' Linears on int8 weights with rows quantized on
-the fly (the C w8a8 matmul; the FFN is then up / activation / down Linears).
+the fly (the C w8a8 matmul).
 Covered: post-norm LayerNorm encoders with learned absolute positions, token
 types and a plain (non-gated) activation; anything else raises
 ``CapabilityError`` naming what is missing.
@@ -32,7 +32,6 @@ import numpy as np
 from ..dtypes import Dtype
 from ..errors import CapabilityError
 from ..graph import layers as L
-from ..graph.layers_attention import FusedFeedForward
 from ..graph.layers_encoder import (FIRST_ROWS, POS_TYPE, SEQ_LENS, EncoderEmbeddings, Pooler,
                                     UnpadAttention, summed_position_types)
 from ..graph.op_layer import OpLayer
@@ -41,7 +40,13 @@ from ..ops.linear import quantize_w8
 from .arch import ModelSpec, ModelWeights
 from .decoder import host_weight
 
-__all__ = ["encoder_layers", "why_not_encoder", "encoder_dim_names"]
+__all__ = ["encoder_layers", "why_not_encoder", "encoder_dim_names", "ENCODER_FUSION"]
+
+# The pipeline's settings for an encoder: its FFN stays up (+ activation) / down
+# Linears (the ``ffn`` rule would merge them into one FusedFeedForward, whose CPU
+# kernel keeps the [T, I] intermediate in fp32 and runs the activation as a separate
+# pass; LinearActivation puts it in the up GEMM's epilogue, rounding once).
+ENCODER_FUSION = {"disable": ("ffn",)}
 
 
 def encoder_dim_names(inputs_embeds: bool = False) -> dict[str, tuple[str | None, ...]]:
@@ -90,13 +95,10 @@ def _linear(name: str, weight: np.ndarray, bias: np.ndarray, quantize: str | Non
 
 
 def _mlp(i: int, spec: ModelSpec, lw: Any, a: Any, quantize: str | None) -> list[Any]:
-    """The block's FFN: one FusedFeedForward (float), or up / activation / down
-    Linears (quantized)."""
-    if quantize is None:
-        return [FusedFeedForward(f"l{i}.mlp", intermediate_size=spec.intermediate_size,
-                                 activation_type=spec.activation, bias=True).load_weights(
-            {"up_proj.weight": a(lw.up), "up_proj.bias": a(lw.up_b),
-             "down_proj.weight": a(lw.down), "down_proj.bias": a(lw.down_b)})]
+    """The block's FFN as up / activation / down Linears: the pipeline fuses the
+    activation into the up projection (``LinearActivation``: one oneDNN GEMM with a
+    GELU post-op on the CPU) and the residual add into the down projection's
+    epilogue."""
     return [_linear(f"l{i}.up", a(lw.up), a(lw.up_b), quantize),
             L.Activation(f"l{i}.act", activation_type=spec.activation),
             _linear(f"l{i}.mlp", a(lw.down), a(lw.down_b), quantize)]

@@ -25,7 +25,8 @@ import torch
 
 from atbcore.errors import CapabilityError, InputError
 from atbcore.graph.graph_op import GraphOp
-from atbcore.models.encoder import encoder_dim_names, encoder_layers, why_not_encoder
+from atbcore.models.encoder import (ENCODER_FUSION, encoder_dim_names, encoder_layers,
+                                    why_not_encoder)
 
 from .arch import resolve_architecture
 
@@ -62,7 +63,8 @@ class CoreEncoder:
     def __init__(self, spec: Any, weights: Any, dtype: torch.dtype, quantize: str | None = None,
                  **graph_op_kwargs: Any) -> None:
         self.spec, self.dtype, self.quantize = spec, dtype, quantize
-        self._weights, self._kwargs = weights, dict(graph_op_kwargs)
+        self._weights = weights
+        self._kwargs = {"fusion_config": ENCODER_FUSION, **graph_op_kwargs}
         self.n_pos = int(weights.pos_embed.shape[0])
         self.n_type = int(weights.type_embed.shape[0])
         self.vocab = int(weights.embed.shape[0])
