@@ -92,6 +92,8 @@ def _bind(p: Any, ins: dict[str, Any], outs: list, ctx: Any) -> Callable[[list],
 
 @kernel("UnpadFlashAttention", impl="C prefill attention over the packed sequences (CPU); "
         "else torch scaled_dot_product_attention per sequence (fp32 compute)",
-        launches=1, writes_out=True, bind=_bind)
+        # the composite's count is per sequence (3 finiteness sums, SDPA, the copy out);
+        # declared for one
+        launches=ck.c_launches(5), writes_out=True, bind=_bind)
 def unpad_flash_attention(p, ins, out=None):
     return [_run(p, ins["qkv"], _lens(ins["seq_lens"]), ck.out_at(out, 0))]

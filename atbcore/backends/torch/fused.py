@@ -14,7 +14,8 @@ from ...tensor import TensorDesc
 from ..cpu_kernels import torch_ops as ck
 from . import TORCH_KERNELS, kernel
 from .activation import c_activation
-from .linear_dnnl import bind_dnnl_linear_activation, dnnl_linear_activation, why_not_dnnl
+from .linear_dnnl import (bind_dnnl_linear_activation, dnnl_available, dnnl_linear_activation,
+                          why_not_dnnl)
 from .rope import rope_with_v
 
 __all__: list[str] = []
@@ -43,7 +44,7 @@ def rope_flash_attention(p, ins):
 
 @kernel("LinearActivation", impl="oneDNN GEMM with the activation as post-op (CPU fp32/bf16, "
         "gelu/gelu_tanh/relu); else F.linear (fp32 compute) + activation, one rounding; "
-        "w8: the Linear kernel then the activation", launches=2,
+        "w8: the Linear kernel then the activation", launches=1 if dnnl_available() else 2,
         bind=bind_dnnl_linear_activation)
 def linear_activation(p, ins):
     act = get_activation(p.activation_type, "LinearActivation")

@@ -16,14 +16,16 @@ import torch
 
 from ...runtime.binding import Slot, getter
 
-__all__ = ["why_not_dnnl", "dnnl_linear_activation", "bind_dnnl_linear_activation"]
+__all__ = ["why_not_dnnl", "dnnl_linear_activation", "bind_dnnl_linear_activation",
+           "dnnl_available"]
 
 # atb activation -> (oneDNN post-op, algorithm)
 POST_OPS = {"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _available() -> bool:
+def dnnl_available() -> bool:
+    """Whether torch has oneDNN's linear with post-ops."""
     try:
         return bool(torch.backends.mkldnn.is_available()) and \
             hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -48,7 +50,7 @@ def why_not_dnnl(p: Any, x: Any, w: Any, b: Any) -> str | None:
         return "x, weight and bias not all fp32 or all bf16"
     if type(w) is Slot or type(b) is Slot:
         return "the weight or bias changes per run"
-    if not _available():
+    if not dnnl_available():
         return "torch built without oneDNN (mkldnn)"
     return None
 
