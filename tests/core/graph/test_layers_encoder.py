@@ -1,7 +1,7 @@
 """The encoder lowering (:func:`atbcore.models.encoder.encoder_layers`) from a neutral
 spec and NumPy weights: the fused graph's shape (residual adds in the GEMM
-epilogues, the embeddings' add in their LayerNorm, one UnpadFlashAttention per
-block) and its outputs on NumPy and torch inputs against a float64 NumPy BERT run
+epilogues, the embeddings' add in their LayerNorm, GELU in the up projection, one
+UnpadFlashAttention per block) and its outputs on NumPy and torch inputs against a float64 NumPy BERT run
 sequence by sequence (no padding anywhere), empty sequences included."""
 
 import math
@@ -12,7 +12,7 @@ import pytest
 from atbcore.errors import CapabilityError
 from atbcore.graph.graph_op import GraphOp
 from atbcore.models.arch import LayerWeights, ModelSpec, ModelWeights
-from atbcore.models.encoder import encoder_dim_names, encoder_layers
+from atbcore.models.encoder import ENCODER_FUSION, encoder_dim_names, encoder_layers
 from atbcore.numerics import assert_close
 
 H, HEADS, INTER, LAYERS, VOCAB, POS, TYPES, EPS = 32, 4, 48, 2, 40, 24, 2, 1e-12
@@ -92,12 +92,14 @@ def _batch(lens, seed=1):
 
 
 def test_fused_graph():
-    op = GraphOp(encoder_layers(_spec(), _weights()), name="bert", dim_names=encoder_dim_names())
+    op = GraphOp(encoder_layers(_spec(), _weights()), name="bert", dim_names=encoder_dim_names(),
+                 fusion_config=ENCODER_FUSION)
     ids, pos, tt, lens, first = _batch([5, 3])
     op(ids, tt * POS + pos, lens, first)
     ops = [n.op for n in op.graph.nodes]
     assert "ResidualAdd" not in ops                                      # all in GEMM epilogues
     assert ops.count("UnpadFlashAttention") == LAYERS and ops.count("AddLayerNorm") == 1
+    assert ops.count("LinearActivation") == LAYERS                      # GELU in the up GEMM
     by = {n.name: n for n in op.graph.nodes}
     for i in range(LAYERS):
         assert by[f"l{i}.o"].inputs[-1] == ("embed" if i == 0 else f"l{i - 1}.mlp_norm")
@@ -108,7 +110,8 @@ def test_fused_graph():
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
 def test_against_numpy_bert(framework):
     w = _weights()
-    op = GraphOp(encoder_layers(_spec(), w), name="bert", dim_names=encoder_dim_names())
+    op = GraphOp(encoder_layers(_spec(), w), name="bert", dim_names=encoder_dim_names(),
+                 fusion_config=ENCODER_FUSION)
     lens = [7, 0, 12, 1]
     ids, pos, tt, ln, first = _batch(lens)
     ins = [ids, tt * POS + pos, ln, first]
