@@ -10,13 +10,14 @@ or tanh) and ReLU, on a torch built with oneDNN; other calls keep the composite.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
 
 from ...runtime.binding import Slot, getter
 
-__all__ = ["why_not_dnnl", "dnnl_linear_activation", "bind_dnnl_linear_activation",
+__all__ = ["checked_linear_activation", "why_not_dnnl", "dnnl_linear_activation", "bind_dnnl_linear_activation",
            "dnnl_available"]
 
 # atb activation -> (oneDNN post-op, algorithm)
@@ -55,6 +56,20 @@ def why_not_dnnl(p: Any, x: Any, w: Any, b: Any) -> str | None:
     return None
 
 
+def checked_linear_activation(p: Any, x: torch.Tensor, w: torch.Tensor, b: Any
+                              ) -> torch.Tensor:
+    """:func:`dnnl_linear_activation`, redone by the composite kernel when its result
+    holds a NaN/Inf (one sum over it): oneDNN's GELU post-op turns +-inf into NaN
+    where the op's formula gives +-inf or 0, and NaN inputs must propagate as the
+    reference's arithmetic does."""
+    y = dnnl_linear_activation(p, x, w, b)
+    if math.isfinite(float(y.sum())):
+        return y
+    from .fused import composite_linear_activation
+
+    return composite_linear_activation(p, {"x": x, "weight": w, "bias": b})
+
+
 def dnnl_linear_activation(p: Any, x: torch.Tensor, w: torch.Tensor, b: Any) -> torch.Tensor:
     """The call itself (``why_not_dnnl`` checked): ``[..., K] -> [..., N]``."""
     post, algo = POST_OPS[p.activation_type]
@@ -76,7 +91,7 @@ def bind_dnnl_linear_activation(p: Any, ins: dict[str, Any], outs: list, ctx: An
     gx, i = getter(x), out.index
 
     def call(env: list) -> None:
-        env[i] = dnnl_linear_activation(p, gx(env), w, b)
+        env[i] = checked_linear_activation(p, gx(env), w, b)
     return call
 
 
