@@ -139,6 +139,15 @@ class LoweringContext:
     def _next_desc(self, default: TensorDesc) -> TensorDesc:
         return self._extra.pop(0) if self._extra else default
 
+    def add_input(self, tid: str, default: TensorDesc) -> str:
+        """Graph input ``tid`` that a layer reads besides the running tensor (an
+        encoder's sequence lengths ...), declared once: its descriptor is the call's
+        next extra one, else ``default``. Returns its id."""
+        b = self.builder
+        if tid in b._taken():
+            return tid
+        return b.add_input(tid, self._next_desc(default))
+
     def add_kv_slot(self, name: str, past: TensorDesc, *, positions: bool, seq: int) -> KVSlot:
         """Declare the cache inputs/outputs of attention ``name``."""
         b = self.builder

@@ -101,6 +101,12 @@ def _paged(dt, rng):
                                np.array([6, 3], dtype=np.int32)])
 
 
+def _unpad_attention(dt, rng):
+    # three packed sequences, one empty, GQA: what an encoder batch looks like
+    return ({"num_heads": 4, "num_kv_heads": 2},
+            [_f(rng, (7, 8 * 8), dt), np.array([4, 0, 3], dtype=np.int32)])
+
+
 def _reshape_and_cache(dt, rng):
     kc = np.zeros((3, 4, 2, 8), Dtype.of(dt).numpy)
     return ({}, [_f(rng, (5, 2, 8), dt) if dt != "int8" else
@@ -117,6 +123,7 @@ SAMPLES: dict[str, Sample] = {
     "GeGLU": lambda dt, rng: ({}, [_f(rng, (3, 8), dt), _f(rng, (3, 8), dt)]),
     "Activation": _act("gelu_tanh"),
     "FlashAttention": _attention,
+    "UnpadFlashAttention": _unpad_attention,
     "AllReduce": lambda dt, rng: ({}, [_f(rng, (3, 8), dt)]),
     "AllGather": lambda dt, rng: ({"axis": -1}, [_f(rng, (3, 8), dt)]),
     "ReduceScatter": lambda dt, rng: ({"op": "max"}, [_f(rng, (4, 8), dt)]),

@@ -144,10 +144,18 @@ def _default_weight(graph: Graph) -> Callable[[str, str, str], Any]:
 
 
 def native_weight(arr: Any, native: str, device: str) -> Any:
-    """A weight as ``native``'s tensor on ``device`` (done once per plan/GraphOp)."""
-    t = convert(arr, native)
-    if native == "torch" and str(t.device) != device and device != "cpu":
-        t = t.to(device)
+    """A weight as ``native``'s tensor on ``device`` (done once per plan/GraphOp). A
+    torch weight is made outside inference mode even when the first call runs in it
+    (``sentence_transformers.encode`` does): kernels that keep a prepared layout of
+    a weight need its version counter, which inference tensors lack."""
+    if native != "torch":
+        return convert(arr, native)
+    import torch
+
+    with torch.inference_mode(False):
+        t = convert(arr, native)
+        if str(t.device) != device and device != "cpu":
+            t = t.to(device)
     return t
 
 

@@ -14,9 +14,10 @@ from ...tensor import TensorDesc
 from ..cpu_kernels import torch_ops as ck
 from . import TORCH_KERNELS, kernel
 from .activation import c_activation
+from .linear_dnnl import bind_dnnl_linear_activation, checked_linear_activation, why_not_dnnl
 from .rope import rope_with_v
 
-__all__: list[str] = []
+__all__ = ["composite_linear_activation"]
 
 
 def _part(op: str):
@@ -40,17 +41,28 @@ def rope_flash_attention(p, ins):
                                         "mask": ins.get("mask"), "seq_lens": ins.get("seq_lens")})
 
 
-@kernel("LinearActivation", impl="F.linear (fp32 compute) + activation, one rounding; "
-        "w8: the Linear kernel then the activation", launches=2)
+@kernel("LinearActivation", impl="oneDNN GEMM with the activation as post-op (CPU fp32/bf16, "
+        "gelu/gelu_tanh/relu); else F.linear (fp32 compute) + activation, one rounding; "
+        "w8: the Linear kernel then the activation", launches=2,
+        bind=bind_dnnl_linear_activation)
 def linear_activation(p, ins):
+    x, w, b = ins["x"], ins["weight"], ins.get("bias")
+    if ins.get("scale") is None and why_not_dnnl(p, x, w, b) is None:
+        return [checked_linear_activation(p, x, w, b)]
+    return [composite_linear_activation(p, ins)]
+
+
+def composite_linear_activation(p, ins):
+    """LinearActivation as the Linear kernel (w8) or an fp32 F.linear, then the
+    activation, rounded once."""
     act = get_activation(p.activation_type, "LinearActivation")
     x, w, b = ins["x"], ins["weight"], ins.get("bias")
     if p.quant is not None:
         y, = _part("Linear")(p.linear(), ins)
-        return [_activate(act, y.float()).to(x.dtype)]
+        return _activate(act, y.float()).to(x.dtype)
     wf = w.float() if p.transpose_weight else w.float().t()            # [out, in]
     y = F.linear(x.float(), wf, None if b is None else b.float())
-    return [_activate(act, y).to(x.dtype)]
+    return _activate(act, y).to(x.dtype)
 
 
 def _activate(act, y):

@@ -112,6 +112,9 @@ def examples() -> dict[str, tuple[dict, dict]]:
         "TopkToppSampling": ({"top_k": 5, "top_p": 0.9, "seed": 0}, {"logits": _r(2, 32)}),
         "Transpose": ({"perm": (0, 2, 1)}, {"x": x}),
         "Unpad": ({}, {"x": _r(2, 4, 8), "seq_lens": _i([2, 3])}),
+        # one packed sequence (the torch composite runs SDPA per sequence)
+        "UnpadFlashAttention": ({"num_heads": N}, {"qkv": _r(S, 3 * H, seed=14),
+                                                   "seq_lens": _i([S])}),
     }
 
 

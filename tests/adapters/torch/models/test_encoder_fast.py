@@ -1,7 +1,9 @@
 """The encoder fast path (:mod:`atb_torch.models.encoder_fast`): one layer against a
 float64 NumPy reference of a post-norm BERT layer, whole tiny BERTs (GELU, tanh-GELU,
 ReLU; fp32 and bf16; padded and packed batches; an empty row) against Hugging Face
-eager, and the cases that must take the general path."""
+eager, and the cases that must take the general path. The tests against Hugging
+Face run on both encoder engines (the runner's FastEncoder and the core GraphOp,
+:mod:`encoder_engines`)."""
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from atbcore.errors import InputError
 from atbcore.numerics import assert_close
 from atb_torch.models import compile
 from atb_torch.models.encoder_fast import FastEncoder, fast_encoder_reason
+from encoder_engines import ENGINES, compile_on, is_core
 from tiny_models import tiny
 
 
@@ -87,11 +90,12 @@ def _batch(b=4, s=16, seed=3):
     return ids, tt, mask
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu", "silu"])
 @pytest.mark.parametrize("heavy_padding", [False, True])
-def test_tiny_bert_activations_against_hf(act, heavy_padding):
+def test_tiny_bert_activations_against_hf(act, heavy_padding, engine):
     bert = tiny("bert", hidden_act=act)
-    c = compile(bert, opt_level=2)
+    c = compile_on(bert, engine, opt_level=2)
     ids, tt, mask = _batch()
     if heavy_padding:
         mask[0, 4:] = 0                                                  # 47 of 64 real: packed
@@ -99,29 +103,31 @@ def test_tiny_bert_activations_against_hf(act, heavy_padding):
     with torch.no_grad():
         ref = bert(ids, attention_mask=mask, token_type_ids=tt, position_ids=pos)
         out = c(ids, attention_mask=mask, token_type_ids=tt, position_ids=pos)
-    assert c.atb_runner._fast_encoder is not None
+    assert is_core(c) or c.atb_runner._fast_encoder is not None
     real = mask.bool()
     assert_close(out.last_hidden_state[real], ref.last_hidden_state[real], "fp32", act)
     assert bool((out.last_hidden_state[~real] == 0).all())
     assert_close(out.pooler_output, ref.pooler_output, "fp32", "pooler")
 
 
-def test_bf16_compute_close_to_fp32_hf():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bf16_compute_close_to_fp32_hf(engine):
     bert = tiny("bert")
-    c = compile(bert, dtype=torch.bfloat16)
+    c = compile_on(bert, engine, dtype=torch.bfloat16)
     ids, tt, mask = _batch()
     with torch.no_grad():
         ref = bert(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
         out = c(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
-    assert c.atb_runner._fast_encoder is not None and out.dtype == torch.bfloat16
+    assert (is_core(c) or c.atb_runner._fast_encoder is not None) and out.dtype == torch.bfloat16
     real = mask.bool()
     cos = torch.nn.functional.cosine_similarity(out[real].double(), ref[real].double(), dim=-1)
     assert float(cos.min()) >= 0.999, float(cos.min())
 
 
-def test_empty_row_gives_zeros_and_leaves_others_exact():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_empty_row_gives_zeros_and_leaves_others_exact(engine):
     bert = tiny("bert")
-    c = compile(bert)
+    c = compile_on(bert, engine)
     ids, tt, mask = _batch()
     mask[2] = 0
     with torch.no_grad():
@@ -133,8 +139,10 @@ def test_empty_row_gives_zeros_and_leaves_others_exact():
     assert_close(out[keep][real], ref[real], "fp32", "other rows")
 
 
-def test_embedding_indices_out_of_range_raise():
-    c = compile(tiny("bert"))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_embedding_indices_out_of_range_raise(engine):
+    bert = tiny("bert")
+    c = compile_on(bert, engine)
     ids, tt, mask = _batch()
     with pytest.raises(InputError, match="token_type_ids"):
         c(ids, attention_mask=mask, token_type_ids=tt + 5)
@@ -152,15 +160,16 @@ def test_general_path_cases():
     assert fast_encoder_reason(compile(bert).atb_runner) is None
 
 
-def test_inputs_embeds_take_the_general_embedding_then_the_fast_layers():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_inputs_embeds_take_the_general_embedding_then_the_fast_layers(engine):
     bert = tiny("bert")
-    c = compile(bert)
+    c = compile_on(bert, engine)
     ids, tt, mask = _batch()
     emb = bert.embeddings.word_embeddings(ids)
     with torch.no_grad():
         ref = bert(inputs_embeds=emb, attention_mask=mask, token_type_ids=tt).last_hidden_state
         out = c(inputs_embeds=emb, attention_mask=mask, token_type_ids=tt).last_hidden_state
-    assert c.atb_runner._fast_encoder is not None
+    assert is_core(c) or c.atb_runner._fast_encoder is not None
     real = mask.bool()
     assert_close(out[real], ref[real], "fp32", "inputs_embeds")
 
@@ -176,16 +185,18 @@ def test_fast_layers_share_the_blocks_weights():
             assert w.untyped_storage().data_ptr() == lin.w.untyped_storage().data_ptr()
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("padding", ["right_padded", "right_packed", "left_padded", "left_packed"])
-def test_attention_kernel_by_padding_side(padding):
+def test_attention_kernel_by_padding_side(padding, engine):
     """Right-padded batches attend through the C prefill attention in place (padded
     rows or packed tokens), left padding packed too; a padded batch with padding first
-    keeps SDPA (the kernel's key counts mean real tokens first). All equal HF."""
+    keeps SDPA on the runner (the kernel's key counts mean real tokens first), the
+    core packs every batch. All equal HF."""
     from atbcore.backends.cpu_kernels import available
     from atbcore.backends.cpu_kernels.counting import LaunchCounter
 
     bert = tiny("bert")
-    c = compile(bert, opt_level=2)
+    c = compile_on(bert, engine, opt_level=2)
     ids, tt, _ = _batch()
     lens = [16, 15, 14, 16] if padding.endswith("padded") else [16, 3, 9, 1]   # >= 90 %: padded
     mask = torch.zeros(4, 16, dtype=torch.long)
@@ -202,4 +213,5 @@ def test_attention_kernel_by_padding_side(padding):
     assert_close(out[real], ref[real], "fp32", padding)
     c_calls = lc.ops.count("prefill_attention")
     layers = bert.config.num_hidden_layers
-    assert c_calls == (0 if padding == "left_padded" or not available() else layers)
+    runner_sdpa = padding == "left_padded" and not is_core(c)
+    assert c_calls == (0 if runner_sdpa or not available() else layers)

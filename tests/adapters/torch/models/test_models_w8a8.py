@@ -82,3 +82,32 @@ def test_w8a8_encoder_fast_path(heavy_padding):
     with torch.no_grad():
         gen = general(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
     assert _cos(out, gen, mask) >= 0.999
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_encoder_on_the_core(dtype):
+    """The core encoder GraphOp under w8a8 (Linear quant="w8a8": the C w8a8 matmul):
+    close to HF fp32, and to the runner's w8a8 encoder (same quantization, same
+    kernel: bit-equal in fp32; in bf16 roundings of intermediates differ in places)."""
+    from atb_torch.models.lower_encoder import lower_encoder
+
+    bert = tiny("bert")
+    core = lower_encoder(bert, quantize="w8a8", dtype=dtype)
+    runner = compile(bert, quantize="w8a8", dtype=dtype).atb_runner
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 256, (4, 16), generator=g)
+    tt = torch.randint(0, 2, (4, 16), generator=g)
+    mask = torch.ones(4, 16, dtype=torch.long)
+    mask[1, 5:] = 0
+    mask[3, 12:] = 0
+    out, _ = core.encode(ids, mask, tt)
+    with torch.no_grad():
+        ref = bert(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
+    run, _ = runner.encode(ids, mask, tt)
+    assert "w8a8 VNNI panels" in core.explain()
+    assert _cos(out, ref, mask) >= 0.99
+    assert not torch.equal(out[mask.bool()].float(), ref[mask.bool()])
+    if dtype == torch.float32:
+        assert torch.equal(out, run)
+    else:
+        assert _cos(out, run, mask) >= 0.995
