@@ -198,6 +198,13 @@ class LLM(LLMFront):
             finish_pending(self.loop, [handle])
             stats.elapsed_s = time.perf_counter() - t0
 
+    def explain(self) -> str:
+        """What the engine's model runs: the core decoder's plan report (nodes before
+        and after fusion, kernels, weight layouts, arena, launches), or the runner's."""
+        if self.runner is not None:
+            return self.runner.explain()
+        return (self.decoder._in_place or self.decoder).explain()
+
     def close(self) -> None:
         """Stop the engine thread and free the KV cache now (also done when the LLM is
         garbage-collected)."""

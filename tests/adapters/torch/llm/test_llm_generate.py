@@ -237,3 +237,11 @@ def test_core_engine_serves_the_runner_tokens_with_every_engine_feature(ckpt, ll
     assert again.token_ids == want[3].token_ids and again.num_cached_tokens >= 8
     assert got[0].token_ids == hf_greedy(hf, got[0].prompt_token_ids, 12)
     core.close()
+
+
+def test_explain_reports_the_core_plan(llm):
+    """``LLM.explain()``: the paged core plan that served the requests (its kernels and
+    packed layouts), not the unbound graph."""
+    llm.generate_outputs(PROMPTS[:1], max_new_tokens=2)
+    text = llm.explain()
+    assert "PagedAttention" in text and "32-output panels" in text and "Plan for" in text
