@@ -217,6 +217,9 @@ class CacheFeeder:
         # before and after x)
         self._template: tuple | None = None
         self.raw: tuple | None = None  # the last prepared call's raw signature
+        # the last plain call's state (cache, version, x shape, index set, layer slice,
+        # pairs, shape): a decode loop's next step skips the checks it passed
+        self._steady: tuple | None = None
         if len(self.slots) != len(layers.slots):
             raise InputError(graph.name, "attention layers with a KV cache", len(layers.slots),
                              len(self.slots))
@@ -255,6 +258,10 @@ class CacheFeeder:
         RoPE position, default its cache slot; ``keep``: the tokens (packed indices)
         a LastToken keeps, default each row's last; all checked against the cache:
         nothing is written when this raises) and ``(rows, tokens per row, layers)``."""
+        if q_lens is None and rows is None and keep is None:
+            fast = self._prepare_steady(x, cache, positions)
+            if fast is not None:
+                return fast
         name = self.graph.name
         shape = tuple(x.shape)
         if q_lens is None:
@@ -294,7 +301,34 @@ class CacheFeeder:
                 raise InputError(name, "keep", "a graph ending in a LastToken", "keep=")
             inputs[self.graph.inputs.index(LAST_ROWS)] = _on(*got.where, kept)
             self.raw = None
+        span = _span(layers)
+        self._steady = None
+        if q_lens is None and kept is None and rows == tuple(range(b)) and span is not None:
+            self._steady = (cache, getattr(cache, "version", 0), shape, got,
+                            slice(span.start, span.stop), pairs, (rows, q, layers))
         return inputs, (rows, q, layers)
+
+    def _prepare_steady(self, x: Any, cache: Any, positions: Any) -> tuple | None:
+        """:meth:`prepare` for the same cache, rows and shape as the last plain call
+        (a decode loop's steps): only the lengths (equal across the layers, room left)
+        and the positions are checked again. None: the general path decides."""
+        st = self._steady
+        if st is None or st[0] is not cache or st[1] != getattr(cache, "version", 0) \
+                or st[2] != tuple(x.shape) or getattr(cache, "freed", False):
+            return None
+        _, _, shape, got, layers, pairs, info = st
+        b, s = shape[0], shape[1]
+        lens = cache.lens_view(layers, b)
+        p = lens[0]
+        if (lens != p).any() or int(p.max()) + s > cache.max_seq_len:
+            return None
+        pos = None
+        if positions is not None:
+            pos = np.asarray(positions).reshape(-1)
+            if pos.size != b * s or pos.dtype.kind not in "iu" or int(pos.min()) < 0:
+                return None
+        inputs = self._assemble(got.at(p, pos), pairs, x.reshape([b * s, *shape[2:]]))
+        return inputs, info
 
     def _assemble(self, idx: list, pairs: list, xt: Any) -> list:
         """The graph inputs: index tensors ``idx`` (slots, tables, context lengths,
@@ -335,17 +369,26 @@ class CacheFeeder:
 
     def finish(self, out: Any, cache: Any,
                shape: tuple[tuple[int, ...], tuple[int, ...], list[int]],
-               packed: bool = False) -> Any:
+               packed: bool = False, raw: bool = False) -> Any:
         """Count the written tokens; the block output back as ``[B, S, ...]`` (``[B, 1,
         ...]`` when the graph keeps each row's last token; packed ``[T, ...]`` as it
-        came when the tokens were given packed)."""
+        came when the tokens were given packed; ``raw``: as the plan returned it)."""
         rows, q, layers = shape
+        st = self._steady
+        if st is not None and st[6] is shape and st[0] is cache:  # checked in prepare
+            cache.lens_view(st[4], len(rows))[...] += q[0]
+            if raw:
+                return out
+            return reshape(out, [len(rows), 1, -1]) if int(out.shape[0]) == len(rows) \
+                and q[0] != 1 else reshape(out, [len(rows), q[0], -1])
         b, span = len(rows), _span(layers)
         for n in sorted(set(q)):
             these = [r for r, m in zip(rows, q) if m == n]
             these = range(b) if these == list(range(b)) else these
             for layer in ([span] if span is not None else layers):
                 cache.advance(layer, n, these)
+        if raw:
+            return out
         if int(out.shape[0]) == b and (packed or sum(q) != b):
             return reshape(out, [b, 1, -1])                 # one (last) token per row
         if packed:

@@ -239,14 +239,15 @@ def in_place_form(op: Any, x: Any, cache: Any) -> Any:
 
 
 def run_in_place(op: Any, x: Any, cache: Any, q_lens: Any = None, rows: Any = None,
-                 positions: Any = None, keep: Any = None) -> Any:
+                 positions: Any = None, keep: Any = None, raw: bool = False) -> Any:
     """Run block ``op`` on ``x`` ``[B, S, ...]`` (hidden states, or token ids when the
     block starts with an embedding) with ``cache`` in the in-place cache form; None
     when the block cannot take it (the caller concatenates). With ``q_lens`` (tokens
     per row) ``x`` is packed ``[T, ...]``: rows of different lengths; ``rows``: the
     cache row of each batch row; ``positions``: the tokens' RoPE positions (default:
     their cache slots); ``keep``: the tokens a LastToken keeps (packed indices; the
-    output is then ``[len(keep), ...]``) (:mod:`.graph_op_feed`)."""
+    output is then ``[len(keep), ...]``); ``raw``: the output as the plan gives it
+    (token-major, or one row per sequence after a LastToken) (:mod:`.graph_op_feed`)."""
     if x is None or getattr(x, "ndim", 0) < (1 if q_lens is not None else 2):
         return None
     x3 = x if q_lens is None else x[None]
@@ -259,7 +260,7 @@ def run_in_place(op: Any, x: Any, cache: Any, q_lens: Any = None, rows: Any = No
     inputs, shape = feeder.prepare(x, cache, q_lens, rows, positions, keep)
     hot = form._run_hot(inputs, feeder.raw) if feeder.raw is not None else None
     out = (hot if hot is not None else form.execute(inputs))[0]
-    return form._feeder.finish(out, cache, shape, packed=q_lens is not None)
+    return form._feeder.finish(out, cache, shape, packed=q_lens is not None, raw=raw)
 
 
 def run_paged(op: Any, x: Any, cache: Any, batch: Any, all_logits: bool = False) -> Any:

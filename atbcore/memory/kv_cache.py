@@ -209,6 +209,12 @@ class KVCache:
         else:
             self._lens[lay, ids] = cur + int(count)
 
+    def lens_view(self, layers: slice, rows: int) -> np.ndarray:
+        """The live lengths of ``layers`` x rows ``0..rows-1`` (a view, no checks): for
+        a caller that checked them once and keeps them in step with what it writes
+        (the in-place cache form's steady decode steps)."""
+        return self._lens[layers, :rows]
+
     # ------------------------------------------------------------------ reading
     def get(self, layer: int, seq_ids: Sequence[int] | None = None) -> tuple[Any, Any, Any]:
         """``(k, v, lens)`` of ``layer``: k, v ``[n, max(lens), Hkv, D]`` and int32 lens

@@ -245,7 +245,10 @@ class CoreRunner:
         """One new token per row (``ids`` [B] or [B, 1]); positions default to one past
         each row's last real token. Returns logits ``[B, V]`` (the plan's buffer:
         read it before the next step)."""
-        ids = ids.reshape(-1).to(self.device)
+        if ids.dim() != 1:
+            ids = ids.reshape(-1)
+        if ids.device != self.device:
+            ids = ids.to(self.device)
         b = ids.shape[0]
         if attention_mask is not None and not self._mask_adds_real(attention_mask, cache, b):
             pos = None if positions is None else positions.reshape(b, 1)
@@ -257,10 +260,10 @@ class CoreRunner:
         pos = lens if positions is None else _host_ints(positions, b)
         self._check_positions(int(pos.max()))
         cache.reserve(int(lens.max()) + 1)
-        out = run_in_place(self.op, ids[:, None], cache, positions=pos)
+        out = run_in_place(self.op, ids[:, None], cache, positions=pos, raw=True)  # [B, V]
         cache.extend(None, 1)
         self.stats["plan_steps"] += 1
-        return out.reshape(b, -1)
+        return out
 
     def _check_positions(self, top: int) -> None:
         """A RoPE whose frequencies change with the length (dynamic) past it: refused."""
