@@ -140,3 +140,26 @@ def test_rope_plugin_changes_a_compiled_llama_as_the_rotation_written_into_hf(  
             pkv = out.past_key_values
     gen = fast.generate(ids, max_new_tokens=STEPS, do_sample=False)
     assert torch.equal(gen[:, ids.shape[1]:], want_tokens)
+
+
+def test_rope_plugin_changes_the_serving_engine_as_the_rotation_written_into_hf(  # noqa: F811
+        example, monkeypatch):
+    """``atb.LLM`` (the paged core decoder) asks the plugin's rope point too: its greedy
+    tokens are those of the HF model with the rotation written in by hand."""
+    import transformers.models.llama.modeling_llama as modeling
+    from atb_torch.llm import LLM
+
+    hf = tiny("llama")
+    llm = LLM(hf, block_size=8, num_blocks=16)
+    assert llm.runner is None  # the core engine
+    ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(6))
+    _, plain_tokens = _hf_greedy(hf, ids)
+    c = hf.config
+    monkeypatch.setattr(hf.model, "rotary_emb", HandRotary(c.hidden_size // c.num_attention_heads,
+                                                           float(c.rope_parameters["rope_theta"])))
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", hand_apply_rotary)
+    _, want_tokens = _hf_greedy(hf, ids)
+    out = llm.generate_outputs([ids[0].tolist()], max_new_tokens=STEPS, ignore_eos=True)[0]
+    llm.close()
+    assert out.token_ids == want_tokens[0].tolist()
+    assert not torch.equal(plain_tokens, want_tokens)  # the plugin made a difference
