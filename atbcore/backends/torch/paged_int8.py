@@ -1,0 +1,72 @@
+"""Torch kernels of the int8 KV cache ops (:mod:`atbcore.ops.paged_int8`).
+
+``ReshapeAndCacheInt8`` quantizes in float64 (bit-equal to the NumPy reference; the
+rows written per call are few) and writes the int8 rows and their scales in place.
+``PagedAttentionInt8`` dequantizes only the cache rows the call reads (the blocks
+its tables use; of a one-block table only the rows up to the longest context) into
+fp32 and runs :func:`.paged.paged_attention` on them, whose C kernels then take the
+call as over a float cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernel
+from .paged import paged_attention
+
+__all__ = ["quantize_int8", "reshape_and_cache_int8", "paged_attention_int8"]
+
+
+def quantize_int8(x: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` ``[..., D]`` -> (int8 ``[..., D]``, scales ``[...]`` in ``scale_dtype``):
+    ``s = absmax / 127`` (stored), ``q = round(x / s)`` (0 where s is 0 or not finite)."""
+    xf = x.double()
+    s = (xf.abs().amax(dim=-1) / 127.0).to(scale_dtype)
+    sf = s.double()
+    ok = torch.isfinite(sf) & (sf > 0)
+    r = torch.where(ok[..., None], xf / torch.where(ok, sf, torch.ones_like(sf))[..., None],
+                    torch.zeros((), dtype=torch.float64, device=x.device))
+    q = torch.nan_to_num(torch.round(r), nan=0.0).clamp_(-127.0, 127.0).to(torch.int8)
+    return q, s
+
+
+@kernel("ReshapeAndCacheInt8", impl="torch: float64 quantization per token and head, "
+        "indexed writes of the int8 rows and their scales (in place)")
+def reshape_and_cache_int8(p, ins):
+    kc, vc, ks, vs = (ins[n] for n in ("key_cache", "value_cache", "key_scale", "value_scale"))
+    slots = ins["slot_mapping"].long()
+    keep = slots >= 0  # slot -1: a padding token, not stored
+    s = slots[keep]
+    blk, off = s // kc.shape[1], s % kc.shape[1]
+    for x, cache, scale in ((ins["key"], kc, ks), (ins["value"], vc, vs)):
+        q, sc = quantize_int8(x[keep], scale.dtype)
+        cache[blk, off] = q
+        scale[blk, off] = sc
+    return [kc, vc, ks, vs]  # the caller's caches themselves
+
+
+def _dequantized(cache: torch.Tensor, scale: torch.Tensor, used: torch.Tensor, rows: int
+                 ) -> torch.Tensor:
+    """Blocks ``used`` of an int8 cache, their first ``rows`` rows, as fp32."""
+    # [U, rows, Hkv, D] * [U, rows, Hkv, 1]
+    return cache[used, :rows].float() * scale[used, :rows, :, None].float()
+
+
+@kernel("PagedAttentionInt8", impl="torch: the rows read dequantized to fp32, then "
+        "PagedAttention's kernels (C decode / flash on the CPU)")
+def paged_attention_int8(p, ins):
+    q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
+    bt, ctx = ins["block_tables"], ins["context_lens"]
+    nb, bs = kc.shape[0], kc.shape[1]
+    top = int(ctx.max())
+    nblk = -(-top // bs)
+    # entries past a row's context may be padding: any valid id stands in for them
+    table = bt[:, :nblk].long().clamp(0, nb - 1)
+    used, local = torch.unique(table, return_inverse=True)
+    rows = min(bs, top) if nblk == 1 else bs
+    got = {"query": q.float(), "block_tables": local.to(torch.int32).reshape(table.shape),
+           "key_cache": _dequantized(kc, ins["key_scale"], used, rows),
+           "value_cache": _dequantized(vc, ins["value_scale"], used, rows),
+           "context_lens": ctx, "q_seq_lens": ins.get("q_seq_lens")}
+    return [paged_attention(p, got)[0].to(q.dtype)]
