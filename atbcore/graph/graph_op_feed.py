@@ -198,10 +198,14 @@ class CacheFeeder:
         pairs = [views.get((fw, layer)) for layer in layers]
         if getattr(cache, "freed", False) or None in pairs:
             want = describe(x).dtype  # token ids: the cache write's own dtype check runs
-            if want.is_floating and Dtype.of(cache.dtype) != want:
+            quantized = getattr(cache, "quantized", False)  # int8: any float block input
+            if want.is_floating and not quantized and Dtype.of(cache.dtype) != want:
                 raise DtypeError(self.graph.name, "atb.KVCache dtype (the block input's)",
                                  want.name, Dtype.of(cache.dtype).name)
-            pairs = [(_as(x, cache.keys(layer)), _as(x, cache.values(layer))) for layer in layers]
+            # (keys, values) per layer, and an int8 cache's (key scales, value scales)
+            pairs = [(_as(x, cache.keys(layer)), _as(x, cache.values(layer))) + (
+                (_as(x, cache.key_scales(layer)), _as(x, cache.value_scales(layer)))
+                if quantized else ()) for layer in layers]
             views.update(((fw, layer), kv) for layer, kv in zip(layers, pairs))
         return pairs
 
@@ -263,8 +267,14 @@ class CacheFeeder:
         tpl = self._template
         if tpl is None or tpl[0] != tkey:  # the inputs but x, while the same tensors serve
             feed = dict(zip(self.index, idx[:4] + (idx[5:] if LAST_ROWS in self.index else [])))
-            for slot, (k, v) in zip(self.slots, pairs):
-                feed[slot.key_cache], feed[slot.value_cache] = k, v
+            for slot, kv in zip(self.slots, pairs):
+                if bool(slot.key_scale) != (len(kv) == 4):
+                    raise DtypeError(name, "atb.KVCache dtype (the cache the block was "
+                                     "lowered for)", "int8" if slot.key_scale else "a float "
+                                     "dtype", Dtype.of(cache.dtype).name)
+                feed[slot.key_cache], feed[slot.value_cache] = kv[:2]
+                if slot.key_scale:
+                    feed[slot.key_scale], feed[slot.value_scale] = kv[2:]
                 if slot.position_ids:
                     feed[slot.position_ids] = idx[4]
             feed[BLOCK_INPUT] = None
