@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from ...ops.attention import effective_window
+from ..cpu_kernels import torch_ops as ck
+from ..cpu_kernels.torch_decode import paged_decode_attention_bound as \
+    c_paged_decode_attention_bound
 from . import kernel
 from .paged import paged_attention
 
@@ -53,12 +57,31 @@ def _dequantized(cache: torch.Tensor, scale: torch.Tensor, used: torch.Tensor, r
     return cache[used, :rows].float() * scale[used, :rows, :, None].float()
 
 
-@kernel("PagedAttentionInt8", impl="torch: the rows read dequantized to fp32, then "
-        "PagedAttention's kernels (C decode / flash on the CPU)")
+def _c_decode_reasons(ins: dict) -> str | None:
+    """Why the C decode kernel cannot read these int8 caches in place (None: it can)."""
+    q, ks, vs = ins["query"], ins["key_scale"], ins["value_scale"]
+    why = ck.why_not(q, ks, vs)
+    if why is None and not (ins["key_cache"].is_cpu and ins["value_cache"].is_cpu):
+        why = "int8 caches off the CPU"
+    if why is None and q.shape[2] > 512:
+        why = "head_dim > 512"
+    return why
+
+
+@kernel("PagedAttentionInt8", impl="decode: C kernel reading the int8 rows in place and "
+        "scaling scores and weights by the rows' scales (CPU); else the rows read "
+        "dequantized to fp32, then PagedAttention's kernels")
 def paged_attention_int8(p, ins):
     q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
     bt, ctx = ins["block_tables"], ins["context_lens"]
     nb, bs = kc.shape[0], kc.shape[1]
+    qsl = ins.get("q_seq_lens")
+    if (qsl is None or q.shape[0] == bt.shape[0]) and _c_decode_reasons(ins) is None:
+        window = effective_window(p.window, 1, nb * bs)
+        scale = p.scale if p.scale is not None else q.shape[2] ** -0.5
+        return [c_paged_decode_attention_bound(q, kc, vc, bt, ctx, scale=scale, window=window,
+                                               key_scale=ins["key_scale"],
+                                               value_scale=ins["value_scale"])()]
     top = int(ctx.max())
     nblk = -(-top // bs)
     # entries past a row's context may be padding: any valid id stands in for them
