@@ -10,9 +10,13 @@ call as over a float cache.
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import torch
 
 from ...ops.attention import effective_window
+from ...runtime.binding import Slot, getter, resolve, same_objects
+from ...tensor import copy_into
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import paged_decode_attention_bound as \
     c_paged_decode_attention_bound
@@ -68,9 +72,47 @@ def _c_decode_reasons(ins: dict) -> str | None:
     return why
 
 
+def _bind_paged_attention_int8(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
+    """Decode into a planned buffer: the C kernel packed once per set of cache, scale
+    and table tensors (tables checked per call unless the node's inputs are trusted);
+    None (the generic call) otherwise."""
+    q, o, bt = ins["query"], outs[0], ins["block_tables"]
+    qshape = q.desc.shape if type(q) is Slot else tuple(q.shape)
+    rows = bt.desc.shape[0] if type(bt) is Slot else bt.shape[0]
+    if type(o) is Slot or qshape[0] != rows or qshape[2] > 512:
+        return None
+    names = ("query", "key_cache", "value_cache", "key_scale", "value_scale", "block_tables",
+             "context_lens")
+    gets = [getter(ins[n]) for n in names]
+    qsl = ins.get("q_seq_lens")
+    scale = p.scale if p.scale is not None else qshape[2] ** -0.5
+    state: list[Any] = [None, None]
+
+    def call(env: list) -> None:
+        cur = tuple(g(env) for g in gets)
+        if not same_objects(cur, state[0]):
+            got = dict(zip(names, cur))
+            bound = None
+            if (_c_decode_reasons(got) is None and got["block_tables"].is_contiguous()
+                    and got["context_lens"].is_contiguous()):
+                kc = got["key_cache"]
+                bound = c_paged_decode_attention_bound(
+                    got["query"], kc, got["value_cache"], got["block_tables"],
+                    got["context_lens"], scale=scale, out=o, check_tables=not ctx.trusted,
+                    window=effective_window(p.window, 1, kc.shape[0] * kc.shape[1]),
+                    key_scale=got["key_scale"], value_scale=got["value_scale"])
+            state[:] = [cur, bound]
+        if state[1] is not None:
+            state[1]()
+            return
+        got = dict(zip(names, cur), q_seq_lens=resolve(qsl, env))
+        copy_into(o, paged_attention_int8(p, got)[0])
+    return call
+
+
 @kernel("PagedAttentionInt8", impl="decode: C kernel reading the int8 rows in place and "
         "scaling scores and weights by the rows' scales (CPU); else the rows read "
-        "dequantized to fp32, then PagedAttention's kernels")
+        "dequantized to fp32, then PagedAttention's kernels", bind=_bind_paged_attention_int8)
 def paged_attention_int8(p, ins):
     q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
     bt, ctx = ins["block_tables"], ins["context_lens"]
