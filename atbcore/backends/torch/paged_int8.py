@@ -86,23 +86,31 @@ def _bind_paged_attention_int8(p: Any, ins: Mapping[str, Any], outs: list, ctx: 
     gets = [getter(ins[n]) for n in names]
     qsl = ins.get("q_seq_lens")
     scale = p.scale if p.scale is not None else qshape[2] ** -0.5
-    state: list[Any] = [None, None]
+    # the tensors bound (all but the query), the packed call, the query buffer it reads:
+    # the query is copied into that buffer per call (an unfused RoPE hands a new tensor
+    # every step; copying its few hundred values costs less than packing anew)
+    state: list[Any] = [None, None, None]
 
     def call(env: list) -> None:
         cur = tuple(g(env) for g in gets)
-        if not same_objects(cur, state[0]):
+        q = cur[0]
+        qbuf = state[2]
+        if not same_objects(cur[1:], state[0]) or qbuf is None or qbuf.shape != q.shape \
+                or qbuf.dtype != q.dtype:
             got = dict(zip(names, cur))
-            bound = None
+            bound = qbuf = None
             if (_c_decode_reasons(got) is None and got["block_tables"].is_contiguous()
                     and got["context_lens"].is_contiguous()):
                 kc = got["key_cache"]
+                qbuf = torch.empty(q.shape, dtype=q.dtype)
                 bound = c_paged_decode_attention_bound(
-                    got["query"], kc, got["value_cache"], got["block_tables"],
+                    qbuf, kc, got["value_cache"], got["block_tables"],
                     got["context_lens"], scale=scale, out=o, check_tables=not ctx.trusted,
                     window=effective_window(p.window, 1, kc.shape[0] * kc.shape[1]),
                     key_scale=got["key_scale"], value_scale=got["value_scale"])
-            state[:] = [cur, bound]
+            state[:] = [cur[1:], bound, qbuf]
         if state[1] is not None:
+            qbuf.copy_(q)
             state[1]()
             return
         got = dict(zip(names, cur), q_seq_lens=resolve(qsl, env))
