@@ -26,11 +26,12 @@ from .torch_ops import (DTYPE_CODES, MAX_ROTARY_DIM, _ROPE, _check, _deliver, _f
 __all__ = ["linear_rows", "linear_rows_bound", "pack_panels", "PANEL", "LINEAR_WEIGHT_DTYPES",
            "decode_attention", "decode_attention_bound",
            "paged_decode_attention", "paged_decode_attention_bound", "rope_cache_bound", "rope_bound", "reshape_and_cache",
-           "reshape_and_cache_bound", "argmax_rows"]
+           "reshape_and_cache_bound", "reshape_and_cache_int8_bound", "argmax_rows"]
 
 _ATTN = struct.Struct("<32qd2q")
 _ATTN_I8 = struct.Struct("<32qd2q9q")  # DecAttnArgs with an int8 cache's scale fields
 _I8_CODE = 4  # ATB_I8 (common.h)
+_QCACHE = struct.Struct("<25q")  # QCacheArgs (cache.c)
 _CACHE = native.CACHE
 _ARGMAX = struct.Struct("<7q")
 
@@ -143,7 +144,8 @@ def paged_decode_attention_bound(q: torch.Tensor, key_cache: torch.Tensor,
     for the packed form to read what the caller writes (else they are copied now).
     int8 caches take ``key_scale``/``value_scale`` ``[num_blocks, block_size, KV]``
     (fp32/bf16/fp16): row ``c`` of the cache reads as ``c * scale``, dequantized as
-    the kernel reads it."""
+    the kernel reads it; ``call()`` returns None when a scale it read is inf/NaN
+    (the caller then attends over the dequantized rows, where ``0 * inf`` is NaN)."""
     op = "paged_decode_attention"
     quantized = key_scale is not None or value_scale is not None
     cache_dtypes = (torch.int8,) if quantized else chk.FLOATS
@@ -203,11 +205,59 @@ def paged_decode_attention_bound(q: torch.Tensor, key_cache: torch.Tensor,
         if check_tables:
             chk.check_block_tables(op, bt, cl, nb, bs)
         status = fn(pack(*pre, pool_threads(), scale, *tail))
+        if status == -5 and quantized:  # an inf/NaN scale: the caller dequantizes instead
+            return None
         if status == -3:
             raise ShapeError(op, "context_lens", f"0 <= length <= {n} (the block table's reach)",
                              keep[4].tolist())
         _check(status, "decode_attention")
         return _deliver(out, y)
+    return call
+
+
+def reshape_and_cache_int8_bound(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                                 value_cache: torch.Tensor, key_scale: torch.Tensor,
+                                 value_scale: torch.Tensor, slot_mapping: torch.Tensor
+                                 ) -> Callable[[], None] | None:
+    """The quantizing cache write (``ReshapeAndCacheInt8``) packed once: ``call()``
+    quantizes each token's heads of ``key``/``value`` ([T, KV, D] float, rows
+    contiguous) into the int8 caches [blocks, block_size, KV, D] and their scales
+    [blocks, block_size, KV] at ``slot_mapping`` (-1: not stored), in float64 as the
+    NumPy reference. None when the layout is not one it takes (the torch path runs)."""
+    t = slot_mapping.numel()
+    nb, bs, kv, d = key_cache.shape
+    ok = (key.dtype in DTYPE_CODES and value.dtype == key.dtype and
+          key_cache.dtype == value_cache.dtype == torch.int8 and
+          key_scale.dtype in DTYPE_CODES and value_scale.dtype == key_scale.dtype and
+          all(x.is_cpu for x in (key, value, key_cache, value_cache, key_scale, value_scale,
+                                 slot_mapping)) and
+          slot_mapping.dtype in (torch.int32, torch.int64) and slot_mapping.is_contiguous() and
+          key.dim() == 3 and tuple(key.shape) == (t, kv, d) and value.shape == key.shape and
+          value_cache.shape == key_cache.shape and nb > 0 and
+          tuple(key_scale.shape) == tuple(value_scale.shape) == (nb, bs, kv))
+    if not ok or (t and not (key[0].is_contiguous() and value[0].is_contiguous() and
+                             key_cache[0, 0].is_contiguous()
+                             and value_cache[0, 0].is_contiguous()
+                             and key_scale.stride(2) == 1 and value_scale.stride(2) == 1)):
+        return None
+    if t == 0:
+        return lambda: None
+    args = _QCACHE.pack(key.data_ptr(), value.data_ptr(), key_cache.data_ptr(),
+                        value_cache.data_ptr(), key_scale.data_ptr(), value_scale.data_ptr(),
+                        slot_mapping.data_ptr(), int(slot_mapping.dtype == torch.int32),
+                        DTYPE_CODES[key.dtype], DTYPE_CODES[key_scale.dtype], t, kv, d,
+                        key.stride(0), value.stride(0), bs, nb, *key_cache.stride()[:2],
+                        *value_cache.stride()[:2], *key_scale.stride()[:2],
+                        *value_scale.stride()[:2])
+    fn = _fn("reshape_and_cache_i8")
+    keep = (key, value, key_cache, value_cache, key_scale, value_scale, slot_mapping)
+
+    def call() -> None:
+        status = fn(args)
+        if status == -3:
+            raise ShapeError("ReshapeAndCacheInt8", "slot_mapping", f"-1 or 0 <= slot < "
+                             f"{nb * bs}", keep[6].tolist())
+        _check(status, "reshape_and_cache_i8")
     return call
 
 

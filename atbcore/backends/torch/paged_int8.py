@@ -1,11 +1,13 @@
 """Torch kernels of the int8 KV cache ops (:mod:`atbcore.ops.paged_int8`).
 
-``ReshapeAndCacheInt8`` quantizes in float64 (bit-equal to the NumPy reference; the
-rows written per call are few) and writes the int8 rows and their scales in place.
-``PagedAttentionInt8`` dequantizes only the cache rows the call reads (the blocks
-its tables use; of a one-block table only the rows up to the longest context) into
-fp32 and runs :func:`.paged.paged_attention` on them, whose C kernels then take the
-call as over a float cache.
+``ReshapeAndCacheInt8`` quantizes in float64 (bit-equal to the NumPy reference) and
+writes the int8 rows and their scales in place: one C call on the CPU, else torch ops.
+``PagedAttentionInt8``, one query per row (decode) on the CPU: the C kernel reads the
+int8 rows in place (scores times the key scales, softmax weights times the value
+scales: one byte read per cached element). Otherwise (several queries per row, no C
+kernels) it dequantizes only the cache rows the call reads (the blocks its tables
+use; of a one-block table only the rows up to the longest context) into fp32 and
+runs :func:`.paged.paged_attention` on them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from ...tensor import copy_into
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import paged_decode_attention_bound as \
     c_paged_decode_attention_bound
+from ..cpu_kernels.torch_decode import reshape_and_cache_int8_bound as \
+    c_reshape_and_cache_int8_bound
 from . import kernel
 from .paged import paged_attention
 
@@ -39,10 +43,16 @@ def quantize_int8(x: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tens
     return q, s
 
 
-@kernel("ReshapeAndCacheInt8", impl="torch: float64 quantization per token and head, "
-        "indexed writes of the int8 rows and their scales (in place)")
+@kernel("ReshapeAndCacheInt8", impl="C quantizing row writes (CPU), else torch: float64 "
+        "quantization per token and head, indexed writes of the int8 rows and their scales "
+        "(in place; both bit-equal to the reference)")
 def reshape_and_cache_int8(p, ins):
     kc, vc, ks, vs = (ins[n] for n in ("key_cache", "value_cache", "key_scale", "value_scale"))
+    call = None if ck.why_not(ins["key"]) else c_reshape_and_cache_int8_bound(
+        ins["key"], ins["value"], kc, vc, ks, vs, ins["slot_mapping"])
+    if call is not None:
+        call()
+        return [kc, vc, ks, vs]
     slots = ins["slot_mapping"].long()
     keep = slots >= 0  # slot -1: a padding token, not stored
     s = slots[keep]
@@ -111,8 +121,8 @@ def _bind_paged_attention_int8(p: Any, ins: Mapping[str, Any], outs: list, ctx: 
             state[:] = [cur[1:], bound, qbuf]
         if state[1] is not None:
             qbuf.copy_(q)
-            state[1]()
-            return
+            if state[1]() is not None:
+                return
         got = dict(zip(names, cur), q_seq_lens=resolve(qsl, env))
         copy_into(o, paged_attention_int8(p, got)[0])
     return call
@@ -129,9 +139,11 @@ def paged_attention_int8(p, ins):
     if (qsl is None or q.shape[0] == bt.shape[0]) and _c_decode_reasons(ins) is None:
         window = effective_window(p.window, 1, nb * bs)
         scale = p.scale if p.scale is not None else q.shape[2] ** -0.5
-        return [c_paged_decode_attention_bound(q, kc, vc, bt, ctx, scale=scale, window=window,
-                                               key_scale=ins["key_scale"],
-                                               value_scale=ins["value_scale"])()]
+        out = c_paged_decode_attention_bound(q, kc, vc, bt, ctx, scale=scale, window=window,
+                                             key_scale=ins["key_scale"],
+                                             value_scale=ins["value_scale"])()
+        if out is not None:  # (None: an inf/NaN scale, handled by the dequantizing path)
+            return [out]
     top = int(ctx.max())
     nblk = -(-top // bs)
     # entries past a row's context may be padding: any valid id stands in for them

@@ -83,21 +83,29 @@ def test_bf16_query_and_multi_query_composite():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_quantizing_write_is_bit_equal_to_the_reference_with_odd_sizes():
+@pytest.mark.parametrize("xdt,sdt", [(np.float32, np.float16), ("bf16", np.float16),
+                                     (np.float16, np.float32)])
+def test_quantizing_write_is_bit_equal_to_the_reference_with_odd_sizes(xdt, sdt):
+    from atbcore.backends.torch.paged_int8 import quantize_int8
+    from atbcore.dtypes import Dtype
+
     rng = np.random.default_rng(9)
-    k = (rng.standard_normal((7, 3, 13)) * 3).astype(np.float32)
-    v = rng.standard_normal((7, 3, 13)).astype(np.float16)
-    v = v.astype(np.float32)
+    xdt = Dtype.BF16.numpy if xdt == "bf16" else xdt
+    k = (rng.standard_normal((7, 3, 13)) * 3).astype(xdt)
+    v = (rng.standard_normal((7, 3, 13)) * 1e-3).astype(xdt)
     k[2, 1] = 0.0
     kc = np.zeros((4, 5, 3, 13), np.int8)
-    sc = np.zeros((4, 5, 3), np.float16)
+    sc = np.zeros((4, 5, 3), sdt)
     slots = np.array([0, 19, -1, 7, 3, 12, 8], np.int64)
     op = get_op("ReshapeAndCacheInt8")
     p = op.make_params({})
     ins = dict(key=k, value=v, key_cache=kc, value_cache=kc.copy(), key_scale=sc,
                value_scale=sc.copy(), slot_mapping=slots)
-    got = reshape_and_cache_int8(p, _torch({n: np.copy(x) for n, x in ins.items()}))
+    got = reshape_and_cache_int8(p, _torch({n: np.copy(x) for n, x in ins.items()}))  # C
     want = op.reference(p, {n: np.copy(x) for n, x in ins.items()})
     for g, w in zip(got, want):
-        assert np.array_equal(g.numpy(), w)
-    assert not got[0][0, 2].any()  # slot -1: nothing written; slot 0 is token 0
+        assert np.array_equal(convert(g, "numpy"), w)
+    assert not got[0][0, 2].any() and got[0][0, 0].any()  # slot -1 skipped; slot 0 = token 0
+    q, s = quantize_int8(convert(k, "torch"), convert(sc, "torch").dtype)  # the torch path
+    wq, ws = quantize_np = quantize_int8_np(k, sdt)
+    assert np.array_equal(q.numpy(), wq) and np.array_equal(convert(s, "numpy"), ws)

@@ -56,6 +56,7 @@ typedef struct {
 typedef struct {
     const DecAttnArgs *a;
     int64_t nomem;  /* set by a chunk that could not get its scores buffer */
+    int64_t nonfinite; /* set by a chunk that read an inf/NaN scale (int8 caches) */
     int64_t heads;  /* kv heads per chunk: all of a row's, or one */
     const int64_t *order; /* the rows longest first (NULL: in order) */
 } AttnJob;
@@ -260,6 +261,7 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
     if (a->ks)  /* int8 keys: q . (c * s) = s * (q . c) */
         for (int64_t s = 0; s < L; ++s) {
             const float f = scale_at(a, sh, a->ks, b, lo + s, kh, a->ks_sb, a->ks_ss, a->ks_sh);
+            if (!isfinite(f)) job->nonfinite = 1;
             for (int64_t j = 0; j < G; ++j) sc[j * L + s] *= f;
         }
     if (mask)
@@ -290,6 +292,7 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
     if (a->vs)  /* int8 values: p (c * s) = (p s) c; the sums above normalise */
         for (int64_t s = 0; s < L; ++s) {
             const float f = scale_at(a, sh, a->vs, b, lo + s, kh, a->vs_sb, a->vs_ss, a->vs_sh);
+            if (!isfinite(f)) job->nonfinite = 1;
             for (int64_t j = 0; j < G; ++j) sc[j * L + s] *= f;
         }
     /* pass 2: weighted sum of the value rows */
@@ -318,7 +321,9 @@ static void run_chunk(void *ctx, int64_t chunk) {
 }
 
 /* Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_CACHE_OVERFLOW when a row's end
- * is negative or past n (nothing written), ATB_ERR_NOMEM (y partly written). */
+ * is negative or past n (nothing written), ATB_ERR_NOMEM (y partly written),
+ * ATB_ERR_NONFINITE when an int8 cache's scale read is inf/NaN (y written, but its
+ * rows must be recomputed from the dequantized rows, where c * inf depends on c). */
 static int64_t decode_attention(DecAttnArgs a);
 
 ATB_API int64_t atb_decode_attention(const void *args) {
@@ -357,7 +362,7 @@ static int64_t decode_attention(DecAttnArgs a) {
     /* a chunk per batch row (its kv heads in turn: the heads of a position are
      * adjacent, so its rows are read whole) when the rows alone keep the threads
      * busy, else per (row, kv head) */
-    AttnJob job = {&a, 0, a.B >= 4 * nth ? a.KV : 1, NULL};
+    AttnJob job = {&a, 0, 0, a.B >= 4 * nth ? a.KV : 1, NULL};
     int64_t *order = NULL;
     if (a.ends && nth > 1 && (order = (int64_t *)malloc((size_t)a.B * sizeof(int64_t)))) {
         /* the longest rows are taken first, so the last chunks are short ones and the
@@ -374,5 +379,5 @@ static int64_t decode_attention(DecAttnArgs a) {
     }
     atb_parallel_chunks(run_chunk, &job, a.B * a.KV / job.heads, nth);
     free(order);
-    return job.nomem ? ATB_ERR_NOMEM : 0;
+    return job.nomem ? ATB_ERR_NOMEM : (job.nonfinite ? ATB_ERR_NONFINITE : 0);
 }

@@ -28,6 +28,7 @@ enum { ATB_F32 = 0, ATB_BF16 = 1, ATB_F16 = 2, ATB_BOOL = 3, ATB_I8 = 4 };
 #define ATB_ERR_NEG_POSITION (-2)
 #define ATB_ERR_CACHE_OVERFLOW (-3)
 #define ATB_ERR_NOMEM (-4)
+#define ATB_ERR_NONFINITE (-5)
 
 static inline float atb_bits_to_f32(uint32_t u) {
     float f;
