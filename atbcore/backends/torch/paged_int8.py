@@ -22,7 +22,7 @@ from ...tensor import copy_into
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import paged_decode_attention_bound as \
     c_paged_decode_attention_bound
-from ..cpu_kernels.torch_decode import reshape_and_cache_int8_bound as \
+from ..cpu_kernels.torch_cache_int8 import reshape_and_cache_int8_bound as \
     c_reshape_and_cache_int8_bound
 from . import kernel
 from .paged import paged_attention
@@ -45,7 +45,7 @@ def quantize_int8(x: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tens
 
 @kernel("ReshapeAndCacheInt8", impl="C quantizing row writes (CPU), else torch: float64 "
         "quantization per token and head, indexed writes of the int8 rows and their scales "
-        "(in place; both bit-equal to the reference)")
+        "(in place; both bit-equal to the reference)", launches=ck.c_launches(52))
 def reshape_and_cache_int8(p, ins):
     kc, vc, ks, vs = (ins[n] for n in ("key_cache", "value_cache", "key_scale", "value_scale"))
     call = None if ck.why_not(ins["key"]) else c_reshape_and_cache_int8_bound(
@@ -130,7 +130,8 @@ def _bind_paged_attention_int8(p: Any, ins: Mapping[str, Any], outs: list, ctx: 
 
 @kernel("PagedAttentionInt8", impl="decode: C kernel reading the int8 rows in place and "
         "scaling scores and weights by the rows' scales (CPU); else the rows read "
-        "dequantized to fp32, then PagedAttention's kernels", bind=_bind_paged_attention_int8)
+        "dequantized to fp32, then PagedAttention's kernels", launches=ck.c_launches(23),
+        bind=_bind_paged_attention_int8)
 def paged_attention_int8(p, ins):
     q, kc, vc = ins["query"], ins["key_cache"], ins["value_cache"]
     bt, ctx = ins["block_tables"], ins["context_lens"]
