@@ -42,6 +42,7 @@ from ..dtypes import Dtype
 from ..errors import DtypeError, InputError, ShapeError
 from ..tensor import convert, copy_into, describe, framework_of, raw_signature, reshape
 from .ir import Graph
+from .graph_op_checks import _ints, _q_lens, _rows
 from .sequential import BLOCK_INPUT
 
 __all__ = ["CacheFeeder", "LAST_ROWS", "cache_state", "layer_kv"]
@@ -154,52 +155,6 @@ def _span(layers: list[int]) -> range | None:
     return None
 
 
-def _rows(name: str, rows: Any, b: int, max_batch: int) -> tuple[int, ...]:
-    if rows is None:
-        return tuple(range(b))
-    try:
-        r = tuple(int(v) for v in np.asarray(rows).reshape(-1))
-    except (TypeError, ValueError):
-        raise InputError(name, "rows", "one cache row per batch row", repr(rows)) from None
-    if len(r) != b or len(set(r)) != b or not all(0 <= v < max_batch for v in r):
-        raise InputError(name, "rows", f"{b} distinct cache rows in 0..{max_batch - 1}",
-                         list(r))
-    return r
-
-
-def _q_lens(name: str, q_lens: Any, x_shape: tuple, max_batch: int) -> tuple[int, ...]:
-    try:
-        q = tuple(int(v) for v in np.asarray(q_lens).reshape(-1))
-    except (TypeError, ValueError):
-        raise InputError(name, "q_lens", "one token count per row", repr(q_lens)) from None
-    if not 1 <= len(q) <= max_batch or min(q) < 1:
-        raise InputError(name, "q_lens", f"1..{max_batch} counts >= 1 (the cache's max_batch "
-                         "rows)", list(q))
-    if len(x_shape) < 1 or sum(q) != x_shape[0]:
-        raise ShapeError(name, "packed tokens with q_lens", f"[{sum(q)}, ...] (sum of q_lens)",
-                         list(x_shape))
-    return q
-
-
-def _ints(name: str, what: str, v: Any, n: int | None, lo: int, hi: int | None
-          ) -> np.ndarray | None:
-    """``v`` as int64 [n] (any length when n is None) with values in [lo, hi)."""
-    if v is None:
-        return None
-    try:
-        a = np.asarray(convert(v, "numpy") if not isinstance(v, (list, tuple)) else v)
-    except Exception:  # noqa: BLE001 - anything not array-like
-        raise InputError(name, what, "integers", type(v).__name__) from None
-    a = a.reshape(-1)
-    if a.dtype.kind not in "iu" or (n is not None and a.size != n) or a.size == 0:
-        raise InputError(name, what, f"{n if n is not None else 'some'} integers",
-                         f"{a.size} of {a.dtype}")
-    if int(a.min()) < lo or (hi is not None and int(a.max()) >= hi):
-        raise InputError(name, what, f"values in [{lo}, {hi if hi is not None else 'inf'})",
-                         f"[{int(a.min())}, {int(a.max())}]")
-    return a.astype(np.int64)
-
-
 class CacheFeeder:
     """Feeds an in-place cache form graph (see the module docstring) from a
     ``KVCache`` and counts the tokens its plan wrote. ``layers`` assigns the
@@ -229,10 +184,14 @@ class CacheFeeder:
         pairs = [views.get((fw, layer)) for layer in layers]
         if getattr(cache, "freed", False) or None in pairs:
             want = describe(x).dtype  # token ids: the cache write's own dtype check runs
-            if want.is_floating and Dtype.of(cache.dtype) != want:
+            quantized = getattr(cache, "quantized", False)  # int8: any float block input
+            if want.is_floating and not quantized and Dtype.of(cache.dtype) != want:
                 raise DtypeError(self.graph.name, "atb.KVCache dtype (the block input's)",
                                  want.name, Dtype.of(cache.dtype).name)
-            pairs = [tuple(_as(x, t) for t in layer_kv(cache, layer)) for layer in layers]
+            # (keys, values) per layer, and an int8 cache's (key scales, value scales)
+            pairs = [tuple(_as(x, t) for t in layer_kv(cache, layer)) + (
+                (_as(x, cache.key_scales(layer)), _as(x, cache.value_scales(layer)))
+                if quantized else ()) for layer in layers]
             views.update(((fw, layer), kv) for layer, kv in zip(layers, pairs))
         return pairs
 
@@ -338,8 +297,15 @@ class CacheFeeder:
         tpl = self._template
         if tpl is None or tpl[0] != tkey:  # the inputs but x, while the same tensors serve
             feed = dict(zip(self.index, idx[:4] + (idx[5:] if LAST_ROWS in self.index else [])))
-            for slot, (k, v) in zip(self.slots, pairs):
-                feed[slot.key_cache], feed[slot.value_cache] = k, v
+            for slot, kv in zip(self.slots, pairs):
+                if bool(slot.key_scale) != (len(kv) == 4):
+                    raise DtypeError(self.graph.name, "atb.KVCache dtype (the cache the "
+                                     "block was lowered for)", "int8" if slot.key_scale
+                                     else "a float dtype", "int8" if len(kv) == 4
+                                     else "a float dtype")
+                feed[slot.key_cache], feed[slot.value_cache] = kv[:2]
+                if slot.key_scale:
+                    feed[slot.key_scale], feed[slot.value_scale] = kv[2:]
                 if slot.position_ids:
                     feed[slot.position_ids] = idx[4]
             feed[BLOCK_INPUT] = None

@@ -232,8 +232,8 @@ def in_place_form(op: Any, x: Any, cache: Any) -> Any:
             form._feeder = feeder = CacheFeeder(form.graph, op._kv)
             # the caches and their index tensors come from the feeder, checked there
             form._trusted = frozenset(feeder.index) | {
-                t for s in feeder.slots for t in (s.key_cache, s.value_cache, s.position_ids)
-                if t}
+                t for s in feeder.slots for t in (s.key_cache, s.value_cache, s.position_ids,
+                                                  s.key_scale, s.value_scale) if t}
             op._in_place = form
         return form or None
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from ..errors import InputError, ShapeError
 from ..tensor import framework_of
-from .graph_op_feed import _MAX_INDEX_SETS, _ints, _on, _shares, cache_state
+from .graph_op_checks import _ints
+from .graph_op_feed import _MAX_INDEX_SETS, _on, _shares, cache_state
 
 __all__ = ["paged_index"]
 

@@ -248,14 +248,21 @@ class FlashAttention(Layer):
         kh, = b.add_node("Reshape", [k], {"shape": (-1, hkv, hd)}, name=f"{name}.k_heads")
         vh, = b.add_node("Reshape", [v], {"shape": (-1, hkv, hd)}, name=f"{name}.v_heads")
         slots, tables, lens, qlens = CACHE_INDEX
-        kc, vc = b.add_node("ReshapeAndCache", [kh, vh, slot.key_cache, slot.value_cache, slots],
-                            name=f"{name}.cache_write")
         p = {"num_heads": h, "num_kv_heads": hkv, "head_dim": hd, "causal": self.causal}
         if self.scale is not None:
             p["scale"] = self.scale
         if self.window is not None:
             p["window"] = self.window
-        o, = b.add_node("PagedAttention", [qh, kc, vc, tables, lens, qlens], p, name=name)
+        if slot.key_scale:  # an int8 cache: quantized write, dequantizing read
+            kc, vc, ks, vs = b.add_node("ReshapeAndCacheInt8", [kh, vh, slot.key_cache,
+                                        slot.value_cache, slot.key_scale, slot.value_scale,
+                                        slots], name=f"{name}.cache_write")
+            o, = b.add_node("PagedAttentionInt8", [qh, kc, vc, ks, vs, tables, lens, qlens], p,
+                            name=name)
+        else:
+            kc, vc = b.add_node("ReshapeAndCache", [kh, vh, slot.key_cache, slot.value_cache,
+                                                    slots], name=f"{name}.cache_write")
+            o, = b.add_node("PagedAttention", [qh, kc, vc, tables, lens, qlens], p, name=name)
         return b.add_node("Reshape", [o], {"shape": (-1, h * hd)}, name=f"{name}.merge")[0]
 
 

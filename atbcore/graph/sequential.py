@@ -25,7 +25,10 @@ change from one decode step to the next. Inputs: ``"input"``, per attention
 ``<name>.key_cache`` / ``<name>.value_cache`` (and ``<name>.position_ids`` ``[T]``
 with RoPE), and once per block the int32 index tensors of :data:`CACHE_INDEX`
 (``slot_mapping [T]``, ``block_tables [B, 1]``, ``context_lens [B]``,
-``q_seq_lens [B]``). Outputs: the last layer's ``[T, hidden]``; the caches are
+``q_seq_lens [B]``). An int8 cache layer (``kv_cache_desc`` dtype int8) adds per
+attention ``<name>.key_scale`` / ``<name>.value_scale`` ``[max_batch, max_seq_len,
+Hkv]`` fp16 after its caches, and the write and read are ``ReshapeAndCacheInt8`` /
+``PagedAttentionInt8``. Outputs: the last layer's ``[T, hidden]``; the caches are
 written in place. :func:`cache_slots` lists the attention layers.
 
 Descriptors: ``input_descs[0]`` describes x. The following ones describe the
@@ -77,12 +80,15 @@ class KVSlot:
 
 @dataclass(frozen=True)
 class CacheSlot:
-    """The cache inputs of one attention layer in the in-place cache form."""
+    """The cache inputs of one attention layer in the in-place cache form (with an
+    int8 cache, its scale caches too)."""
 
     layer: str
     key_cache: str
     value_cache: str
     position_ids: str | None = None
+    key_scale: str | None = None
+    value_scale: str | None = None
 
 
 class LoweringContext:
@@ -169,6 +175,13 @@ class LoweringContext:
         assert c is not None
         kc = b.add_input(f"{name}.key_cache", c)
         vc = b.add_input(f"{name}.value_cache", c)
+        ks = vs = None
+        if c.dtype == Dtype.INT8:  # an int8 cache: a scale per token and kv head
+            from ..ops.paged_int8 import SCALE_DTYPE
+
+            sd = TensorDesc(tuple(c.shape[:3]), SCALE_DTYPE, device=c.device)
+            ks = b.add_input(f"{name}.key_scale", sd)
+            vs = b.add_input(f"{name}.value_scale", sd)
         tokens = self.builder.desc(self.input).shape[0]
         if not self.cache_slots:
             i32 = Dtype.INT32
@@ -177,7 +190,7 @@ class LoweringContext:
                 b.add_input(tid, TensorDesc(shape, i32))
         pos = b.add_input(f"{name}.position_ids", TensorDesc((tokens,), Dtype.INT64)) \
             if positions else None
-        slot = CacheSlot(name, kc, vc, pos)
+        slot = CacheSlot(name, kc, vc, pos, ks, vs)
         self.cache_slots.append(slot)
         return slot
 
@@ -243,7 +256,10 @@ def cache_slots(graph: Graph) -> list[CacheSlot]:
     for i in graph.inputs:
         if i.endswith(".key_cache"):
             layer = i[: -len(".key_cache")]
-            pos = f"{layer}.position_ids"
+            pos, ks = f"{layer}.position_ids", f"{layer}.key_scale"
+            scaled = ks in graph.inputs
             out.append(CacheSlot(layer, i, f"{layer}.value_cache",
-                                 pos if pos in graph.inputs else None))
+                                 pos if pos in graph.inputs else None,
+                                 ks if scaled else None,
+                                 f"{layer}.value_scale" if scaled else None))
     return out

@@ -10,6 +10,14 @@ concatenation per step), and attention reads views of the filled part.
     k_all, v_all, lens = cache.get(layer)     # [B, max(lens), Hkv, D] views + lens [B]
     out, = FlashAttention(layout="BSND", causal=True).execute([q, k_all, v_all, lens])
     cache.reset(seq_id); cache.free()
+
+``dtype="int8"``: keys and values are stored as int8 with one scale per token and KV
+head (:mod:`atbcore.ops.paged_int8`: ``absmax / 127``, fp16), in a second pinned
+block ``[num_layers, 2, max_batch, max_seq_len, Hkv]`` (:meth:`key_scales`,
+:meth:`value_scales`): ``D + 2`` bytes per token and head. :meth:`append` quantizes
+float keys/values, :meth:`get` returns dequantized fp32 copies; a GraphOp's
+in-place cache form writes and reads it with ``ReshapeAndCacheInt8`` /
+``PagedAttentionInt8``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from .backing import make_backing
 from .config import MemoryPoolConfig
 from .global_pool import get_memory_pool
 from .pool import Block, MemoryPool
+from ..ops.paged_int8 import SCALE_DTYPE, dequantize_int8_np, quantize_int8_np
 
 __all__ = ["KVCache", "pool_for", "check_positive_ints", "to_backing", "native_ints"]
 
@@ -95,14 +104,23 @@ class KVCache:
         self.num_layers, self.max_batch, self.max_seq_len = num_layers, max_batch, max_seq_len
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.shape = (num_layers, 2, max_batch, max_seq_len, num_kv_heads, head_dim)
-        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
-        self.pool = pool_for(_OP, device, self.nbytes, pool)
+        kv_bytes = math.prod(self.shape) * self.dtype.itemsize
+        scale_bytes = math.prod(self.shape[:-1]) * SCALE_DTYPE.itemsize if self.quantized else 0
+        self.nbytes = kv_bytes + scale_bytes
+        # (a private pool holds both blocks, each aligned)
+        self.pool = pool_for(_OP, device, self.nbytes + (4096 if scale_bytes else 0), pool)
         # Pinned: views handed out stay valid even if the pool defragments.
-        self._block: Block | None = self.pool.alloc(self.nbytes, pinned=True)
+        self._block: Block | None = self.pool.alloc(kv_bytes, pinned=True)
         self._kv = self._block.tensor(self.shape, self.dtype)
         # Zeroed once: slots past a sequence's length are masked by attention, but
         # uninitialised bytes can hold NaN/Inf, and 0 * NaN would leak through.
         self._kv[...] = 0
+        self._scale_block: Block | None = None
+        self._scales: Any = None
+        if scale_bytes:
+            self._scale_block = self.pool.alloc(scale_bytes, pinned=True)
+            self._scales = self._scale_block.tensor(self.shape[:-1], SCALE_DTYPE)
+            self._scales[...] = 0
         self.device = self.pool.device
         self._lens = np.zeros((num_layers, max_batch), dtype=np.int64)
 
@@ -111,6 +129,11 @@ class KVCache:
         if self._block is None:
             raise MemoryError_(_OP, "use of a freed cache", "a live KVCache", "freed")
         return self._kv
+
+    @property
+    def quantized(self) -> bool:
+        """Whether keys/values are stored as int8 with scales (``dtype="int8"``)."""
+        return self.dtype == Dtype.INT8
 
     def _seq_ids(self, seq_ids: Sequence[int] | None, n: int | None) -> list[int]:
         if type(seq_ids) is range and seq_ids.step == 1 and 0 <= seq_ids.start and \
@@ -150,8 +173,10 @@ class KVCache:
         layer = self._layer(layer)
         kd, vd = describe(key), describe(value)
         for name, d in (("key", kd), ("value", vd)):
-            if d.dtype != self.dtype:
-                raise DtypeError(_OP, f"input {name!r} dtype", self.dtype.name, d.dtype.name)
+            if (not d.dtype.is_floating) if self.quantized else d.dtype != self.dtype:
+                want = "a float dtype (quantized on the way in)" if self.quantized else \
+                    self.dtype.name
+                raise DtypeError(_OP, f"input {name!r} dtype", want, d.dtype.name)
             hd = self.num_kv_heads * self.head_dim
             ok = d.shape[2:] in ((self.num_kv_heads, self.head_dim), (hd,)) and d.rank in (3, 4)
             if not ok or d.shape[:2] != kd.shape[:2]:
@@ -171,6 +196,10 @@ class KVCache:
             i = int(np.argmax(over))
             raise ShapeError(_OP, f"sequence {ids[i]} of layer {layer} overflows max_seq_len",
                              f"<= {self.max_seq_len} tokens", int(start[i] + n[i]))
+        if self.quantized:
+            self._append_int8(layer, key, value, ids, start, n)
+            self._lens[layer, ids] = start + n
+            return
         k = to_backing(key, self.pool.backing.name, kv).reshape(b, t, self.num_kv_heads,
                                                                  self.head_dim)
         v = to_backing(value, self.pool.backing.name, kv).reshape(b, t, self.num_kv_heads,
@@ -187,6 +216,19 @@ class KVCache:
         self._lens[layer, ids] = start + n
 
     update = append
+
+    def _append_int8(self, layer: int, key: Any, value: Any, ids: list[int],
+                     start: np.ndarray, n: np.ndarray) -> None:
+        """Quantize and write the valid rows of each sequence (checked by append)."""
+        shape = (len(ids), -1, self.num_kv_heads, self.head_dim)
+        for which, x in ((0, key), (1, value)):
+            q, s = quantize_int8_np(np.asarray(convert(x, "numpy")).reshape(shape),
+                                    SCALE_DTYPE.numpy)
+            for row, (sid, s0, cnt) in enumerate(zip(ids, start.tolist(), n.tolist())):
+                self._kv[layer, which, sid, s0:s0 + cnt] = to_backing(
+                    q[row, :cnt], self.pool.backing.name, self._kv)
+                self._scales[layer, which, sid, s0:s0 + cnt] = to_backing(
+                    s[row, :cnt], self.pool.backing.name, self._scales)
 
     def advance(self, layer: int | range, count: int, seq_ids: Sequence[int] | None = None
                 ) -> None:
@@ -220,12 +262,21 @@ class KVCache:
         """``(k, v, lens)`` of ``layer``: k, v ``[n, max(lens), Hkv, D]`` and int32 lens
         ``[n]`` (seq_lens of FlashAttention with ``layout="BSND"``). Views of the cache
         when ``seq_ids`` is a contiguous range (the default: all sequences), copies
-        otherwise."""
+        otherwise; an int8 cache gives dequantized fp32 copies."""
         kv = self._alive()
         layer = self._layer(layer)
         ids = self._seq_ids(seq_ids, None)
         lens = self._lens[layer, ids]
         s = max(int(lens.max(initial=0)), 1)
+        if self.quantized:
+            name = self.pool.backing.name
+            k, v = (to_backing(dequantize_int8_np(np.asarray(convert(kv[layer, w, ids, :s],
+                                                                     "numpy")),
+                                                  np.asarray(convert(self._scales[layer, w, ids,
+                                                                                  :s], "numpy"))
+                                                  ).astype(np.float32), name, kv)
+                    for w in (0, 1))
+            return k, v, native_ints(lens, name, kv)
         if not ids or ids == list(range(ids[0], ids[0] + len(ids))):
             a = ids[0] if ids else 0
             k, v = kv[layer, 0, a:a + len(ids), :s], kv[layer, 1, a:a + len(ids), :s]
@@ -240,6 +291,21 @@ class KVCache:
     def values(self, layer: int) -> Any:
         """The whole value buffer of ``layer``: ``[max_batch, max_seq_len, Hkv, D]``."""
         return self._alive()[self._layer(layer), 1]
+
+    def key_scales(self, layer: int) -> Any:
+        """The key scales of an int8 cache's ``layer``: ``[max_batch, max_seq_len, Hkv]``."""
+        return self._scale_view(layer, 0)
+
+    def value_scales(self, layer: int) -> Any:
+        """The value scales of an int8 cache's ``layer``: ``[max_batch, max_seq_len, Hkv]``."""
+        return self._scale_view(layer, 1)
+
+    def _scale_view(self, layer: int, which: int) -> Any:
+        self._alive()
+        if not self.quantized:
+            raise DtypeError(_OP, "scales of the cache (an int8 cache's)", "dtype int8",
+                             self.dtype.name)
+        return self._scales[self._layer(layer), which]
 
     def seq_lens(self, seq_ids: Sequence[int] | None = None, layer: int | range | None = None
                  ) -> np.ndarray:
@@ -275,7 +341,8 @@ class KVCache:
 
     def bytes_used(self) -> int:
         """Bytes holding cached tokens (all layers, keys and values)."""
-        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        per_token = 2 * self.num_kv_heads * (self.head_dim * self.dtype.itemsize + (
+            SCALE_DTYPE.itemsize if self.quantized else 0))
         return int(self._lens.sum()) * per_token
 
     def free(self) -> None:
@@ -283,6 +350,9 @@ class KVCache:
         if self._block is not None:
             blk, self._block, self._kv = self._block, None, None
             blk.free()
+            if self._scale_block is not None:
+                sblk, self._scale_block, self._scales = self._scale_block, None, None
+                sblk.free()
             if getattr(self.pool, "private", False):
                 self.pool.release()
 

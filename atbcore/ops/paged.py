@@ -23,7 +23,8 @@ from .base import (FLOAT_DTYPES, OpDef, Params, expect_dim, expect_dtype, expect
                    expect_rank, expect_same_dtype, expect_shape)
 from .registry import register_op
 
-__all__ = ["ReshapeAndCacheParams", "PagedAttentionParams", "gather_blocks_np"]
+__all__ = ["ReshapeAndCacheParams", "PagedAttentionParams", "gather_blocks_np", "paged_reference",
+           "paged_check_values"]
 
 CACHE_DTYPES = FLOAT_DTYPES | {Dtype.INT8}
 
@@ -162,48 +163,62 @@ class PagedAttention(OpDef):
     def check_values(self, p, ins):
         d = _descs(ins)
         _paged_check(self.name, p, d)
-        nb, bs = d["key_cache"].shape[:2]
-        bt = host_ints(ins["block_tables"])
-        ctx = host_ints(ins["context_lens"])
-        cap = bt.shape[1] * bs
-        if ((ctx < 1) | (ctx > cap)).any():
-            raise InputError(self.name, "input 'context_lens' values",
-                             f"in 1..{cap} (max_blocks * block_size)", ctx.tolist())
-        for b, n in enumerate(ctx):
-            used = bt[b, :-(-int(n) // bs)]
-            if ((used < 0) | (used >= nb)).any():
-                raise InputError(self.name, f"input 'block_tables' row {b} values",
-                                 f"block ids in 0..{nb - 1} for its {n} tokens", used.tolist())
-        qsl = ins.get("q_seq_lens")
-        if qsl is not None:
-            ql = host_ints(qsl)
-            if ((ql < 1) | (ql > ctx)).any():
-                raise InputError(self.name, "input 'q_seq_lens' values",
-                                 "in 1..context_lens[b]", ql.tolist())
-            if int(ql.sum()) != d["query"].shape[0]:
-                raise InputError(self.name, "sum of 'q_seq_lens' (query tokens)",
-                                 d["query"].shape[0], int(ql.sum()))
+        paged_check_values(self.name, d, ins)
 
     def reference(self, p, ins):
-        q = ins["query"]
-        h, hkv, d = _paged_check(self.name, p, _descs(ins))
-        ctx = host_ints(ins["context_lens"])
-        qsl = ins.get("q_seq_lens")
-        qlens = np.ones_like(ctx) if qsl is None else host_ints(qsl)
-        bt = host_ints(ins["block_tables"])
-        scale = p.scale if p.scale is not None else 1.0 / float(np.sqrt(d))
-        out = np.zeros(q.shape)
-        start = 0
-        for b, (n, ql) in enumerate(zip(ctx, qlens)):
-            k = gather_blocks_np(ins["key_cache"], bt[b], int(n))  # [n, Hkv, D]
-            v = gather_blocks_np(ins["value_cache"], bt[b], int(n))
-            qb = q[start:start + ql]  # [ql, H, D]
-            o = ref_attention(qb.transpose(1, 0, 2)[None], k.transpose(1, 0, 2)[None],
-                              v.transpose(1, 0, 2)[None], scale=scale, causal=p.causal,
-                              window=p.window)
-            out[start:start + ql] = o[0].transpose(1, 0, 2)  # [1, H, ql, D] -> [ql, H, D]
-            start += ql
-        return [out.astype(q.dtype)]
+        _paged_check(self.name, p, _descs(ins))
+        return [paged_reference(p, ins, ins["key_cache"], ins["value_cache"])]
+
+
+def paged_check_values(op: str, d: dict, ins: Any) -> None:
+    """The data checks of a paged attention call (``d``: the inputs' descriptors):
+    context lengths, the block ids they use, query lengths."""
+    nb, bs = d["key_cache"].shape[:2]
+    bt = host_ints(ins["block_tables"])
+    ctx = host_ints(ins["context_lens"])
+    cap = bt.shape[1] * bs
+    if ((ctx < 1) | (ctx > cap)).any():
+        raise InputError(op, "input 'context_lens' values",
+                         f"in 1..{cap} (max_blocks * block_size)", ctx.tolist())
+    for b, n in enumerate(ctx):
+        used = bt[b, :-(-int(n) // bs)]
+        if ((used < 0) | (used >= nb)).any():
+            raise InputError(op, f"input 'block_tables' row {b} values",
+                             f"block ids in 0..{nb - 1} for its {n} tokens", used.tolist())
+    qsl = ins.get("q_seq_lens")
+    if qsl is not None:
+        ql = host_ints(qsl)
+        if ((ql < 1) | (ql > ctx)).any():
+            raise InputError(op, "input 'q_seq_lens' values",
+                             "in 1..context_lens[b]", ql.tolist())
+        if int(ql.sum()) != d["query"].shape[0]:
+            raise InputError(op, "sum of 'q_seq_lens' (query tokens)",
+                             d["query"].shape[0], int(ql.sum()))
+
+
+def paged_reference(p: PagedAttentionParams, ins: Any, kc: np.ndarray, vc: np.ndarray
+                    ) -> np.ndarray:
+    """The reference of a checked paged attention call over caches ``kc``/``vc``
+    (any float dtype); the output in the query's dtype."""
+    q = ins["query"]
+    d = q.shape[2]
+    ctx = host_ints(ins["context_lens"])
+    qsl = ins.get("q_seq_lens")
+    qlens = np.ones_like(ctx) if qsl is None else host_ints(qsl)
+    bt = host_ints(ins["block_tables"])
+    scale = p.scale if p.scale is not None else 1.0 / float(np.sqrt(d))
+    out = np.zeros(q.shape)
+    start = 0
+    for b, (n, ql) in enumerate(zip(ctx, qlens)):
+        k = gather_blocks_np(kc, bt[b], int(n))  # [n, Hkv, D]
+        v = gather_blocks_np(vc, bt[b], int(n))
+        qb = q[start:start + ql]  # [ql, H, D]
+        o = ref_attention(qb.transpose(1, 0, 2)[None], k.transpose(1, 0, 2)[None],
+                          v.transpose(1, 0, 2)[None], scale=scale, causal=p.causal,
+                          window=p.window)
+        out[start:start + ql] = o[0].transpose(1, 0, 2)  # [1, H, ql, D] -> [ql, H, D]
+        start += ql
+    return out.astype(q.dtype)
 
 
 def gather_blocks_np(cache: np.ndarray, table: np.ndarray, n: int) -> np.ndarray:

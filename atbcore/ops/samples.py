@@ -114,6 +114,27 @@ def _reshape_and_cache(dt, rng):
             + [kc, kc.copy(), np.array([0, 5, -1, 11, 6], dtype=np.int64)])
 
 
+def _int8_cache(rng, shape):
+    """An int8 cache block and its fp16 scales (the int8 KV cache ops' caches)."""
+    return (rng.integers(-127, 128, shape).astype(np.int8),
+            (rng.random(shape[:-1]) * 0.02 + 0.001).astype(np.float16))
+
+
+def _reshape_and_cache_int8(dt, rng):
+    kc, ks = _int8_cache(rng, (3, 4, 2, 8))
+    vc, vs = _int8_cache(rng, (3, 4, 2, 8))
+    return ({}, [_f(rng, (5, 2, 8), dt), _f(rng, (5, 2, 8), dt), kc, vc, ks, vs,
+                 np.array([0, 5, -1, 11, 6], dtype=np.int64)])
+
+
+def _paged_int8(dt, rng):
+    kc, ks = _int8_cache(rng, (4, 4, 1, 8))
+    vc, vs = _int8_cache(rng, (4, 4, 1, 8))
+    return ({"num_heads": 2}, [_f(rng, (2, 2, 8), dt), kc, vc, ks, vs,
+                               np.array([[2, 0], [1, 3]], dtype=np.int32),
+                               np.array([6, 3], dtype=np.int32)])
+
+
 SAMPLES: dict[str, Sample] = {
     "Gelu": lambda dt, rng: ({}, [_f(rng, (3, 8), dt)]),
     "QuickGelu": lambda dt, rng: ({}, [_f(rng, (3, 8), dt)]),
@@ -166,6 +187,8 @@ SAMPLES: dict[str, Sample] = {
     "Pad": lambda dt, rng: ({"max_seq_len": 4}, [_f(rng, (4, 3), dt), np.array([3, 1], np.int64)]),
     "ReshapeAndCache": _reshape_and_cache,
     "PagedAttention": _paged,
+    "ReshapeAndCacheInt8": _reshape_and_cache_int8,
+    "PagedAttentionInt8": _paged_int8,
     "ReduceMean": lambda dt, rng: ({"dim": [0, 2]}, [_f(rng, (2, 3, 4), dt)]),
     "ReduceSum": lambda dt, rng: ({"dim": 1, "keepdim": True}, [_f(rng, (2, 3, 4), dt)]),
     "RopeKVCache": _rope_cache,

@@ -25,7 +25,8 @@ __all__ = ["library", "unavailable_reason", "build_info", "entry", "pool_stats",
            "ENTRY_POINTS"]
 
 ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", "atb_softmax",
-                "atb_linear_rows", "atb_decode_attention", "atb_reshape_and_cache",
+                "atb_linear_rows", "atb_decode_attention", "atb_decode_attention_i8",
+                "atb_reshape_and_cache", "atb_reshape_and_cache_i8",
                 "atb_argmax", "atb_prefill_attention", "atb_mt19937_uniforms",
                 "atb_sample_top_k", "atb_repetition_penalty", "atb_linear_w4", "atb_gather_rows",
                 "atb_linear_w8a8")

@@ -18,6 +18,7 @@ from atbcore.errors import DtypeError, ShapeError
 from . import native
 from . import torch_checks as chk
 from .threads import pool_threads
+from .torch_cache_int8 import int8_scales as _int8_scales
 from .torch_linear import (LINEAR_WEIGHT_DTYPES, PANEL, linear_rows, linear_rows_bound,
                            pack_panels)
 from .torch_ops import (DTYPE_CODES, MAX_ROTARY_DIM, _ROPE, _check, _deliver, _fn,
@@ -29,6 +30,8 @@ __all__ = ["linear_rows", "linear_rows_bound", "pack_panels", "PANEL", "LINEAR_W
            "reshape_and_cache_bound", "argmax_rows"]
 
 _ATTN = struct.Struct("<32qd2q")
+_ATTN_I8 = struct.Struct("<32qd2q9q")  # DecAttnArgs with an int8 cache's scale fields
+_I8_CODE = 4  # ATB_I8 (common.h)
 _CACHE = native.CACHE
 _ARGMAX = struct.Struct("<7q")
 
@@ -131,16 +134,24 @@ def paged_decode_attention_bound(q: torch.Tensor, key_cache: torch.Tensor,
                                  value_cache: torch.Tensor, block_tables: torch.Tensor,
                                  context_lens: torch.Tensor, *, scale: float,
                                  window: int | None = None, out: torch.Tensor | None = None,
-                                 check_tables: bool = True) -> Callable[[], torch.Tensor]:
+                                 check_tables: bool = True, key_scale: torch.Tensor | None = None,
+                                 value_scale: torch.Tensor | None = None
+                                 ) -> Callable[[], torch.Tensor]:
     """:func:`paged_decode_attention` with its arguments packed once: ``call()``
     attends with the tables' and lengths' values then current (checked again per
     call unless ``check_tables`` is False: values atb itself made). The tensors must
     stay alive and in place while the call lives; q, tables and lengths contiguous
-    for the packed form to read what the caller writes (else they are copied now)."""
+    for the packed form to read what the caller writes (else they are copied now).
+    int8 caches take ``key_scale``/``value_scale`` ``[num_blocks, block_size, KV]``
+    (fp32/bf16/fp16): row ``c`` of the cache reads as ``c * scale``, dequantized as
+    the kernel reads it; ``call()`` returns None when a scale it read is inf/NaN
+    (the caller then attends over the dequantized rows, where ``0 * inf`` is NaN)."""
     op = "paged_decode_attention"
+    quantized = key_scale is not None or value_scale is not None
+    cache_dtypes = (torch.int8,) if quantized else chk.FLOATS
     chk.tensor(op, "q", q, dims=(3,))
-    chk.tensor(op, "key_cache", key_cache, dims=(4,))
-    chk.tensor(op, "value_cache", value_cache, dims=(4,))
+    chk.tensor(op, "key_cache", key_cache, cache_dtypes, dims=(4,))
+    chk.tensor(op, "value_cache", value_cache, cache_dtypes, dims=(4,))
     chk.tensor(op, "block_tables", block_tables, chk.INTS, dims=(2,))
     chk.tensor(op, "context_lens", context_lens, chk.INTS, dims=(1,))
     scale = chk.real(op, "scale", scale, finite=False)
@@ -155,7 +166,10 @@ def paged_decode_attention_bound(q: torch.Tensor, key_cache: torch.Tensor,
                          "with q's D (<= 512), query heads a multiple of KV heads",
                          f"q {tuple(q.shape)}, caches {tuple(key_cache.shape)}, "
                          f"{tuple(value_cache.shape)}")
-    _attention_dtypes(op, (("q", q), ("key_cache", key_cache), ("value_cache", value_cache)))
+    if quantized:
+        extra = _int8_scales(op, q, key_cache, value_cache, key_scale, value_scale)
+    else:
+        _attention_dtypes(op, (("q", q), ("key_cache", key_cache), ("value_cache", value_cache)))
     ints = (torch.int32, torch.int64)
     if (block_tables.dim() != 2 or block_tables.shape[0] != b or block_tables.dtype not in ints
             or context_lens.shape != (b,) or context_lens.dtype not in ints):
@@ -174,17 +188,25 @@ def paged_decode_attention_bound(q: torch.Tensor, key_cache: torch.Tensor,
         return lambda: _deliver(out, y.zero_())
     kc, vc = _unit_last(key_cache), _unit_last(value_cache)
     pre = (q.data_ptr(), kc.data_ptr(), vc.data_ptr(), y.data_ptr(), 0, DTYPE_CODES[q.dtype],
-           DTYPE_CODES[kc.dtype], DTYPE_CODES[y.dtype], b, h, kv, d, q.stride(0), q.stride(1),
+           _I8_CODE if quantized else DTYPE_CODES[kc.dtype], DTYPE_CODES[y.dtype], b, h, kv, d,
+           q.stride(0), q.stride(1),
            kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
            y.stride(0), y.stride(1), 0, 0, cl.data_ptr(), int(cl.dtype == torch.int32),
            int(window or 0), bt.data_ptr(), int(bt.dtype == torch.int32), bt.stride(0), bs)
-    fn, pack, scale = _fn("decode_attention"), _ATTN.pack, float(scale)
-    keep = (q, kc, vc, bt, cl)  # the packed addresses stay valid while the call lives
+    scale = float(scale)
+    if quantized:  # the scales' fields after (lo, n)
+        fn, pack, tail = _fn("decode_attention_i8"), _ATTN_I8.pack, (0, n, *extra[0])
+    else:
+        fn, pack, tail = _fn("decode_attention"), _ATTN.pack, (0, n)
+    # the packed addresses stay valid while the call lives
+    keep = (q, kc, vc, bt, cl, extra[1] if quantized else None)
 
     def call() -> torch.Tensor:
         if check_tables:
             chk.check_block_tables(op, bt, cl, nb, bs)
-        status = fn(pack(*pre, pool_threads(), scale, 0, n))
+        status = fn(pack(*pre, pool_threads(), scale, *tail))
+        if status == -5 and quantized:  # an inf/NaN scale: the caller dequantizes instead
+            return None
         if status == -3:
             raise ShapeError(op, "context_lens", f"0 <= length <= {n} (the block table's reach)",
                              keep[4].tolist())

@@ -9,7 +9,7 @@ bucket over pool memory; every call runs it in the in-place cache form
 (:func:`atbcore.graph.graph_op_kv.run_in_place`) over a :class:`.row_cache.RowKVCache`.
 
     runner = CoreRunner.from_hf(hf_model)
-    cache = runner.new_cache(batch=2, capacity=256)
+    cache = runner.new_cache(batch=2, capacity=256)   # int8 rows + scales with kv_cache_dtype="int8"
     logits = runner.prefill(ids, cache, attention_mask=mask)   # [B, V] of each row's last token
     logits = runner.decode(next_ids, cache)                     # [B, V], one token per row
     logits = runner.forward(ids, cache, position_ids=..., attention_mask=..., logits_to_keep=0)
@@ -61,7 +61,7 @@ def why_not_core(spec: ModelSpec, quantize: str | None = None,
     why = why_not_lowered(spec)
     if why:
         return why
-    if kv_cache_dtype not in (None, "auto"):
+    if kv_cache_dtype not in (None, "auto", "int8"):
         return f"kv_cache_dtype={kv_cache_dtype!r}"
     return ""
 
@@ -131,7 +131,8 @@ class CoreRunner:
         """An empty cache for ``batch`` rows of ``capacity`` tokens (from atb's pool)."""
         s = self.spec
         return RowKVCache(s.num_layers, batch, max(int(capacity), 1), s.num_kv_heads,
-                          s.head_dim, self.dtype, self.device)
+                          s.head_dim, self.dtype, self.device,
+                          kv_dtype="int8" if self.kv_cache_dtype == "int8" else None)
 
     # ------------------------------------------------------------------ calls
     @staticmethod

@@ -14,6 +14,11 @@ which of them are real (None: all are).
     cache.length, cache.key_mask, cache.seq_lens()    # timeline, real slots, real tokens per row
     k = cache.hf_view(layer, 0)                       # [B, Hkv, length, D], zeros at padding
 
+``kv_dtype="int8"``: keys and values stored as int8 with one fp16 scale per token and
+KV head (:class:`atbcore.memory.KVCache` ``dtype="int8"``; the plan quantizes as it
+writes and dequantizes what it reads); :meth:`hf_view` dequantizes into ``dtype``
+and :meth:`write` quantizes.
+
 ``crop`` (assisted decoding), ``select`` (beam search) and ``reset`` act on both
 views; ``reserve`` grows the block by doubling (its storage moves: ``version``
 changes, so plans fetch the new views).
@@ -28,7 +33,9 @@ import torch
 
 from atbcore.dtypes import Dtype
 from atbcore.errors import CapabilityError, InputError
+from atbcore.backends.torch.paged_int8 import quantize_int8
 from atbcore.memory import KVCache
+from atbcore.ops.paged_int8 import SCALE_DTYPE
 from atbcore.tensor import convert
 
 __all__ = ["RowKVCache"]
@@ -38,10 +45,14 @@ class RowKVCache(KVCache):
     """See the module docstring; ``dtype`` a torch dtype, ``device`` a torch device."""
 
     def __init__(self, num_layers: int, batch: int, capacity: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: Any = "cpu") -> None:
+                 head_dim: int, dtype: torch.dtype, device: Any = "cpu",
+                 kv_dtype: str | None = None) -> None:
         dev = torch.device(device)
+        if kv_dtype not in (None, "int8"):
+            raise InputError("RowKVCache", "kv_dtype", "None or 'int8'", repr(kv_dtype))
         super().__init__(num_layers, batch, capacity, num_kv_heads, head_dim,
-                         dtype=Dtype.of(dtype), device=str(dev) if dev.type != "cpu" else "cpu")
+                         dtype=Dtype.INT8 if kv_dtype else Dtype.of(dtype),
+                         device=str(dev) if dev.type != "cpu" else "cpu")
         self.torch_dtype, self.torch_device = dtype, dev
         self.length = 0                            # slots of the shared time axis
         self._mask: torch.Tensor | None = None     # [B, >= length] bool; None: all real
@@ -68,6 +79,14 @@ class RowKVCache(KVCache):
         """The whole block as a torch tensor ``[layers, 2, B, capacity, Hkv, D]``."""
         return convert(self._alive(), "torch")
 
+    def _stores(self) -> list[torch.Tensor]:
+        """Every block with the layout ``[layers, 2, B, capacity, ...]``: the rows, and
+        an int8 cache's scales ``[layers, 2, B, capacity, Hkv]``."""
+        out = [self.storage()]
+        if self.quantized:
+            out.append(convert(self._scales, "torch"))
+        return out
+
     def real_lens(self) -> np.ndarray:
         """Real tokens per row (every layer holds the same)."""
         return self.seq_lens(None, 0)
@@ -78,18 +97,26 @@ class RowKVCache(KVCache):
         if needed <= self.max_seq_len:
             return
         cap = max(int(needed), 2 * self.max_seq_len)
-        old, old_block = self.storage(), self._block
         shape = (self.num_layers, 2, self.max_batch, cap, self.num_kv_heads, self.head_dim)
-        nbytes = int(np.prod(shape)) * self.dtype.itemsize
-        block = self.pool.alloc(nbytes, pinned=True)
-        kv = block.tensor(shape, self.dtype)
-        new = convert(kv, "torch")
-        new.zero_()
-        new[:, :, :, :self.max_seq_len] = old
-        self._block, self._kv = block, kv
+        self._kv, self._block, kv_bytes = self._grown(self._kv, self._block, shape, self.dtype)
+        nbytes = kv_bytes
+        if self.quantized:
+            self._scales, self._scale_block, scale_bytes = self._grown(
+                self._scales, self._scale_block, shape[:-1], SCALE_DTYPE)
+            nbytes += scale_bytes
         self.shape, self.nbytes, self.max_seq_len = shape, nbytes, cap
-        old_block.free()
         self.version += 1
+
+    def _grown(self, old: Any, old_block: Any, shape: tuple, dtype: Dtype) -> tuple:
+        """A zeroed pool block of ``shape`` holding ``old``'s rows; the old one freed."""
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        block = self.pool.alloc(nbytes, pinned=True)
+        t = block.tensor(shape, dtype)
+        new = convert(t, "torch")
+        new.zero_()
+        new[:, :, :, :self.max_seq_len] = convert(old, "torch")
+        old_block.free()
+        return t, block, nbytes
 
     # ------------------------------------------------------------------ the timeline
     def extend(self, new_mask: torch.Tensor | None, count: int) -> None:
@@ -128,10 +155,10 @@ class RowKVCache(KVCache):
             raise CapabilityError("compile", "an attention_mask that marks padded cache slots "
                                   "as real", "the mask the cache was written with (or more "
                                   "padding)", "revived slots")
-        s = self.storage()
         for b in (past != stored).any(dim=1).nonzero().reshape(-1).tolist():
-            keep = past[b][stored[b]].nonzero().reshape(-1).to(s.device)   # ranks kept
-            s[:, :, b, :keep.numel()] = s[:, :, b].index_select(2, keep)
+            for s in self._stores():
+                keep = past[b][stored[b]].nonzero().reshape(-1).to(s.device)   # ranks kept
+                s[:, :, b, :keep.numel()] = s[:, :, b].index_select(2, keep)
             self._lens[:, b] = keep.numel()
         if bool(past.all()):
             self._mask = None
@@ -159,8 +186,8 @@ class RowKVCache(KVCache):
                 int(idx.max()) >= self.max_batch:
             raise InputError("RowKVCache", "select rows", f"{self.max_batch} row indices in "
                              f"0..{self.max_batch - 1}", idx.tolist())
-        s = self.storage()
-        s.copy_(s.index_select(2, idx.to(s.device)))
+        for s in self._stores():
+            s.copy_(s.index_select(2, idx.to(s.device)))
         self._lens = self._lens[:, idx.numpy()].copy()
         if self._mask is not None:
             self._mask = self._mask[idx.to(self._mask.device)]
@@ -176,12 +203,16 @@ class RowKVCache(KVCache):
         ``[B, Hkv, length, D]``, zeros at padding (a copy when there is padding)."""
         data = self.storage()[layer, which]                              # [B, cap, Hkv, D]
         n = self.length
+        if self.quantized:  # dequantized rows up to the longest real row
+            top = int(self.seq_lens(None, layer).max(initial=0))
+            scale = convert(self._scales, "torch")[layer, which, :, :top, :, None]
+            data = (data[:, :top].float() * scale.float()).to(self.torch_dtype)
         if self.key_mask is None:
             return data[:, :n].transpose(1, 2)
         lens = torch.as_tensor(self.seq_lens(None, layer), device=data.device)
         stored = torch.arange(data.shape[1], device=data.device)[None] < lens[:, None]
         out = data.new_zeros(data.shape[0], n, *data.shape[2:])
-        out[self.key_mask[:, :n].to(data.device)] = data[stored]
+        out[self.key_mask[:, :n].to(data.device)] = data[stored[:, :data.shape[1]]]
         return out.transpose(1, 2)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
@@ -191,11 +222,18 @@ class RowKVCache(KVCache):
         if start + t > self.max_seq_len:
             self.reserve(start + t)
         s = self.storage()
-        s[layer, 0, :, start:start + t] = k.to(s.dtype)
-        s[layer, 1, :, start:start + t] = v.to(s.dtype)
+        if self.quantized:
+            scales = convert(self._scales, "torch")
+            for which, x in ((0, k), (1, v)):
+                q, sc = quantize_int8(x, scales.dtype)
+                s[layer, which, :, start:start + t] = q
+                scales[layer, which, :, start:start + t] = sc
+        else:
+            s[layer, 0, :, start:start + t] = k.to(s.dtype)
+            s[layer, 1, :, start:start + t] = v.to(s.dtype)
         self._lens[layer, :] = start + t
 
     def __repr__(self) -> str:
         return (f"RowKVCache(layers={self.num_layers}, batch={self.max_batch}, "
                 f"capacity={self.max_seq_len}, length={self.length}, "
-                f"padded={self.key_mask is not None})")
+                f"padded={self.key_mask is not None}{', int8' if self.quantized else ''})")

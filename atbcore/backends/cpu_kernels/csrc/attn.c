@@ -13,11 +13,19 @@
  * strides), sums and softmax are fp32 and y is rounded once. A row with every
  * key masked gives zeros.
  *
+ * int8 caches (atb_decode_attention_i8): kv_dt ATB_I8 with a scale per position
+ * and kv head (ks / vs, dtype s_dt, strides like the caches' without D): a key's
+ * scores are its int8 dot products times its scale, and each value row's softmax
+ * weight is multiplied by its scale, so the rows are dequantized on the fly and
+ * the cache read is one byte per element.
+ *
  * Work is one chunk per (b, kv head): the G query heads of a group read each key
  * and value row once. Two passes over the keys (scores, then the weighted sum of
  * values), the scores of a chunk in one buffer: decode reads the cache once per
  * step and the scores are a few KiB.
  */
+#include <stddef.h>
+
 #include "common.h"
 #include "pool.h"
 #include "simd.h"
@@ -38,6 +46,9 @@ typedef struct {
     int64_t threads;
     double scale;
     int64_t lo, n;                           /* keys [lo, n): last, as they change per step */
+    /* int8 caches only (atb_decode_attention_i8): scale addresses, their dtype and
+     * element strides (batch row or block, position, kv head) */
+    int64_t ks, vs, s_dt, ks_sb, ks_ss, ks_sh, vs_sb, vs_ss, vs_sh;
 } DecAttnArgs;
 
 #define P(v) ((const void *)(intptr_t)(v))
@@ -45,6 +56,7 @@ typedef struct {
 typedef struct {
     const DecAttnArgs *a;
     int64_t nomem;  /* set by a chunk that could not get its scores buffer */
+    int64_t nonfinite; /* set by a chunk that read an inf/NaN scale (int8 caches) */
     int64_t heads;  /* kv heads per chunk: all of a row's, or one */
     const int64_t *order; /* the rows longest first (NULL: in order) */
 } AttnJob;
@@ -207,6 +219,13 @@ static void values(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t 
     }
 }
 
+/* the scale of position s of row b, kv head kh (an int8 cache's) */
+static inline float scale_at(const DecAttnArgs *a, int sh, int64_t addr, int64_t b, int64_t s,
+                             int64_t kh, int64_t sb, int64_t ss, int64_t shh) {
+    float tmp;
+    return *atb_load(P(addr), (int)a->s_dt, row_at(a, sh, b, s, sb, ss) + kh * shh, 1, &tmp);
+}
+
 static void run_group(AttnJob *job, int64_t b, int64_t kh) {
     const DecAttnArgs *a = job->a;
     int64_t lo = a->lo, end = a->n;
@@ -239,6 +258,12 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
     }
     for (int64_t j = 0; j < G; ++j) mxp[j] = -INFINITY;
     scores(a, b, kh, lo, L, qf, G, sc, row);
+    if (a->ks)  /* int8 keys: q . (c * s) = s * (q . c) */
+        for (int64_t s = 0; s < L; ++s) {
+            const float f = scale_at(a, sh, a->ks, b, lo + s, kh, a->ks_sb, a->ks_ss, a->ks_sh);
+            if (!isfinite(f)) job->nonfinite = 1;
+            for (int64_t j = 0; j < G; ++j) sc[j * L + s] *= f;
+        }
     if (mask)
         for (int64_t s = 0; s < L; ++s)
             if (!mask[(lo + s) * a->mask_ss])
@@ -264,6 +289,12 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
         }
         mxp[j] = 1.0f / sum;
     }
+    if (a->vs)  /* int8 values: p (c * s) = (p s) c; the sums above normalise */
+        for (int64_t s = 0; s < L; ++s) {
+            const float f = scale_at(a, sh, a->vs, b, lo + s, kh, a->vs_sb, a->vs_ss, a->vs_sh);
+            if (!isfinite(f)) job->nonfinite = 1;
+            for (int64_t j = 0; j < G; ++j) sc[j * L + s] *= f;
+        }
     /* pass 2: weighted sum of the value rows */
     values(a, sh, b, kh, lo, L, mask, sc, G, row, acc);
     for (int64_t j = 0; j < G; ++j) {
@@ -290,16 +321,35 @@ static void run_chunk(void *ctx, int64_t chunk) {
 }
 
 /* Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_CACHE_OVERFLOW when a row's end
- * is negative or past n (nothing written), ATB_ERR_NOMEM (y partly written). */
+ * is negative or past n (nothing written), ATB_ERR_NOMEM (y partly written),
+ * ATB_ERR_NONFINITE when an int8 cache's scale read is inf/NaN (y written, but its
+ * rows must be recomputed from the dequantized rows, where c * inf depends on c). */
+static int64_t decode_attention(DecAttnArgs a);
+
 ATB_API int64_t atb_decode_attention(const void *args) {
     DecAttnArgs a;
+    memset(&a, 0, sizeof a);
+    memcpy(&a, args, offsetof(DecAttnArgs, ks));  /* float caches: no scale fields */
+    if (a.kv_dt > ATB_F16) return ATB_ERR_ARGS;
+    return decode_attention(a);
+}
+
+/* int8 caches with their scales (the full DecAttnArgs) */
+ATB_API int64_t atb_decode_attention_i8(const void *args) {
+    DecAttnArgs a;
     memcpy(&a, args, sizeof a);
+    if (a.kv_dt != ATB_I8 || !a.ks || !a.vs || a.s_dt < 0 || a.s_dt > ATB_F16)
+        return ATB_ERR_ARGS;
+    return decode_attention(a);
+}
+
+static int64_t decode_attention(DecAttnArgs a) {
     if (!a.q || !a.k || !a.v || !a.y || a.B < 0 || a.H <= 0 || a.KV <= 0 || a.H % a.KV ||
         a.D <= 0 || a.D > ATB_ATTN_MAX_D || a.lo < 0 || (!a.ends && a.n <= a.lo) ||
         (a.table && a.block_size <= 0))
         return ATB_ERR_ARGS;
-    if (a.q_dt < 0 || a.q_dt > ATB_F16 || a.kv_dt < 0 || a.kv_dt > ATB_F16 || a.y_dt < 0 ||
-        a.y_dt > ATB_F16)
+    if (a.q_dt < 0 || a.q_dt > ATB_F16 || a.kv_dt < 0 || (a.kv_dt > ATB_F16 && a.kv_dt != ATB_I8) ||
+        a.kv_dt == ATB_BOOL || a.y_dt < 0 || a.y_dt > ATB_F16)
         return ATB_ERR_ARGS;
     if (a.ends) /* every row's keys inside [0, n) before anything is written */
         for (int64_t b = 0; b < a.B; ++b) {
@@ -312,7 +362,7 @@ ATB_API int64_t atb_decode_attention(const void *args) {
     /* a chunk per batch row (its kv heads in turn: the heads of a position are
      * adjacent, so its rows are read whole) when the rows alone keep the threads
      * busy, else per (row, kv head) */
-    AttnJob job = {&a, 0, a.B >= 4 * nth ? a.KV : 1, NULL};
+    AttnJob job = {&a, 0, 0, a.B >= 4 * nth ? a.KV : 1, NULL};
     int64_t *order = NULL;
     if (a.ends && nth > 1 && (order = (int64_t *)malloc((size_t)a.B * sizeof(int64_t)))) {
         /* the longest rows are taken first, so the last chunks are short ones and the
@@ -329,5 +379,5 @@ ATB_API int64_t atb_decode_attention(const void *args) {
     }
     atb_parallel_chunks(run_chunk, &job, a.B * a.KV / job.heads, nth);
     free(order);
-    return job.nomem ? ATB_ERR_NOMEM : 0;
+    return job.nomem ? ATB_ERR_NOMEM : (job.nonfinite ? ATB_ERR_NONFINITE : 0);
 }

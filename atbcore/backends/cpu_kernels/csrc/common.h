@@ -18,7 +18,9 @@
 #define ATB_API __attribute__((visibility("default")))
 #define ATB_BLOCK 512
 
-enum { ATB_F32 = 0, ATB_BF16 = 1, ATB_F16 = 2, ATB_BOOL = 3 };
+/* ATB_I8: int8 codes of a quantized KV cache (read as their integer values; the
+ * caller applies the scales) */
+enum { ATB_F32 = 0, ATB_BF16 = 1, ATB_F16 = 2, ATB_BOOL = 3, ATB_I8 = 4 };
 
 /* Status codes every entry point returns (0 = done). Positive values are
  * reserved for "grow a table to this many rows and call again" (RoPE). */
@@ -26,6 +28,7 @@ enum { ATB_F32 = 0, ATB_BF16 = 1, ATB_F16 = 2, ATB_BOOL = 3 };
 #define ATB_ERR_NEG_POSITION (-2)
 #define ATB_ERR_CACHE_OVERFLOW (-3)
 #define ATB_ERR_NOMEM (-4)
+#define ATB_ERR_NONFINITE (-5)
 
 static inline float atb_bits_to_f32(uint32_t u) {
     float f;
@@ -91,6 +94,12 @@ static inline uint16_t atb_f32_to_f16(float f) {
  * source itself for fp32 (no copy). */
 static inline const float *atb_load(const void *src, int dt, int64_t off, int64_t n, float *dst) {
     if (dt == ATB_F32) return (const float *)src + off;
+    if (dt == ATB_I8) {
+        const int8_t *c = (const int8_t *)src + off;
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) dst[i] = (float)c[i];
+        return dst;
+    }
     const uint16_t *h = (const uint16_t *)src + off;
     if (dt == ATB_BF16) {
 #pragma omp simd
@@ -130,7 +139,9 @@ static inline void atb_round_trip(int dt, int64_t n, float *v) {
     }
 }
 
-static inline int64_t atb_dt_size(int dt) { return dt == ATB_F32 ? 4 : (dt == ATB_BOOL ? 1 : 2); }
+static inline int64_t atb_dt_size(int dt) {
+    return dt == ATB_F32 ? 4 : (dt == ATB_BOOL || dt == ATB_I8 ? 1 : 2);
+}
 
 /* exp(x) in fp32 with ~1 ulp error (Cephes expf polynomial after a 2^k split);
  * branch-free so loops over it vectorise. exp(x < -87.3) = 0 (so exp(-inf) = 0),
