@@ -15,17 +15,17 @@ sentence-transformers model wrapping one of them, and models built from atb Grap
 ``opt_level``: 0 = op by op (atb kernels, nothing fused); 1 = standard fusion (merged
 QKV and gate|up weights, norms inside the matmuls, residual adds in their epilogues,
 RoPE with the KV-cache write, MoE); 2 = + atb's own ``generate`` loop (on the hand-written
-runner, which still serves quantized, GPT-2/Qwen3, encoder and device models: + its
-prebuilt decode plan); 3 = + device-graph capture (CUDA graphs; elsewhere it runs as 2,
-logged). Llama-family decoders on the CPU run on the core engine at every level
+runner, which still serves encoders, CUDA and quantized NPU models: + its prebuilt
+decode plan); 3 = + device-graph capture (CUDA graphs; elsewhere it runs as 2,
+logged). Decoders on the CPU (and NPU) run on the core engine at every level
 (:mod:`.core_runner`: the model lowered to one GraphOp, bound once per shape bucket
 over planned memory and a preallocated KV cache).
 ``dtype``: compute/weight dtype (default: the model's). ``quantize="w8"``: weight-only
 int8 per output channel for every Linear; ``"w4"``: 4-bit codes with an fp16 scale per
 group of 32 inputs (or a GPTQ/AWQ checkpoint's own codes, see :mod:`.gptq_load`), run by
-the C w4 matmul. ``kv_cache_dtype="int8"``: the KV cache
-stored as int8 with a scale per token and head (:mod:`.cache_int8`), about half a bf16
-cache's bytes (decode steps then take the general path, not the prebuilt plan). ``enable_prefix_caching``: batch-1
+the C w4 matmul. ``kv_cache_dtype="int8"``: the KV cache stored as int8 with an fp16 scale per token
+and KV head (about half a bf16 cache's bytes; attention reads the int8 rows in place).
+``enable_prefix_caching``: batch-1
 ``generate`` calls reuse the KV of a prompt prefix shared with the previous call.
 ``enable_speculative``: greedy batch-1 ``generate`` uses prompt-lookup decoding.
 ``progress``: a display of the layers' weights being prepared, on stderr when it is a

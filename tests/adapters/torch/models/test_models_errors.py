@@ -135,10 +135,12 @@ def test_config_helper_defaults():
     assert config("llama").num_key_value_heads == 2  # the tiny configs the suite relies on
 
 
-def test_plugin_points_a_compiled_model_does_not_run_are_named_in_a_warning(caplog):
+def test_plugin_points_a_compiled_model_does_not_run_are_named_in_a_warning(caplog,
+                                                                           monkeypatch):
     """A plugin implementing an execution point (here ``atb_rope``) is not applied by a
-    model compiled onto the hand-written runner (an int8 KV cache here): compile() says
-    so, naming the plugin; the core engine runs it (tested with the example plugin)."""
+    model compiled onto the hand-written runner (CUDA models, quantized NPU ones; forced
+    here with ATB_ENGINE=runner): compile() says so, naming the plugin; the core engine
+    runs it (tested with the example plugin)."""
     import logging
 
     class Rope:
@@ -150,13 +152,16 @@ def test_plugin_points_a_compiled_model_does_not_run_are_named_in_a_warning(capl
     plugin = Rope()
     m = tiny("llama")
     with caplog.at_level(logging.WARNING, logger="atb"):
-        compile(m, kv_cache_dtype="int8")
+        monkeypatch.setenv("ATB_ENGINE", "runner")
+        compile(m)
         assert not [r for r in caplog.records if "plugin points" in r.getMessage()]
         pm.register(plugin, name="rope-warning-test")
         try:
+            monkeypatch.delenv("ATB_ENGINE")
             compile(m)  # the core engine runs the points: nothing to say
             assert not [r for r in caplog.records if "plugin points" in r.getMessage()]
-            compile(m, kv_cache_dtype="int8")  # still the hand-written runner
+            monkeypatch.setenv("ATB_ENGINE", "runner")
+            compile(m)
         finally:
             pm.unregister(plugin)
     msgs = [r.getMessage() for r in caplog.records if "plugin points" in r.getMessage()]
