@@ -37,10 +37,13 @@ def core_runner(hf: Any, device: torch.device, dtype: torch.dtype | None,
         return None
     arch = resolve_architecture(hf.config)
     spec = arch.describe(hf.config)
-    if why_not_core(spec, quantize) or arch.extract(hf, spec).lm_head is None:
+    if why_not_core(spec, quantize):
         return None
-    return CoreRunner(spec, arch.extract(hf, spec), opt_level=opt_level, dtype=dtype,
-                      quantize=quantize, device=device)
+    weights = arch.extract(hf, spec)  # once: it can move parameters onto huge pages
+    if weights.lm_head is None:
+        return None
+    return CoreRunner(spec, weights, opt_level=opt_level, dtype=dtype, quantize=quantize,
+                      device=device)
 
 
 class Engine(CoreEngine):
