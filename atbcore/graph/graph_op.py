@@ -104,6 +104,9 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
         from ..memory.hugepages import Arena
 
         self._weight_arena = Arena()
+        # weights its lowerings concatenate (merged gate|up, QKV), made once for all
+        # of them (passes.rewrite.weight_memo; the in-place form shares it too)
+        self._weight_memo: dict = {}
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -154,9 +157,11 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
             self.graph_unfused = lower_sequential(self._layers, list(descs), self.name,
                                                   kv_cache_desc=cache_desc, batch=batch)
         from ..passes.pipeline import run_pipeline
+        from ..passes.rewrite import weight_memo
 
-        self.graph, self.pass_reports = run_pipeline(self.graph_unfused,
-                                                     self._fusion_for_plugins(descs))
+        with weight_memo(self._weight_memo):
+            self.graph, self.pass_reports = run_pipeline(self.graph_unfused,
+                                                         self._fusion_for_plugins(descs))
         from ..passes.pipeline import PassReport
 
         self.pass_reports += [PassReport(f"device:{rule}", False, f"kept off: {why}")

@@ -17,8 +17,10 @@ topological and otherwise stable.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -31,7 +33,7 @@ from ..tensor import TensorDesc, to_numpy
 from .pattern import Match, Pat, match_node, root_ops
 
 __all__ = ["FusionRule", "Rewrite", "RewriteContext", "apply_rule", "LEVELS", "concat_weights",
-           "same_dtype", "in_consumers_only"]
+           "weight_memo", "same_dtype", "in_consumers_only"]
 
 LEVELS = {"conservative": 0, "standard": 1, "aggressive": 2}
 
@@ -190,9 +192,41 @@ def apply_rule(graph: Graph, rule: FusionRule, max_rewrites: int | None = None,
     return graph, done
 
 
+# the memo of weights concatenated by the pipeline runs of one GraphOp (see weight_memo)
+_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("atb_weight_memo",
+                                                                    default=None)
+
+
+@contextlib.contextmanager
+def weight_memo(memo: dict) -> Iterator[None]:
+    """Pipeline runs inside share ``memo``: weights concatenated from the same source
+    arrays (same memory, shape, strides and dtype) are made once and the result is
+    shared. A GraphOp keeps one memo for all its lowerings (its plain graph and its
+    in-place cache form are lowered from the same layers), so a merged gate|up or
+    QKV weight exists once in memory, not once per lowering."""
+    token = _MEMO.set(memo)
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def _identity(a: np.ndarray) -> tuple:
+    return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+
+
 def concat_weights(arrays: Sequence[Any], axis: int = 0) -> np.ndarray:
-    """Concatenate weights (any framework) once, at build time, as NumPy."""
-    return np.ascontiguousarray(np.concatenate([to_numpy(a) for a in arrays], axis=axis))
+    """Concatenate weights (any framework) once, at build time, as NumPy (once per
+    set of source arrays inside :func:`weight_memo`)."""
+    parts = [to_numpy(a) for a in arrays]
+    memo = _MEMO.get()
+    key = (tuple(_identity(a) for a in parts), axis)
+    if memo is not None and key in memo:
+        return memo[key][1]
+    out = np.ascontiguousarray(np.concatenate(parts, axis=axis))
+    if memo is not None:
+        memo[key] = (parts, out)  # the sources stay alive: their addresses stay theirs
+    return out
 
 
 def same_dtype(descs: Sequence[TensorDesc | None]) -> bool:

@@ -132,3 +132,23 @@ def test_base_model_on_the_core_engine():
         ref = m(ids, attention_mask=mask).last_hidden_state
         out = c(ids, attention_mask=mask).last_hidden_state
     assert_close(out[mask.bool()], ref[mask.bool()], "fp32", "Qwen2Model hidden states")
+
+
+def test_compiled_decoder_keeps_one_merged_gate_up_for_both_lowerings():
+    """The plain lowering and the in-place cache form share the merged weights
+    (passes.rewrite.weight_memo): one copy in memory, not one per lowering."""
+    m = tiny("llama", seed=3)
+    c = compile(m)
+    r = c.atb_runner
+    cache = r.new_cache(1, 16)
+    ids = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = r.prefill(ids, cache)
+        ref = m(ids).logits[:, -1]
+    torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+    op, form = r.op, r.op._in_place
+    assert op.graph is not None and form and form.graph is not None
+    merged = [k for k in form.graph.weight_map if k.endswith("gate_up.weight")]
+    assert merged, "the standard pipeline merges gate|up"
+    for k in merged:
+        assert op.graph.weight_map[k] is form.graph.weight_map[k]
