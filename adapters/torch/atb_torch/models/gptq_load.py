@@ -27,7 +27,7 @@ import torch
 
 from atbcore.errors import CapabilityError, InputError
 
-from .weight_w4 import PREQUANTIZED, W4Codes
+from atbcore.models.quant import PREQUANTIZED, W4Codes
 
 __all__ = ["quantization_method", "load_quantized", "unpack_gptq", "unpack_awq"]
 

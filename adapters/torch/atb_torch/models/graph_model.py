@@ -149,9 +149,9 @@ class CompiledGraphModel(torch.nn.Module):
                                   "prompts of equal length", "an attention mask with padding")
         sampler = None
         if do_sample:
-            from .layers import Kern
+            from ..library import call_kernel  # validated like the op, run by its torch kernel
 
-            sampler = (Kern, dict(top_k=top_k, top_p=top_p, temperature=temperature))
+            sampler = dict(top_k=top_k, top_p=top_p, temperature=temperature)
         from atbcore.backends.cpu_kernels.threads import parked_torch_threads
 
         incremental = self.reset_cache()
@@ -165,9 +165,9 @@ class CompiledGraphModel(torch.nn.Module):
             if sampler is None:
                 tok = logits.argmax(dim=-1)
             else:
-                k = sampler[0]("TopkToppSampling", seed=None if seed is None else seed + i,
-                               **sampler[1])
-                tok = k(logits=logits.float())[0].to(seq.device)
+                tok = call_kernel("TopkToppSampling", dict(
+                    sampler, seed=None if seed is None else seed + i),
+                    logits=logits.float())[0].to(seq.device)
             if eos_token_id is not None:
                 tok = tok.masked_fill(finished, eos_token_id)
                 finished |= tok == eos_token_id
