@@ -3,8 +3,6 @@ the graph-capturable static variant) against the general path, the paged cache
 against the contiguous one, cache growth and conversion, prefix caching,
 prompt-lookup speculation, opt level 3 on the CPU."""
 
-import copy
-import logging
 
 import pytest
 import torch
