@@ -153,11 +153,9 @@ def _compile_hf(model: Any, options: dict) -> Any:
         weights.layers = _CountedLayers(weights.layers, advance)
         kind = ModelRunner
         # the core engine on the CPU and NPU kernels (a test double's stand-in included);
-        # CUDA keeps the runner's device plans until the core plan is checked on a GPU,
-        # quantized NPU models until the core's fp32 w8 scales reach npu_weight_quant_*
+        # CUDA keeps the runner's device plans until the core plan is checked on a GPU
         where = kernel_device(dev.type)
-        if (where == "cpu" or (where == "npu" and options["quantize"] is None)) \
-                and not why_not_core(
+        if where in ("cpu", "npu") and not why_not_core(
                 spec, options["quantize"], options.get("kv_cache_dtype")) \
                 and os.environ.get("ATB_ENGINE") != "runner":
             kind = CoreRunner

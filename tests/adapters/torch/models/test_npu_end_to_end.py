@@ -6,6 +6,7 @@ core plan there (CoreRunner); ``LLM`` still runs the runner's paged device plan.
 equal the CPU backend's on the same seeded tiny Llama and Qwen2 (and Mistral, whose
 sliding window the decode attention folds into its mask)."""
 
+import logging
 import sys
 from pathlib import Path
 
@@ -129,16 +130,24 @@ def test_llm_paged_decode_cuda_graph_equals_cpu(monkeypatch):
     assert built and all(p.graph is not None for p in built)
 
 
-def test_w8_linear_runs_on_the_npu_kernel():
-    model = _model("llama")
-    ids, mask = left_padded([6], seed=2)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_w8_model_runs_every_linear_on_the_npu_kernel(dtype, caplog):
+    """The core plan of a w8 model: its fp16/bf16 scales reach npu_weight_quant_batchmatmul
+    exactly (the lowering quantizes against scales of the compute dtype), so every
+    Linear (QKV, output, gate|up, down, LM head) runs there and nothing falls back."""
+    model = tiny("llama", seed=3).to(dtype)
+    ids, mask = left_padded([6, 3], seed=2)
     want = atb.compile(model, opt_level=1, quantize="w8").generate(
         ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
-    with use_npu_module(NpuDouble("A2"), stand_in="cpu") as npu:
-        got = atb.compile(model, opt_level=1, quantize="w8").generate(
-            ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    with use_npu_module(NpuDouble("A2"), stand_in="cpu") as npu, \
+            caplog.at_level(logging.INFO, logger="atb"):
+        fast = atb.compile(model, opt_level=1, quantize="w8")
+        got = fast.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert isinstance(fast.atb_runner, CoreRunner)
     assert torch.equal(got, want)
-    assert "npu_weight_quant_batchmatmul" in npu.calls
+    # 4 Linears per layer (2 layers) + the LM head, prefill and 3 decode steps
+    assert npu.calls.count("npu_weight_quant_batchmatmul") == (4 * 2 + 1) * 4
+    assert "Linear: torch_npu kernel skipped" not in caplog.text, caplog.text
 
 
 def test_compile_on_a_310p_double_falls_back_where_documented():
