@@ -134,8 +134,6 @@ def _device_of(model: Any) -> torch.device:
 def _compile_hf(model: Any, options: dict) -> Any:
     from .arch import resolve_architecture
     from .hf_model import wrap_hf
-    from atbcore.backends.npu import kernel_device
-
     from .core_runner import CoreRunner, why_not_core
     from .runner import ModelRunner
 
@@ -152,10 +150,7 @@ def _compile_hf(model: Any, options: dict) -> Any:
         weights = arch.extract(model, spec)
         weights.layers = _CountedLayers(weights.layers, advance)
         kind = ModelRunner
-        # the core engine on the CPU and NPU kernels (a test double's stand-in included);
-        # CUDA keeps the runner's device plans until the core plan is checked on a GPU
-        where = kernel_device(dev.type)
-        if where in ("cpu", "npu") and not why_not_core(
+        if not why_not_core(
                 spec, options["quantize"], options.get("kv_cache_dtype")) \
                 and os.environ.get("ATB_ENGINE") != "runner":
             kind = CoreRunner
