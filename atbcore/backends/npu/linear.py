@@ -82,7 +82,9 @@ def weight_quant_reasons(p: Any, ins: Mapping[str, Any]) -> str | None:
 
 
 @device_kernel("Linear", "npu", why_not=weight_quant_reasons, provider="torch_npu",
-               available=unavailable_reason, impl="torch_npu.npu_weight_quant_batchmatmul (w8)")
+               available=unavailable_reason,
+               impl="torch_npu.npu_weight_quant_batchmatmul (w8; fp32 scales given in x's "
+               "dtype, converted exactly once per scale tensor)")
 def linear_w8_npu(p: Any, ins: Mapping[str, Any], out: list | None = None) -> list:
     x, w, b = ins["x"], ins["weight"], ins.get("bias")
     s = scale_in(ins["scale"], x.dtype)                                  # exact: checked
