@@ -1,32 +1,37 @@
-"""The core plan (CoreRunner) on a CUDA GPU: what a GPU run must check before
-``compile()``'s engine condition (adapters/torch/atb_torch/models/compile.py
-``_compile_hf``) lets CUDA onto the core. Nothing here runs without a GPU.
+"""The core plan (CoreRunner, and LLM's paged core engine) on a CUDA GPU: what a GPU
+session checks now that ``compile()`` and ``LLM`` run CUDA models on the core engine
+(the hand-written runner's CUDA plans are gone). Nothing here runs without a GPU; CI
+checks the same routing without one (tests/adapters/torch/models/test_cuda_core_plan.py:
+CPU tensors standing for CUDA ones, Triton in its interpreter).
 
     python benchmarks/core_cuda_check.py             # checks + 1B bf16 timings (H200: a few min)
     python benchmarks/core_cuda_check.py --quick     # checks only
 
 1. The Triton kernels on the device: ``pytest tests/core/backends/triton`` (their
-   conftest runs them on CUDA when a GPU is present), the CUDA-only GraphOp tests.
-2. Greedy tokens: ``compile()`` forced onto the core engine vs Hugging Face eager, a
-   tiny seeded Llama / Qwen2 / Mistral in fp32 (TF32 off), a left-padded batch: equal.
-   bf16: the count of equal tokens is printed (near ties may differ).
-3. The decode step captured as a CUDA graph (``GraphOp(cuda_graph=True)`` on the
-   lowered model; the in-place form captures decode steps with the cache by
-   reference): tokens equal to the uncaptured run, one launch per step, a capture
-   kept across steps (printed: captures made).
-4. Every fallback the torch backend logged ("kernel skipped"): expected none for
+   conftest runs them on CUDA when a GPU is present), the CUDA-only GraphOp tests, and
+   test_cuda_core_plan.py on CUDA tensors (which Triton kernels compile()/LLM call,
+   none falling back; LLM decode steps captured at opt_level 3).
+2. Greedy tokens: ``compile()`` (the core engine) vs Hugging Face eager, a tiny seeded
+   Llama / Qwen2 / Mistral in fp32 (TF32 off), a left-padded batch: equal. bf16: the
+   count of equal tokens is printed (near ties may differ). Also ``quantize="w8"``:
+   the count of tokens equal to the float model's.
+3. The decode step captured as a CUDA graph (opt_level 3 = ``GraphOp(cuda_graph=True)``
+   on the lowered model; the in-place form captures decode steps with the cache by
+   reference): tokens equal to the uncaptured run (opt_level 2), one launch per step,
+   a capture kept across steps (printed: captures made).
+4. ``LLM`` on CUDA (paged core engine, opt_level 2 and 3): tokens equal to the CPU's.
+5. Every fallback the torch backend logged ("kernel skipped"): expected none for
    RopeKVCache (paged by slot), PagedAttention (decode and prefill), RmsNorm.
-5. Timings (``--quick`` skips): a ~1B Llama-architecture model (seeded random bf16
+6. Timings (``--quick`` skips): a ~1B Llama-architecture model (seeded random bf16
    weights), batch 1 and 16, prompt 16, 128 new tokens: tokens/s of HF eager, the
-   runner (today's compile() on CUDA, opt_level 3), the core plan, the core plan
-   captured; engines interleaved, median of 3; the fraction of HBM bandwidth the
-   weights' bytes per step reach (``--hbm-tbs``, H200: 4.8 TB/s).
+   core plan (opt_level 2), the core plan captured (opt_level 3); engines
+   interleaved, median of 3; the fraction of HBM bandwidth the weights' bytes per
+   step reach (``--hbm-tbs``, H200: 4.8 TB/s).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import statistics
@@ -39,20 +44,6 @@ import torch
 import transformers as tf
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@contextlib.contextmanager
-def core_engine_on_cuda():
-    """compile() picks the core engine on CUDA meanwhile (its condition asks
-    ``kernel_device``; the kernels' own dispatch keeps its imported reference)."""
-    import atbcore.backends.npu as npu
-
-    orig = npu.kernel_device
-    npu.kernel_device = lambda t: "cpu" if t == "cuda" else orig(t)
-    try:
-        yield
-    finally:
-        npu.kernel_device = orig
 
 
 def model(arch: str, dtype: torch.dtype, seed: int = 0, **size) -> torch.nn.Module:
@@ -81,14 +72,13 @@ def prompts(lengths: list[int], vocab: int, seed: int = 1) -> tuple[torch.Tensor
     return ids.cuda(), mask.cuda()
 
 
-def compile_core(m: torch.nn.Module, captured: bool) -> torch.nn.Module:
+def compile_core(m: torch.nn.Module, captured: bool, **kw) -> torch.nn.Module:
     import atb_torch as atb
     from atb_torch.models.core_runner import CoreRunner
 
-    with core_engine_on_cuda():
-        fast = atb.compile(m, opt_level=3)
+    fast = atb.compile(m, opt_level=3 if captured else 2, **kw)
     assert isinstance(fast.atb_runner, CoreRunner), type(fast.atb_runner)
-    fast.atb_runner.op.cuda_graph = captured  # before the first call: its in-place form copies it
+    assert fast.atb_runner.op.cuda_graph is captured
     return fast
 
 
@@ -100,7 +90,9 @@ def greedy(m: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, n: int) ->
 def check_kernels() -> bool:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/core/backends/triton",
-                          "tests/core/graph/test_graph_op_cuda.py"], cwd=ROOT, env=env)
+                          "tests/core/graph/test_graph_op_cuda.py",
+                          "tests/adapters/torch/models/test_cuda_core_plan.py"],
+                         cwd=ROOT, env=env)
     print(f"[1] Triton kernels and CUDA GraphOp tests on the device: rc {res.returncode}")
     return res.returncode == 0
 
@@ -124,7 +116,37 @@ def check_tokens() -> bool:
             if dtype == torch.float32:
                 ok &= same[0] == same[2]
             ok &= same[1] == same[2] and captures >= 1
+    m = model("llama", torch.bfloat16)
+    ids, mask = prompts([7, 4], m.config.vocab_size)
+    w8 = greedy(compile_core(m, False, quantize="w8"), ids, mask, 12)
+    print(f"[2] llama bf16 w8: == bf16 {int((w8 == greedy(m, ids, mask, 12)).sum())}/{w8.numel()}")
     return ok
+
+
+def check_llm() -> bool:
+    from atb_torch.llm import LLM
+
+    ok = True
+    m = model("qwen2", torch.float16)
+    ps = [[5, 17, 33, 9, 81], [44, 12], [7, 7, 100, 3, 19, 250, 61]]
+    with LLM(m.cpu(), max_batch_size=4, block_size=16, num_blocks=16) as cpu:
+        want = [o.token_ids for o in cpu.generate_outputs(ps, max_new_tokens=12,
+                                                          ignore_eos=True)]
+    m.cuda()
+    runs = {}
+    for opt in (2, 3):
+        with LLM(m, device="cuda", opt_level=opt, max_batch_size=4, block_size=16,
+                 num_blocks=16) as llm:
+            runs[opt] = got = [o.token_ids for o in llm.generate_outputs(
+                ps, max_new_tokens=12, ignore_eos=True)]
+            form = llm.decoder._in_place
+            captures = len(form._captured) if form else 0
+        same = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w))
+        total = sum(map(len, want))
+        print(f"[4] LLM cuda fp16 opt_level {opt}: == CPU {same}/{total}, captures {captures}")
+        # fp16 near ties may differ from the CPU's kernels; a capture never may
+        ok &= same >= 0.9 * total and (captures >= 1) == (opt == 3)
+    return ok and runs[3] == runs[2]
 
 
 def steps_per_s(fn, tokens: int) -> float:
@@ -136,15 +158,13 @@ def steps_per_s(fn, tokens: int) -> float:
 
 
 def timings(hbm_tbs: float) -> None:
-    import atb_torch as atb
-
     size = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                 num_key_value_heads=8, intermediate_size=8192, vocab_size=32000)
     m = model("llama", torch.bfloat16, **size)
     weight_bytes = sum(p.numel() * p.element_size() for n, p in m.named_parameters()
                        if "embed_tokens" not in n)
-    engines = {"hf eager": m, "runner opt3": atb.compile(m, opt_level=3),
-               "core": compile_core(m, False), "core captured": compile_core(m, True)}
+    engines = {"hf eager": m, "core": compile_core(m, False),
+               "core captured": compile_core(m, True)}
     new = 128
     for batch in (1, 16):
         ids, mask = prompts([16] * batch, size["vocab_size"])
@@ -154,7 +174,7 @@ def timings(hbm_tbs: float) -> None:
                 runs[name].append(steps_per_s(lambda: greedy(e, ids, mask, new), new))
         for name, r in runs.items():
             steps = statistics.median(r)
-            print(f"[5] batch {batch} {name}: {steps * batch:.1f} tok/s, {steps:.1f} steps/s, "
+            print(f"[6] batch {batch} {name}: {steps * batch:.1f} tok/s, {steps:.1f} steps/s, "
                   f"HBM {weight_bytes * steps / (hbm_tbs * 1e12):.1%}")
 
 
@@ -177,7 +197,8 @@ def main() -> int:
     log.setLevel(logging.INFO)
     ok = check_kernels()
     ok &= check_tokens()
-    print("[4] fallbacks logged:", *sorted(set(skipped)) or ["none"], sep="\n    ")
+    ok &= check_llm()
+    print("[5] fallbacks logged:", *sorted(set(skipped)) or ["none"], sep="\n    ")
     if not args.quick:
         timings(args.hbm_tbs)
     print("ALL CHECKS PASSED" if ok else "SOME CHECKS FAILED")

@@ -130,6 +130,28 @@ def _w4_parts(tensors: list, arrays: list) -> tuple[dict[str, np.ndarray], int]:
     return out, group
 
 
+# per-channel scales of fp16 / bf16 weights are values of that dtype: (smallest normal, max)
+_SCALE_RANGE = {"float16": (2.0 ** -14, 65504.0), "bfloat16": (2.0 ** -126, 3.3895e38)}
+
+
+def _quantize_w8(arrays: list) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes and fp32 per-output-channel scales of the weights merged along
+    outputs (:func:`~atbcore.ops.linear.quantize_w8`). For fp16 / bf16 weights each
+    scale is rounded to that dtype first and the codes are quantized against it: a
+    kernel that takes its scales in the activations' dtype (torch_npu's
+    ``npu_weight_quant_batchmatmul``, bf16 int8pack matmuls) then reads exactly the
+    reference's scales instead of rounding them away from it."""
+    w = _float32(arrays)
+    limits = _SCALE_RANGE.get(str(arrays[0].dtype))
+    if limits is None:
+        return quantize_w8(w)
+    amax = np.abs(w).max(axis=1)
+    exact = (amax / np.float32(127.0)).astype(arrays[0].dtype).astype(np.float32)
+    scale = np.where(amax > 0, np.clip(exact, *limits), 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
 def linear_layer(name: str, weights: list, biases: list, quantize: str | None,
                  to_array: Any = host_array) -> Layer:
     """The Linear over ``weights`` (``[out, in]`` each, merged along outputs) and their
@@ -149,8 +171,8 @@ def linear_layer(name: str, weights: list, biases: list, quantize: str | None,
     if quantize == "w4":
         qw, params["group_size"] = _w4_parts(weights, arrays)
     else:
-        wq, scale = quantize_w8(_float32(arrays))
-        qw = {"weight": wq, "scale": scale.astype(np.float32)}
+        wq, scale = _quantize_w8(arrays)
+        qw = {"weight": wq, "scale": scale}
     if bias is not None:
         qw["bias"] = bias
     return QuantLinear(name, params, qw)

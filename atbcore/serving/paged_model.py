@@ -1,7 +1,9 @@
 """The core lowered decoder as the serving engine's model: packed token ids of several
 sequences over a :class:`~atbcore.memory.PagedKVCache`, run as a front-end's tensors
 (its backend, and the C kernels it binds through DLPack, run the plan), logits back
-on the host for :func:`~.select.select_tokens`.
+on the host for :func:`~.select.select_tokens`. A cache on a device (torch's CUDA or
+NPU) gets the token ids there, so the plan runs on the device's kernels; only the
+``[B, V]`` logits come back.
 
     model = PagedDecoder(GraphOp(decoder_layers(spec, weights, last_token=True)),
                          cache, "paddle", vocab_size)
@@ -29,7 +31,12 @@ class PagedDecoder:
 
     def __init__(self, op: Any, cache: Any, framework: str, vocab_size: int) -> None:
         self.op, self.framework, self.vocab = op, framework, int(vocab_size)
-        probe = convert(np.zeros((1, 1), dtype=np.int64), framework)
+        # where the ids go: the cache's device when it is one of this framework's
+        dev = str(getattr(cache, "device", "cpu"))
+        backing = getattr(getattr(cache, "pool", None), "backing", None)
+        self.device = dev if dev.split(":")[0] != "cpu" and \
+            getattr(backing, "name", None) == framework else None
+        probe = self._ids(np.zeros((1, 1), dtype=np.int64))
         if op.graph is None:  # the block's own lowering first: it assigns the cache layers
             op._ensure_graph(op._descs_of([probe]))
         form = in_place_form(op, probe, cache)
@@ -49,6 +56,13 @@ class PagedDecoder:
         x = np.asarray(ids, dtype=np.int64).reshape(-1)
         if x.size and (int(x.min()) < 0 or int(x.max()) >= self.vocab):
             raise InputError(self.op.name, "token ids", f"in [0, {self.vocab})", x[:8].tolist())
-        out = run_paged(self.op, convert(x, self.framework), cache, batch, all_logits)
+        out = run_paged(self.op, self._ids(x), cache, batch, all_logits)
+        if self.device is not None:  # the logits to the host, as fp32
+            out = out.float().cpu()
         a = convert(out, "numpy")
         return a if a.dtype == np.float32 else np.asarray(a, dtype=np.float32)
+
+    def _ids(self, x: np.ndarray) -> Any:
+        """Host ids as the framework's tensor, on the cache's device."""
+        t = convert(x, self.framework)
+        return t if self.device is None else t.to(self.device)

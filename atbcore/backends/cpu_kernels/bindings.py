@@ -18,7 +18,7 @@ import threading
 from typing import Callable
 
 from ...log import logger
-from ..npu import stand_in_device
+from ..npu import kernel_device, stand_in_device
 from .build import BuildResult, build_library, check_private
 
 __all__ = ["library", "unavailable_reason", "build_info", "entry", "pool_stats", "SINKS",
@@ -89,8 +89,8 @@ def library() -> ctypes.CDLL | None:
 def unavailable_reason() -> str | None:
     """Why the C kernels cannot run here (None when they can)."""
     library()
-    if stand_in_device() == "cpu":  # CPU tensors stand for NPU ones (a test double)
-        return "CPU tensors stand for NPU tensors (torch_npu double installed)"
+    if stand_in_device() == "cpu":  # CPU tensors stand for a device's (a test stand-in)
+        return f"CPU tensors stand for {kernel_device('cpu').upper()} tensors (a test stand-in)"
     return _STATE["reason"]  # type: ignore[return-value]
 
 

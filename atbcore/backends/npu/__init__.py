@@ -10,6 +10,9 @@ constraint); nothing else can replace it, and no module of atb is importable as
 while it is active the torch backend routes CPU calls to the NPU kernels
 (:func:`kernel_device`) and the CPU-only C kernels step aside, so ``compile()`` and
 ``LLM`` run end to end through the double on a machine without an NPU.
+:func:`stand_in` does the same for another device type: ``stand_in("cuda")`` routes
+CPU calls to the CUDA kernels (Triton, run by its interpreter under
+``TRITON_INTERPRET=1``), which is how CI checks what a model binds on a GPU.
 
 The ``_npu_*`` ATB ops (``_npu_reshape_and_cache``, ``_npu_paged_attention``) are
 loaded lazily by torch_npu from the separate NNAL package (``libatb.so``):
@@ -25,11 +28,11 @@ import os
 from typing import Any, Iterator
 
 __all__ = ["npu_module", "use_npu_module", "unavailable_reason", "soc_family", "SOC_RANGES",
-           "nnal_reason", "kernel_device", "stand_in_device", "into_out"]
+           "nnal_reason", "kernel_device", "stand_in", "stand_in_device", "into_out"]
 
 _OVERRIDE: list[Any] = []
-# the device type whose tensors stand for NPU tensors while a double is installed
-_STAND_IN: list[str] = []
+# (device type whose tensors stand in, the device type they stand for), innermost last
+_STAND_IN: list[tuple[str, str]] = []
 
 # torch_npu.npu.get_soc_version() ranges -> the family the op docs name
 SOC_RANGES = (((100, 104), "910"), ((200, 205), "310P"), ((220, 225), "A2"),
@@ -58,26 +61,43 @@ def use_npu_module(module: Any, stand_in: str | None = None) -> Iterator[Any]:
     ``stand_in="cpu"``: CPU tensors stand for NPU ones meanwhile."""
     _OVERRIDE.append(module)
     _FAMILY.clear()
-    if stand_in is not None:
-        _STAND_IN.append(stand_in)
+    entry = None if stand_in is None else (stand_in, "npu")
+    if entry is not None:
+        _STAND_IN.append(entry)
     try:
         yield module
     finally:
         _OVERRIDE.remove(module)
-        if stand_in is not None:
-            _STAND_IN.remove(stand_in)
+        if entry is not None:
+            _STAND_IN.remove(entry)
         _FAMILY.clear()
 
 
+@contextlib.contextmanager
+def stand_in(device: str, by: str = "cpu") -> Iterator[None]:
+    """Meanwhile tensors on ``by`` stand for tensors on ``device`` ("npu", "cuda"):
+    the torch backend routes their calls to ``device``'s kernels (:func:`kernel_device`)
+    and the CPU-only C kernels step aside (tests on a machine without the device)."""
+    entry = (by, device)
+    _STAND_IN.append(entry)
+    try:
+        yield
+    finally:
+        _STAND_IN.remove(entry)
+
+
 def stand_in_device() -> str | None:
-    """The device type standing for NPU tensors (a test double's), or None."""
-    return _STAND_IN[-1] if _STAND_IN else None
+    """The device type standing for another's tensors (a test's stand-in), or None."""
+    return _STAND_IN[-1][0] if _STAND_IN else None
 
 
 def kernel_device(device_type: str) -> str:
-    """The device type whose kernels serve tensors on ``device_type``: ``"npu"`` for
-    the stand-in device while a double is installed, else ``device_type`` itself."""
-    return "npu" if _STAND_IN and device_type == _STAND_IN[-1] else device_type
+    """The device type whose kernels serve tensors on ``device_type``: the device a
+    stand-in (:func:`stand_in`) makes them stand for, else ``device_type`` itself."""
+    for by, device in reversed(_STAND_IN):
+        if device_type == by:
+            return device
+    return device_type
 
 
 def nnal_reason() -> str | None:

@@ -25,16 +25,16 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from atbcore.errors import InputError, ParamsError
+from atbcore.errors import ParamsError
 from atbcore.progress import progress
-from atbcore.serving.engine import Engine as CoreEngine
+from atbcore.serving.engine import Engine
 from atbcore.serving.front import LLMFront
 from atbcore.serving.paged_model import PagedDecoder
 
 from ..devices import resolve_device
 from .checkpoint import load_checkpoint
 from .detok import Detokenizer
-from .engine import Engine, core_runner
+from .engine import core_runner
 from .loop import EngineLoop, RequestHandle, finish_pending
 from .outputs import GenerationStats, TokenEvent
 from .request import Request, SpecConfig
@@ -55,15 +55,6 @@ def _dtype(d: Any) -> torch.dtype | None:
         raise ParamsError("LLM", "dtype", sorted(_DTYPES), repr(d)) from None
 
 
-def build_runner(model: Any, dtype: torch.dtype | None, quantize: str | None,
-                 opt_level: int) -> Any:
-    """The serving runner of ``model``: the runner with the paged forward
-    (``forward_paged``) the engine schedules over."""
-    from ..models.runner import ModelRunner
-
-    return ModelRunner.from_hf(model, opt_level=opt_level, dtype=dtype, quantize=quantize)
-
-
 class LLM(LLMFront):
     """Text generation from a local checkpoint directory (see the module docstring).
 
@@ -78,8 +69,10 @@ class LLM(LLMFront):
     (default: room for ``max_batch_size`` full-length sequences within
     ``kv_cache_memory`` bytes). ``tensor_parallel_size`` N > 1: the checkpoint
     sharded over N ranks that this call starts (or those of ``torchrun``), see
-    :mod:`.tp`. On the CPU the engine runs the core lowered decoder over the paged
-    cache, as MindSpore's and Paddle's ``LLM`` do (:func:`.engine.core_runner`)."""
+    :mod:`.tp`. On every device (CPU, CUDA, NPU) the engine runs the core lowered
+    decoder over the paged cache, as MindSpore's and Paddle's ``LLM`` do
+    (:func:`.engine.core_runner`): ``opt_level`` 3 on CUDA replays decode steps as
+    captured CUDA graphs."""
 
     def __new__(cls, *args: Any, tensor_parallel_size: int = 1, **kwargs: Any) -> "LLM":
         from .tp import TensorParallelLLM, check_tensor_parallel_size
@@ -106,22 +99,14 @@ class LLM(LLMFront):
             hf, tok, self.path = model, tokenizer, None
         self.tokenizer = tok if tokenizer is None else tokenizer
         self.config = hf.config
-        self.runner = None
         with progress(f"atb: compiling {type(hf).__name__}"):  # a terminal only, after 2 s
             core = core_runner(hf, device, tdtype, quantize, opt_level)
-            if core is None:
-                self.runner = build_runner(hf, tdtype, quantize, opt_level)
-        engine_of = core if core is not None else self.runner
-        self.device, self.dtype = engine_of.device, engine_of.dtype
-        spec = engine_of.spec
-        if spec.kind != "decoder" or engine_of.lm_head is None:
-            raise InputError("LLM", "model", "a causal LM (decoder with an LM head)", spec.arch)
-        self.vocab_size = (core.vocab_size if core is not None
-                           else self.runner.embed_w.shape[0])
-        self.spec = spec
+        self.device, self.dtype = core.device, core.dtype
+        spec = self.spec = core.spec
+        self.vocab_size = core.vocab_size
         self.max_model_len = max_model_len or getattr(hf.config, "max_position_embeddings", None)
         self.eos_ids = self._eos_ids(hf)
-        del hf  # the runner (or the decoder's layers) hold what they need
+        del hf  # the decoder's layers hold what they need
         from atbcore.memory import PagedKVCache
 
         per_block = 2 * spec.num_layers * block_size * spec.kv_size * \
@@ -134,14 +119,10 @@ class LLM(LLMFront):
                                   enable_prefix_caching=enable_prefix_caching)
         self.enable_speculative = enable_speculative
         spec_cfg = SpecConfig(num_speculative_tokens) if enable_speculative else None
-        if self.runner is None:
-            self.decoder = core.op
-            model = PagedDecoder(core.op, self.cache, "torch", self.vocab_size)
-            self.engine = CoreEngine(model, self.cache, max_batch_size, max_prefill_tokens,
-                                     self.max_model_len, spec_cfg)
-        else:
-            self.engine = Engine(self.runner, self.cache, max_batch_size, max_prefill_tokens,
-                                 self.max_model_len, spec_cfg)
+        self.decoder = core.op
+        model = PagedDecoder(core.op, self.cache, "torch", self.vocab_size)
+        self.engine = Engine(model, self.cache, max_batch_size, max_prefill_tokens,
+                             self.max_model_len, spec_cfg)
         self.loop = EngineLoop(self.engine)
         # the cache's memory comes from atb's pool: give it back (after stopping the
         # engine thread) when the LLM goes away
@@ -200,17 +181,13 @@ class LLM(LLMFront):
 
     def explain(self) -> str:
         """What the engine's model runs: the core decoder's plan report (nodes before
-        and after fusion, kernels, weight layouts, arena, launches), or the runner's."""
-        if self.runner is not None:
-            return self.runner.explain()
+        and after fusion, kernels, weight layouts, arena, launches)."""
         return (self.decoder._in_place or self.decoder).explain()
 
     def close(self) -> None:
         """Stop the engine thread and free the KV cache now (also done when the LLM is
         garbage-collected)."""
         self.loop.close()
-        if self.runner is not None:
-            self.runner.release_decode_kv()
         self._finalizer()
 
     def __repr__(self) -> str:

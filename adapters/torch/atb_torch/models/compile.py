@@ -14,12 +14,11 @@ sentence-transformers model wrapping one of them, and models built from atb Grap
 
 ``opt_level``: 0 = op by op (atb kernels, nothing fused); 1 = standard fusion (merged
 QKV and gate|up weights, norms inside the matmuls, residual adds in their epilogues,
-RoPE with the KV-cache write, MoE); 2 = + atb's own ``generate`` loop (on the hand-written
-runner, which still serves encoders, CUDA and quantized NPU models: + its prebuilt
-decode plan); 3 = + device-graph capture (CUDA graphs; elsewhere it runs as 2,
-logged). Decoders on the CPU (and NPU) run on the core engine at every level
-(:mod:`.core_runner`: the model lowered to one GraphOp, bound once per shape bucket
-over planned memory and a preallocated KV cache).
+RoPE with the KV-cache write, MoE); 2 = + atb's own ``generate`` loop; 3 = + decode
+steps captured as CUDA graphs (on CUDA; elsewhere it runs as 2, logged). Decoders run
+on the core engine at every level and on every device (:mod:`.core_runner`: the model
+lowered to one GraphOp, bound once per shape bucket over planned memory and a
+preallocated KV cache; CPU, CUDA and NPU kernels chosen per node by the backend).
 ``dtype``: compute/weight dtype (default: the model's). ``quantize="w8"``: weight-only
 int8 per output channel for every Linear; ``"w4"``: 4-bit codes with an fp16 scale per
 group of 32 inputs (or a GPTQ/AWQ checkpoint's own codes, see :mod:`.gptq_load`), run by
@@ -39,7 +38,6 @@ decoder sharded Megatron-style, each rank's share one core GraphOp
 from __future__ import annotations
 
 import copy
-import os
 from collections import OrderedDict
 from typing import Any
 
@@ -134,9 +132,7 @@ def _device_of(model: Any) -> torch.device:
 def _compile_hf(model: Any, options: dict) -> Any:
     from .arch import resolve_architecture
     from .hf_model import wrap_hf
-    from atbcore.backends.npu import kernel_device
-
-    from .core_runner import CoreRunner, why_not_core
+    from .core_runner import CoreRunner
     from .runner import ModelRunner
 
     opt = options["opt_level"]
@@ -151,16 +147,9 @@ def _compile_hf(model: Any, options: dict) -> Any:
                           total=spec.num_layers, enabled=options["progress"]) as advance:
         weights = arch.extract(model, spec)
         weights.layers = _CountedLayers(weights.layers, advance)
-        kind = ModelRunner
-        # the core engine on the CPU and NPU kernels (a test double's stand-in included);
-        # CUDA keeps the runner's device plans until the core plan is checked on a GPU,
-        # quantized NPU models until the core's fp32 w8 scales reach npu_weight_quant_*
-        where = kernel_device(dev.type)
-        if (where == "cpu" or (where == "npu" and options["quantize"] is None)) \
-                and not why_not_core(
-                spec, options["quantize"], options.get("kv_cache_dtype")) \
-                and os.environ.get("ATB_ENGINE") != "runner":
-            kind = CoreRunner
+        # decoders run on the core engine on every device (CoreRunner names what it
+        # cannot lower); encoders keep the runner until their core path lands
+        kind = CoreRunner if spec.kind == "decoder" else ModelRunner
         runner = kind(spec, weights, opt_level=opt, dtype=options["dtype"],
                       quantize=options["quantize"], device=dev,
                       kv_cache_dtype=options.get("kv_cache_dtype"))
@@ -174,8 +163,8 @@ def _compile_hf(model: Any, options: dict) -> Any:
 
 def _warn_points(arch: str) -> None:
     """Say so when plugins implement execution points that a model compiled onto the
-    hand-written runner does not run (quantized, GPT-2/Qwen3 and device models still
-    are; the core engine, GraphOps and ``lower_decoder`` graphs run them)."""
+    hand-written runner does not run (encoders still are; the core engine, GraphOps
+    and ``lower_decoder`` graphs run them)."""
     from atbcore.plugin.manager import EXECUTION_HOOKS, get_plugin_manager
 
     pm = get_plugin_manager()

@@ -114,9 +114,11 @@ class CoreRunner:
         self.device = torch.device(device) if device is not None else weights.embed.device
         self.kv_cache_dtype = kv_cache_dtype
         w = _cast(weights, self.dtype)
+        # opt_level 3 on CUDA: decode steps replay as captured CUDA graphs
         self.op = GraphOp(decoder_layers(spec, w, last_token=True, quantize=quantize),
                           name=spec.arch,
-                          fusion_config=_fusions(self.opt_level))
+                          fusion_config=_fusions(self.opt_level),
+                          cuda_graph=self.opt_level >= 3 and self.device.type == "cuda")
         self.lm_head = True if w.lm_head is not None else None
         self.vocab_size = int(w.embed.shape[0])
         self.stats = {"plans_built": 0, "plan_steps": 0, "general_steps": 0}

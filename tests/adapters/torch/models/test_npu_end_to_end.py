@@ -2,10 +2,11 @@
 conformance double: CPU tensors stand for NPU ones (``use_npu_module(...,
 stand_in="cpu")``), so every op with an NPU kernel runs torch_npu's documented call
 (validated by the double) and the C CPU kernels step aside. ``compile()`` runs the
-core plan there (CoreRunner); ``LLM`` still runs the runner's paged device plan. The greedy tokens must
+core plan there (CoreRunner), ``LLM`` the paged core plan. The greedy tokens must
 equal the CPU backend's on the same seeded tiny Llama and Qwen2 (and Mistral, whose
 sliding window the decode attention folds into its mask)."""
 
+import logging
 import sys
 from pathlib import Path
 
@@ -14,7 +15,6 @@ import torch
 
 import atb_torch as atb
 from atb_torch.models.core_runner import CoreRunner
-from atb_torch.models.paged_plan_device import DevicePagedDecodePlan
 from atbcore.backends.npu import use_npu_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "core" / "backends" / "npu"))
@@ -54,10 +54,11 @@ def test_compile_generate_through_the_double_equals_cpu(arch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_llm_through_the_double_equals_cpu(arch, monkeypatch):
+def test_llm_through_the_double_equals_cpu(arch):
+    """LLM on an NPU: the core serving engine over the paged core plan (ids to the
+    cache's device, logits back to the host), every decode step one bound program."""
     from atb_torch.llm import LLM
 
-    built = _record_plans(monkeypatch)
     model = _model(arch)
     prompts = [[5, 17, 33, 9, 81], [44, 12], [7, 7, 100, 3, 19, 250, 61]]
     with LLM(model, max_batch_size=4, block_size=16, num_blocks=16) as cpu:
@@ -67,78 +68,36 @@ def test_llm_through_the_double_equals_cpu(arch, monkeypatch):
         with LLM(model, max_batch_size=4, block_size=16, num_blocks=16) as llm:
             got = [o.token_ids for o in llm.generate_outputs(prompts, max_new_tokens=6,
                                                              ignore_eos=True)]
-            steps = llm.runner.stats["plan_steps"]
+            text = llm.explain()
+            form = llm.decoder._in_place
     assert got == want
+    assert form and form._cache_form  # the core plan in its in-place cache form
     ran = set(npu.calls)
     assert {"npu_rms_norm", "npu_add_rms_norm", "npu_rotary_mul", "npu_fusion_attention",
             "_npu_reshape_and_cache", "npu_fused_infer_attention_score", "npu_swiglu"} <= ran, ran
-    # decode steps ran as the device paged plan (bound calls over fixed buffers)
-    assert steps >= 5 and built and not any(p.graph_safe for p in built)
+    # 5 decode steps x 2 layers read the paged cache in place with the fused op
+    assert npu.calls.count("npu_fused_infer_attention_score") == 5 * 2
+    assert "device:linear_residual: kept off" in text
 
 
-def _record_plans(monkeypatch, graph_safe=None):
-    """The DevicePagedDecodePlans built from now on (``graph_safe``: forced)."""
-    built, init = [], DevicePagedDecodePlan.__init__
-
-    def record(self, *a, **kw):
-        if graph_safe is not None:
-            kw["graph_safe"] = graph_safe
-        init(self, *a, **kw)
-        built.append(self)
-    monkeypatch.setattr(DevicePagedDecodePlan, "__init__", record)
-    return built
-
-
-def test_graph_safe_paged_plan_through_the_double(monkeypatch):
-    """The calls a CUDA graph captures (cache writes as index_copy_, lengths and tables
-    in device buffers), run uncaptured on the stand-in: the same tokens."""
-    from atb_torch.llm import LLM
-
-    built = _record_plans(monkeypatch, graph_safe=True)
-    model = _model("qwen2")
-    prompts = [[9, 8, 7, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
-    with LLM(model, max_batch_size=4, block_size=16, num_blocks=16) as cpu:
-        want = [o.token_ids for o in cpu.generate_outputs(prompts, max_new_tokens=5,
-                                                          ignore_eos=True)]
-    with use_npu_module(NpuDouble("A2"), stand_in="cpu") as npu:
-        with LLM(model, max_batch_size=4, block_size=16, num_blocks=16) as llm:
-            got = [o.token_ids for o in llm.generate_outputs(prompts, max_new_tokens=5,
-                                                             ignore_eos=True)]
-    assert got == want
-    assert built and all(p.graph_safe and p.graph is None for p in built)  # captured on CUDA
-    assert "_npu_reshape_and_cache" not in npu.calls[npu.calls.index(
-        "npu_fused_infer_attention_score"):]  # decode steps wrote the cache with index_copy_
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the paged decode step "
-                    "captured as a CUDA graph at opt_level 3 (its calls are tested above)")
-def test_llm_paged_decode_cuda_graph_equals_cpu(monkeypatch):
-    from atb_torch.llm import LLM
-
-    built = _record_plans(monkeypatch)
-    model = _model("llama")
-    prompts = [[5, 17, 33, 9, 81], [44, 12]]
-    with LLM(model, max_batch_size=4, block_size=16, num_blocks=16) as cpu:
-        want = [o.token_ids for o in cpu.generate_outputs(prompts, max_new_tokens=8,
-                                                          ignore_eos=True)]
-    with LLM(model.cuda(), device="cuda", opt_level=3, max_batch_size=4, block_size=16,
-             num_blocks=16) as gpu:
-        got = [o.token_ids for o in gpu.generate_outputs(prompts, max_new_tokens=8,
-                                                         ignore_eos=True)]
-    assert got == want
-    assert built and all(p.graph is not None for p in built)
-
-
-def test_w8_linear_runs_on_the_npu_kernel():
-    model = _model("llama")
-    ids, mask = left_padded([6], seed=2)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_w8_model_runs_every_linear_on_the_npu_kernel(dtype, caplog):
+    """The core plan of a w8 model: its fp16/bf16 scales reach npu_weight_quant_batchmatmul
+    exactly (the lowering quantizes against scales of the compute dtype), so every
+    Linear (QKV, output, gate|up, down, LM head) runs there and nothing falls back."""
+    model = tiny("llama", seed=3).to(dtype)
+    ids, mask = left_padded([6, 3], seed=2)
     want = atb.compile(model, opt_level=1, quantize="w8").generate(
         ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
-    with use_npu_module(NpuDouble("A2"), stand_in="cpu") as npu:
-        got = atb.compile(model, opt_level=1, quantize="w8").generate(
-            ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    with use_npu_module(NpuDouble("A2"), stand_in="cpu") as npu, \
+            caplog.at_level(logging.INFO, logger="atb"):
+        fast = atb.compile(model, opt_level=1, quantize="w8")
+        got = fast.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert isinstance(fast.atb_runner, CoreRunner)
     assert torch.equal(got, want)
-    assert "npu_weight_quant_batchmatmul" in npu.calls
+    # 4 Linears per layer (2 layers) + the LM head, prefill and 3 decode steps
+    assert npu.calls.count("npu_weight_quant_batchmatmul") == (4 * 2 + 1) * 4
+    assert "Linear: torch_npu kernel skipped" not in caplog.text, caplog.text
 
 
 def test_compile_on_a_310p_double_falls_back_where_documented():

@@ -219,7 +219,14 @@ def test_linear_w8(npu, dtype):
     (pair,) = get_op("ResidualAdd").reference(get_op("ResidualAdd").make_params({}),
                                               {"x": ref, "residual": r})
     assert_close(yr, pair, dtype, what="npu w8 Linear + residual")
-    assert "rounding them here" in dk.why_not(p, {**tins, "scale": s.float()})
+    # fp32 scales holding values of x's dtype are taken (converted once, exactly);
+    # fp32 scales that would round are not
+    s32 = s.float()
+    assert dk.why_not(p, {**tins, "scale": s32}) is None
+    (y32,) = dk.fn(p, {**tins, "scale": s32})
+    assert torch.equal(y32, y)
+    off = s32 * (1 + 2.0 ** -20)
+    assert "rounding them here" in dk.why_not(p, {**tins, "scale": off})
     assert "not weight-only" in dk.why_not(opdef.make_params({}), tins)
 
 
