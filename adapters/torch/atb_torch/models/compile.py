@@ -15,11 +15,12 @@ sentence-transformers model wrapping one of them, and models built from atb Grap
 ``opt_level``: 0 = op by op (atb kernels, nothing fused); 1 = standard fusion (merged
 QKV and gate|up weights, norms inside the matmuls, residual adds in their epilogues,
 RoPE with the KV-cache write, MoE); 2 = + atb's own ``generate`` loop (on the hand-written
-runner, which still serves encoders, CUDA and quantized NPU models: + its prebuilt
+runner, which still serves CUDA and quantized NPU decoders: + its prebuilt
 decode plan); 3 = + device-graph capture (CUDA graphs; elsewhere it runs as 2,
 logged). Decoders on the CPU (and NPU) run on the core engine at every level
 (:mod:`.core_runner`: the model lowered to one GraphOp, bound once per shape bucket
-over planned memory and a preallocated KV cache).
+over planned memory and a preallocated KV cache); encoders run on it everywhere
+(:mod:`.lower_encoder`).
 ``dtype``: compute/weight dtype (default: the model's). ``quantize="w8"``: weight-only
 int8 per output channel for every Linear; ``"w4"``: 4-bit codes with an fp16 scale per
 group of 32 inputs (or a GPTQ/AWQ checkpoint's own codes, see :mod:`.gptq_load`), run by
@@ -137,6 +138,7 @@ def _compile_hf(model: Any, options: dict) -> Any:
     from atbcore.backends.npu import kernel_device
 
     from .core_runner import CoreRunner, why_not_core
+    from .lower_encoder import CoreEncoder
     from .runner import ModelRunner
 
     opt = options["opt_level"]
@@ -151,7 +153,7 @@ def _compile_hf(model: Any, options: dict) -> Any:
                           total=spec.num_layers, enabled=options["progress"]) as advance:
         weights = arch.extract(model, spec)
         weights.layers = _CountedLayers(weights.layers, advance)
-        kind = ModelRunner
+        kind = CoreEncoder if spec.kind == "encoder" else ModelRunner
         # the core engine on the CPU and NPU kernels (a test double's stand-in included);
         # CUDA keeps the runner's device plans until the core plan is checked on a GPU,
         # quantized NPU models until the core's fp32 w8 scales reach npu_weight_quant_*
