@@ -16,8 +16,9 @@ add and LayerNorm, the FFN (``up``, activation, ``down``, biases) and a residual
 and LayerNorm; the optional pooler. The one pass pipeline fuses it: the residual
 adds ride in the GEMM epilogues of the output projection and the FFN's down
 projection, the embeddings' sum goes into their LayerNorm (``AddLayerNorm``).
-``quantize="w8a8"`` puts the blocks' Linears on int8 weights with rows quantized on
-the fly (the C w8a8 matmul).
+``quantize`` ("w8", "w8a8", "w4") makes the blocks' Linears quantized Linears as a
+decoder's are (:mod:`.quant`: int8 weights, with ``"w8a8"`` rows quantized on the fly;
+4-bit codes), run by the C matmuls.
 Covered: post-norm LayerNorm encoders with learned absolute positions, token
 types and a plain (non-gated) activation; anything else raises
 ``CapabilityError`` naming what is missing.
@@ -34,11 +35,10 @@ from ..errors import CapabilityError
 from ..graph import layers as L
 from ..graph.layers_encoder import (FIRST_ROWS, POS_TYPE, SEQ_LENS, EncoderEmbeddings, Pooler,
                                     UnpadAttention, summed_position_types)
-from ..graph.op_layer import OpLayer
 from ..graph.sequential import BLOCK_INPUT
-from ..ops.linear import quantize_w8
 from .arch import ModelSpec, ModelWeights
 from .decoder import host_weight
+from .quant import check_quantize, linear_layer
 
 __all__ = ["encoder_layers", "why_not_encoder", "encoder_dim_names", "ENCODER_FUSION"]
 
@@ -81,27 +81,14 @@ def _cast(dtype: Dtype | None):
     return to
 
 
-def _linear(name: str, weight: np.ndarray, bias: np.ndarray, quantize: str | None) -> Any:
-    """``x @ weight.T + bias``: a float Linear, or with ``quantize="w8a8"`` a Linear
-    on the int8 weight (per-output-channel fp32 scale) whose rows of x are
-    quantized on the fly."""
-    if quantize is None:
-        return L.Linear(name, out_features=weight.shape[0]).load_weights(
-            {"weight": weight, "bias": bias})
-    wq, scale = quantize_w8(weight.astype(np.float32))
-    return OpLayer(name, op="Linear", kind="linear", cast=False,
-                   params={"quant": quantize, "bias": True},
-                   weights={"weight": wq, "bias": bias, "scale": scale.astype(np.float32)})
-
-
 def _mlp(i: int, spec: ModelSpec, lw: Any, a: Any, quantize: str | None) -> list[Any]:
     """The block's FFN as up / activation / down Linears: the pipeline fuses the
     activation into the up projection (``LinearActivation``: one oneDNN GEMM with a
     GELU post-op on the CPU) and the residual add into the down projection's
     epilogue."""
-    return [_linear(f"l{i}.up", a(lw.up), a(lw.up_b), quantize),
+    return [linear_layer(f"l{i}.up", [lw.up], [lw.up_b], quantize, a),
             L.Activation(f"l{i}.act", activation_type=spec.activation),
-            _linear(f"l{i}.mlp", a(lw.down), a(lw.down_b), quantize)]
+            linear_layer(f"l{i}.mlp", [lw.down], [lw.down_b], quantize, a)]
 
 
 def encoder_layers(spec: ModelSpec, w: ModelWeights, dtype: Any = None,
@@ -109,12 +96,10 @@ def encoder_layers(spec: ModelSpec, w: ModelWeights, dtype: Any = None,
     """The atb layers computing the encoder (see the module docstring); ``dtype``
     (e.g. ``"bf16"``; None = the weights') is the compute and weight dtype. With
     ``inputs_embeds`` the block input is word vectors ``[T, H]`` instead of ids.
-    ``quantize="w8a8"``: the blocks' Linears take int8 weights (symmetric, per
-    output channel) and quantize their input rows on the fly (the C w8a8 matmul);
-    embeddings, norms, attention and the pooler stay in ``dtype``."""
+    ``quantize`` ("w8", "w8a8", "w4"; :mod:`.quant`): the blocks' Linears are
+    quantized; embeddings, norms, attention and the pooler stay in ``dtype``."""
+    quantize = check_quantize(quantize)
     why = why_not_encoder(spec)
-    if quantize not in (None, "w8a8"):
-        why = "; ".join(filter(None, [why, f"quantize={quantize!r} (None or 'w8a8')"]))
     if why:
         raise CapabilityError("lower_encoder", why, "a BERT-style encoder", spec.arch)
     a = _cast(None if dtype is None else Dtype.of(dtype))
@@ -129,11 +114,10 @@ def encoder_layers(spec: ModelSpec, w: ModelWeights, dtype: Any = None,
     prev = "embed"
     for i, lw in enumerate(w.layers):
         layers += [
-            _linear(f"l{i}.qkv", np.concatenate([a(lw.q), a(lw.k), a(lw.v)]),
-                    np.concatenate([a(lw.q_b), a(lw.k_b), a(lw.v_b)]), quantize),
+            linear_layer(f"l{i}.qkv", [lw.q, lw.k, lw.v], [lw.q_b, lw.k_b, lw.v_b], quantize, a),
             UnpadAttention(f"l{i}.attn", num_heads=spec.num_heads,
                            num_kv_heads=spec.num_kv_heads, scale=spec.scales[i]),
-            _linear(f"l{i}.o", a(lw.o), a(lw.o_b), quantize),
+            linear_layer(f"l{i}.o", [lw.o], [lw.o_b], quantize, a),
             L.ResidualAdd(f"l{i}.attn_out", residual=prev),
             L.LayerNorm(f"l{i}.attn_norm", eps=spec.norm_eps).load_weights(
                 {"weight": a(lw.attn_norm), "bias": a(lw.attn_norm_b)}),

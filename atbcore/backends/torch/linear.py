@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from ...log import logger
 from . import kernel
 from .linear_cpu import bind_cpu_linear, cpu_linear, why_not_cpu_linear
+from .linear_dnnl import bind_dnnl_linear, dnnl_linear, why_not_dnnl_linear
 from .linear_quant import quant_linear_torch
 
 __all__ = ["w8_plan", "mm_fp32", "transposed_weight_cache", "TransposedWeightCache"]
@@ -197,13 +198,25 @@ def _dense_linear(p, x, w, b):
     return F.linear(x, wv, b)
 
 
-@kernel("Linear", impl="C matmul on 32-output panels (CPU; fp32/bf16/fp16/w8 weights), the "
+def _bind_linear(p, ins, outs, ctx):
+    """oneDNN for many-row dense fp32 calls, else the C matmul (see :func:`linear`)."""
+    call = bind_dnnl_linear(p, ins, outs, ctx)
+    return call if call is not None else bind_cpu_linear(p, ins, outs, ctx)
+
+
+@kernel("Linear", impl="oneDNN GEMM (+ residual post-op) for dense fp32 calls of many rows "
+        "(CPU); else the C matmul on 32-output panels (CPU; fp32/bf16/fp16/w8 weights), the "
         "C w4 / w8a8 kernels on their packed layouts; else F.linear / cached-transposed GEMV; "
         "w8: aten._weight_int8pack_mm or fp32 dequantize + GEMM; w4/w8a8: fp32 torch ops",
-        writes_out=True, bind=bind_cpu_linear)
+        writes_out=True, bind=_bind_linear)
 def linear(p, ins, out=None):
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
     r, z = ins.get("residual"), ins.get("zeros")
+    if why_not_dnnl_linear(p, x, w, b, ins) is None:
+        y = dnnl_linear(p, x, w, b, r)
+        if out is not None and out[0] is not None:
+            return [out[0].copy_(y)]
+        return [y]
     if why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s, z) is None:
         return [cpu_linear(p, w, b, s, z=z).run(x, None if out is None else out[0], r)]
     if p.quant in ("w4", "w8a8"):

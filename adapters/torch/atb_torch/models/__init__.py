@@ -2,7 +2,7 @@
 
 * :func:`compile` (:mod:`.compile`) — Hugging Face / sentence-transformers / GraphOp
   models in, a compiled model with the same ``forward`` and ``generate`` out.
-* :class:`ModelRunner` (:mod:`.runner`) — prefill / decode / paged / encoder entry
+* :class:`ModelRunner` (:mod:`.runner`) — decoders' prefill / decode / paged entry
   points, for serving code (``atb_torch.LLM``) and benchmarks.
 * :mod:`.arch` — the architecture registry (``ArchSpec``, ``register_architecture``).
 * :class:`ContiguousKVCache` (:mod:`.cache`), :class:`DecodePlan` (:mod:`.plan`).

@@ -15,9 +15,10 @@ sentence-transformers model wrapping one of them, and models built from atb Grap
 ``opt_level``: 0 = op by op (atb kernels, nothing fused); 1 = standard fusion (merged
 QKV and gate|up weights, norms inside the matmuls, residual adds in their epilogues,
 RoPE with the KV-cache write, MoE); 2 = + atb's own ``generate`` loop; 3 = + decode
-steps captured as CUDA graphs (on CUDA; elsewhere it runs as 2, logged). Decoders run
-on the core engine at every level and on every device (:mod:`.core_runner`: the model
-lowered to one GraphOp, bound once per shape bucket over planned memory and a
+steps captured as CUDA graphs (on CUDA; elsewhere it runs as 2, logged). Every model
+runs on the core engine at every level and on every device: decoders through
+:mod:`.core_runner`, encoders through :mod:`.lower_encoder` (the model lowered to one
+GraphOp, bound once per shape bucket over planned memory and, for decoders, a
 preallocated KV cache; CPU, CUDA and NPU kernels chosen per node by the backend).
 ``dtype``: compute/weight dtype (default: the model's). ``quantize="w8"``: weight-only
 int8 per output channel for every Linear; ``"w4"``: 4-bit codes with an fp16 scale per
@@ -133,53 +134,34 @@ def _compile_hf(model: Any, options: dict) -> Any:
     from .arch import resolve_architecture
     from .hf_model import wrap_hf
     from .core_runner import CoreRunner
-    from .runner import ModelRunner
+    from .lower_encoder import CoreEncoder
 
     opt = options["opt_level"]
     dev = _device_of(model)
     if opt == 3 and dev.type != "cuda":
         logger.info("compile: opt_level 3 captures CUDA graphs; on %s it runs as opt_level 2",
                     dev.type)
-    # ModelRunner.from_hf's steps, with the layers counted as the runner prepares them
+    # the layers counted as the engine prepares them
     arch = resolve_architecture(model.config)
     spec = arch.describe(model.config)
     with progress_display(f"atb: compiling {type(model).__name__}", PROGRESS_AFTER_S,
                           total=spec.num_layers, enabled=options["progress"]) as advance:
         weights = arch.extract(model, spec)
         weights.layers = _CountedLayers(weights.layers, advance)
-        # decoders run on the core engine on every device (CoreRunner names what it
-        # cannot lower); encoders keep the runner until their core path lands
-        kind = CoreRunner if spec.kind == "decoder" else ModelRunner
+        # every model runs on the core engine, on every device (CoreRunner and
+        # CoreEncoder name what they cannot lower)
+        kind = CoreEncoder if spec.kind == "encoder" else CoreRunner
         runner = kind(spec, weights, opt_level=opt, dtype=options["dtype"],
                       quantize=options["quantize"], device=dev,
                       kv_cache_dtype=options.get("kv_cache_dtype"))
-    if kind is ModelRunner:  # the core engine runs the plugin points as GraphOps do
-        _warn_points(runner.spec.arch)
     logger.debug("compile: %s as %s, opt_level %d (%s), dtype %s, quantize %s",
                  type(model).__name__, runner.spec.arch, opt, OPT_LEVELS[opt], runner.dtype,
                  options["quantize"])
     return wrap_hf(model, runner, options)
 
 
-def _warn_points(arch: str) -> None:
-    """Say so when plugins implement execution points that a model compiled onto the
-    hand-written runner does not run (encoders still are; the core engine, GraphOps
-    and ``lower_decoder`` graphs run them)."""
-    from atbcore.plugin.manager import EXECUTION_HOOKS, get_plugin_manager
-
-    pm = get_plugin_manager()
-    if not pm.execution_hooks_active():
-        return
-    names = sorted({i.plugin_name for h in EXECUTION_HOOKS
-                    for i in getattr(pm.hook, h).get_hookimpls()})
-    logger.warning("compile: %s runs its hand-written decode plan, which does not call the "
-                   "plugin points (atb_preprocess / atb_postprocess / atb_rope) of %s; "
-                   "GraphOps and atb_torch.models.lower.lower_decoder(model) run them",
-                   arch, ", ".join(names))
-
-
 class _CountedLayers(list):
-    """A model's per-layer weights that count a step each time the runner, having
+    """A model's per-layer weights that count a step each time the engine, having
     prepared one layer, takes the next (and after the last)."""
 
     def __init__(self, layers: Any, advance: Any) -> None:

@@ -22,8 +22,6 @@ def _attention(runner: Any) -> str:
     why = unavailable_reason()
     if why:
         return f"torch SDPA (C kernels: {why})"
-    if runner.spec.kind == "encoder":
-        return "C prefill attention over packed or right-padded rows"
     return ("prefill: C prefill attention (packed sequences, one call per layer); decode: "
             "C one-token attention over the cache (paged blocks read in place)")
 

@@ -1,4 +1,4 @@
-"""Fused decoder / encoder blocks built from atb's torch kernels (:mod:`.kernels`).
+"""Fused decoder blocks built from atb's torch kernels (:mod:`.kernels`).
 
 Each op is the core's own torch kernel with its params object built once, at
 compile time, and called directly: no ``Operation.execute`` (validation, dispatch,
@@ -21,7 +21,7 @@ decode fast path (:mod:`.plan`) reuses their prepared weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -31,7 +31,7 @@ from atbcore.backends.cpu_kernels.torch_prefill import MAX_HEAD_DIM, prefill_att
 from .arch import LayerWeights, ModelSpec
 from .kernels import Act, Kern, Lin, Norm, Prep, detach, moe_forward
 
-__all__ = ["AttnCtx", "DecoderBlock", "EncoderBlock", "Kern", "Lin", "Norm", "Act", "Prep",
+__all__ = ["AttnCtx", "DecoderBlock", "Kern", "Lin", "Norm", "Act", "Prep",
            "moe_forward", "detach", "run_blocks"]
 
 
@@ -271,41 +271,3 @@ class _SplitGateUp:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.gate(x), self.up(x)], dim=-1)
-
-
-class EncoderBlock:
-    """A post-norm encoder block (BERT) over packed tokens ``[T, H]``; attention
-    runs on the re-padded ``[B, S, 3H]`` QKV with per-row lengths (varlen)."""
-
-    def __init__(self, spec: ModelSpec, lw: LayerWeights, idx: int, prep: Prep) -> None:
-        self.spec = spec
-        self.attn_norm = Norm(spec.norm, lw.attn_norm, lw.attn_norm_b, spec.norm_eps, prep)
-        self.mlp_norm = Norm(spec.norm, lw.mlp_norm, lw.mlp_norm_b, spec.norm_eps, prep)
-        self.sizes = [spec.q_size, spec.kv_size, spec.kv_size]
-        if prep.fused or prep.quantize:
-            self.qkv = Lin([lw.q, lw.k, lw.v], [lw.q_b, lw.k_b, lw.v_b], prep)
-        else:
-            self.qkv = None
-            self.q, self.k, self.v = (Lin([w], [b], prep) for w, b in
-                                      ((lw.q, lw.q_b), (lw.k, lw.k_b), (lw.v, lw.v_b)))
-        self.o = Lin([lw.o], [lw.o_b], prep)
-        self.fa = Kern("FlashAttention", num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-                       head_dim=spec.head_dim, scale=spec.scales[idx], causal=False, layout="BSH")
-        self.act = Act(spec.activation, spec.gated)
-        self.up = Lin([lw.up], [lw.up_b], prep)
-        self.down = Lin([lw.down], [lw.down_b], prep)
-
-    def forward(self, x: torch.Tensor, pad: Callable, unpad: Callable,
-                seq_lens: torch.Tensor) -> torch.Tensor:
-        """``x`` [T, H] packed tokens; ``pad``/``unpad`` move between packed and the
-        right-padded ``[B, S, ...]`` layout; ``seq_lens`` int [B]."""
-        if self.qkv is not None:
-            qkv = pad(self.qkv(x))                                       # [B, S, 3H]
-        else:
-            qkv = pad(torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1))
-        q, k, v = qkv.split(self.sizes, dim=-1)
-        o = unpad(self.fa(q=q, k=k, v=v, seq_lens=seq_lens)[0])          # [T, H]
-        y, _ = self.attn_norm.add(self.o(o), x)
-        f = self.down(self.act(self.up(y)))
-        out, _ = self.mlp_norm.add(f, y)
-        return out

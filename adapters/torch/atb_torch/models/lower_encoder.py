@@ -1,5 +1,6 @@
 """A Hugging Face encoder (BERT; sentence-transformers' BERT models) as one core
-GraphOp, with Hugging Face's encode semantics around it.
+GraphOp, with Hugging Face's encode semantics around it: what ``compile()`` runs an
+encoder on (``compiled.atb_runner`` is a :class:`CoreEncoder`).
 
     from atb_torch.models.lower_encoder import lower_encoder
     enc = lower_encoder(hf_bert, dtype=torch.bfloat16)
@@ -19,6 +20,7 @@ position 0 is padding that is the pooler of the zero vector, as the runner's.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -29,25 +31,21 @@ from atbcore.models.encoder import (ENCODER_FUSION, encoder_dim_names, encoder_l
                                     why_not_encoder)
 
 from .arch import resolve_architecture
+from .core_runner import _fusions
 
 __all__ = ["lower_encoder", "CoreEncoder"]
 
 
 def lower_encoder(model: Any, quantize: str | None = None, dtype: torch.dtype | None = None,
-                  **graph_op_kwargs: Any) -> "CoreEncoder":
+                  opt_level: int = 2, **graph_op_kwargs: Any) -> "CoreEncoder":
     """The Hugging Face encoder ``model`` (a ``BertModel``, a model with ``.bert``)
     as a :class:`CoreEncoder` computing in ``dtype`` (None: the model's);
-    ``quantize="w8a8"``: int8 weights, rows quantized on the fly (see
+    ``quantize``: None, "w8", "w8a8" or "w4" (see
     :func:`atbcore.models.encoder.encoder_layers`)."""
-    if quantize not in (None, "w8a8"):
-        raise CapabilityError("lower_encoder", "quantize", "None or 'w8a8'", repr(quantize))
     arch = resolve_architecture(model.config)
     spec = arch.describe(model.config)
-    why = why_not_encoder(spec)
-    if why:
-        raise CapabilityError("lower_encoder", why, "a BERT-style encoder", spec.arch)
-    weights = arch.extract(model, spec)
-    return CoreEncoder(spec, weights, dtype or weights.embed.dtype, quantize, **graph_op_kwargs)
+    return CoreEncoder(spec, arch.extract(model, spec), opt_level=opt_level, dtype=dtype,
+                       quantize=quantize, **graph_op_kwargs)
 
 
 def _dt(dtype: torch.dtype) -> str:
@@ -58,13 +56,27 @@ class CoreEncoder:
     """``encode(input_ids, attention_mask, token_type_ids, position_ids,
     inputs_embeds) -> (last_hidden [B, S, H], pooled [B, H] | None)`` on core
     GraphOps (one over token ids, one over given word vectors, built on first use).
-    One caller at a time per object (the GraphOps' plans are locked per run)."""
+    Built as compile() builds its runners: ``(spec, weights, opt_level=, dtype=,
+    quantize=, device=)``; ``opt_level`` 0 runs every node as its own kernel, 1-3
+    the standard fusions; ``dtype`` None: the weights'; ``quantize`` None, "w8",
+    "w8a8" or "w4". One caller at a time per object (the GraphOps' plans are
+    locked per run)."""
 
-    def __init__(self, spec: Any, weights: Any, dtype: torch.dtype, quantize: str | None = None,
+    def __init__(self, spec: Any, weights: Any, *, opt_level: int = 2,
+                 dtype: torch.dtype | None = None, quantize: str | None = None,
+                 device: Any = None, kv_cache_dtype: str | None = None,
                  **graph_op_kwargs: Any) -> None:
+        why = why_not_encoder(spec)
+        if why:
+            raise CapabilityError("compile", why, "a BERT-style encoder", spec.arch)
+        dtype = dtype or weights.embed.dtype
         self.spec, self.dtype, self.quantize = spec, dtype, quantize
-        self._weights = weights
-        self._kwargs = {"fusion_config": ENCODER_FUSION, **graph_op_kwargs}
+        self.opt_level = int(opt_level)
+        self.device = torch.device(device) if device is not None else weights.embed.device
+        # the layers taken once (compile() counts them as they are taken)
+        self._weights = dataclasses.replace(weights, layers=list(weights.layers))
+        fusion = ENCODER_FUSION if self.opt_level > 0 else _fusions(0)
+        self._kwargs = {"fusion_config": fusion, **graph_op_kwargs}
         self.n_pos = int(weights.pos_embed.shape[0])
         self.n_type = int(weights.type_embed.shape[0])
         self.vocab = int(weights.embed.shape[0])
@@ -72,7 +84,7 @@ class CoreEncoder:
         self._embeds_op: GraphOp | None = None
         self.pool_zero = None  # the pooler of a zero row: tanh(bias)
         if weights.pooler_b is not None:
-            self.pool_zero = torch.tanh(weights.pooler_b.detach().float()).to(dtype)
+            self.pool_zero = torch.tanh(weights.pooler_b.detach().float()).to(self.device, dtype)
 
     def _graph_op(self, embeds: bool) -> GraphOp:
         layers = encoder_layers(self.spec, self._weights, _dt(self.dtype), inputs_embeds=embeds,
@@ -93,19 +105,19 @@ class CoreEncoder:
         if src is None:
             raise InputError("encode", "inputs", "input_ids or inputs_embeds", "neither")
         b, s = int(src.shape[0]), int(src.shape[1])
-        h = self.spec.hidden_size
-        pos = (torch.arange(s)[None].expand(b, s) if position_ids is None
+        h, dev = self.spec.hidden_size, src.device
+        pos = (torch.arange(s, device=dev)[None].expand(b, s) if position_ids is None
                else position_ids.expand(b, s))
-        tt = (torch.zeros(b, s, dtype=torch.long) if token_type_ids is None
+        tt = (torch.zeros(b, s, dtype=torch.long, device=dev) if token_type_ids is None
               else token_type_ids.expand(b, s))
         _check_range(pos, self.n_pos, "position_ids")
         _check_range(tt, self.n_type, "token_type_ids")
-        m = None if attention_mask is None else attention_mask.bool()
+        m = None if attention_mask is None else attention_mask.to(dev).bool()
         if m is not None and bool(m.all()):
             m = None
         if m is None:
             sel = None
-            lens = torch.full((b,), s, dtype=torch.int32)
+            lens = torch.full((b,), s, dtype=torch.int32, device=dev)
         else:
             sel = m.reshape(-1).nonzero().squeeze(1)                     # real tokens, row-major
             lens = m.sum(dim=1, dtype=torch.int32)
@@ -125,7 +137,7 @@ class CoreEncoder:
             op = self._embeds_op
         t = int(x.shape[0])
         starts = torch.cumsum(lens, 0, dtype=torch.int64) - lens         # first row of each sequence
-        last = torch.zeros(b * s, h, dtype=self.dtype)
+        last = torch.zeros(b * s, h, dtype=self.dtype, device=dev)
         pooled = None
         if t:
             outs = op(x, pt, lens, starts.clamp(max=t - 1))

@@ -26,9 +26,6 @@ Entry points (all under ``torch.no_grad``; tensors on the runner's device):
   ``prepare_decode``), ReshapeAndCache + PagedAttention per layer; returns the logits
   of each sequence's last new token ``[B, V]`` (or of every new token, for
   speculative verification).
-* :meth:`encode` — encoders (BERT): padding tokens are dropped before the first layer
-  (any mask pattern), attention runs varlen over per-row lengths, outputs are padded
-  back (zeros at padding); returns ``(last_hidden_state, pooler_output | None)``.
 
 Diagnostics: ``runner.stats`` (``plans_built``, ``plan_steps``, ``general_steps``,
 ``prefix_hits``), ``runner.weight_bytes`` (weights read per decode step: the GEMV
@@ -51,7 +48,7 @@ from .arch import ModelSpec, ModelWeights, resolve_architecture
 from .cache import ContiguousKVCache
 from .kernels import ROWS_MAX
 from .workspace import Workspace
-from .layers import AttnCtx, DecoderBlock, EncoderBlock, Kern, Lin, Norm, Prep, detach, run_blocks
+from .layers import AttnCtx, DecoderBlock, Kern, Lin, Norm, Prep, detach, run_blocks
 from .runner_paged import PagedCtx, PagedMixin
 
 __all__ = ["ModelRunner", "PagedCtx"]
@@ -65,6 +62,10 @@ class ModelRunner(PagedMixin):
     def __init__(self, spec: ModelSpec, weights: ModelWeights, *, opt_level: int = 2,
                  dtype: torch.dtype | None = None, quantize: str | None = None,
                  device: Any = None, kv_cache_dtype: str | None = None) -> None:
+        if spec.kind != "decoder":
+            raise CapabilityError("compile", f"a {spec.kind} model on the hand-written runner",
+                                  "a decoder (encoders run on lower_encoder.CoreEncoder)",
+                                  spec.arch)
         dtype = dtype or weights.embed.dtype
         device = torch.device(device) if device is not None else weights.embed.device
         self.spec, self.dtype, self.device = spec, dtype, device
@@ -77,8 +78,7 @@ class ModelRunner(PagedMixin):
         self.pos_w = detach(weights.pos_embed, dtype)
         self.type_w = detach(weights.type_embed, dtype)
         self.k_embed = Kern("Embedding")
-        Block = EncoderBlock if spec.kind == "encoder" else DecoderBlock
-        self.blocks = [Block(spec, lw, i, prep) for i, lw in enumerate(weights.layers)]
+        self.blocks = [DecoderBlock(spec, lw, i, prep) for i, lw in enumerate(weights.layers)]
         self.final_norm = None if weights.final_norm is None else Norm(
             spec.norm, weights.final_norm, weights.final_norm_b, spec.norm_eps, prep)
         self.embed_norm = None if weights.embed_norm is None else Norm(
@@ -88,8 +88,6 @@ class ModelRunner(PagedMixin):
                                                                 [weights.lm_head_b], prep)
         if weights.lm_head is weights.embed:  # tied: the head may have moved the tensor
             self.embed_w = detach(weights.embed, dtype).to(device)
-        self.pooler = None if weights.pooler is None else Lin([weights.pooler],
-                                                              [weights.pooler_b], prep)
         self._cos = self._sin = None
         # reusable buffers of long CPU prefills (see kernels.Workspace)
         self.workspace = Workspace() if device.type == "cpu" and spec.kind == "decoder" else None
@@ -175,8 +173,6 @@ class ModelRunner(PagedMixin):
                 inputs_embeds: torch.Tensor | None = None, token_type_ids: Any = None,
                 logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
         """The general decoder path; see the module docstring."""
-        if self.spec.kind != "decoder":
-            raise CapabilityError("compile", "forward() of an encoder", "encode()", self.spec.arch)
         src = input_ids if input_ids is not None else inputs_embeds
         b, t = src.shape[0], src.shape[1]
         start = cache.length if cache is not None else 0
@@ -282,74 +278,6 @@ class ModelRunner(PagedMixin):
             return torch.full((cache.batch,), n, dtype=torch.long, device=self.device)
         return cache.key_mask[:, :n].sum(dim=1)
 
-    # ------------------------------------------------------------------ encoder
-    @torch.no_grad()
-    def encode(self, input_ids: torch.Tensor | None = None, attention_mask: Any = None,
-               token_type_ids: Any = None, position_ids: Any = None,
-               inputs_embeds: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Encoder forward; see the module docstring. On the CPU fast path
-        (:mod:`.encoder_fast`: opt >= 1, fp32/bf16, not quantized) a batch with at
-        least ``PACK_BELOW`` real tokens runs padded (rows ``[B*S, H]``, key-padding
-        mask in the attention) and padding is dropped only below that; either way
-        padding positions of the output are zeros."""
-        src = input_ids if input_ids is not None else inputs_embeds
-        b, s = src.shape[0], src.shape[1]
-        dev = self.device
-        if position_ids is None:
-            position_ids = torch.arange(s, device=dev)[None].expand(b, s)
-        position_ids = position_ids.expand(b, s)
-        if token_type_ids is None:
-            token_type_ids = torch.zeros(b, s, dtype=torch.long, device=dev)
-        m = None if attention_mask is None else attention_mask.to(dev).bool()
-        if m is not None and bool(m.all()):
-            m = None
-        from .encoder_fast import PACK_BELOW, FastEncoder
-
-        fast = self.__dict__.get("_fast_encoder", False)
-        if fast is False:  # built on the first call: None when the fast path cannot run
-            fast = self.__dict__["_fast_encoder"] = FastEncoder.build(self)
-        if m is None:
-            lens = torch.full((b,), s, dtype=torch.int32, device=dev)
-            sel = None
-        else:
-            lens = m.sum(dim=1).to(torch.int32)
-            sel = None  # few padding tokens on the fast path: run them padded, no re-layout
-            if fast is None or int(lens.sum()) < PACK_BELOW * b * s:
-                sel = m.reshape(-1).nonzero().squeeze(1)                 # real tokens, row-major
-
-        def take(t: torch.Tensor) -> torch.Tensor:                       # [B, S, ...] -> [T, ...]
-            t = t.reshape(b * s, *t.shape[2:])
-            return t if sel is None else t[sel]
-
-        x = None
-        if fast is not None and inputs_embeds is None:
-            x = fast.embed(take(input_ids), take(position_ids), take(token_type_ids))
-        if x is None:
-            x = self.embed(None if input_ids is None else take(input_ids), take(position_ids),
-                           take(token_type_ids),
-                           None if inputs_embeds is None else take(inputs_embeds))
-            if self.embed_norm is not None:
-                x = self.embed_norm(x)
-        if fast is not None:
-            x = fast.run(x, m, lens, b, s, sel)
-        else:
-            pad, unpad = _varlen(m, lens, b, s)
-            for blk in self.blocks:
-                x = blk.forward(x, pad, unpad, lens)
-        if sel is None:
-            last = x.reshape(b, s, -1)
-            if m is not None:  # padded rows ran through the layers: zeros, as packed ones
-                last = last.masked_fill_(~m[..., None], 0)                # x is ours: in place
-        else:
-            last = x.new_zeros(b * s, x.shape[-1])
-            last[sel] = x
-            last = last.reshape(b, s, -1)                                # zeros at padding
-        pooled = None
-        if self.pooler is not None:
-            pooled = (fast.pool(last[:, 0]) if fast is not None and fast.pooler is not None
-                      else torch.tanh(self.pooler(last[:, 0])))
-        return last, pooled
-
     def prefill_workspace(self, tokens: int) -> Workspace | None:
         """The workspace for a forward of ``tokens`` rows: long CPU prefills reuse its
         buffers; decode-sized steps (the C few-row matmuls) need none."""
@@ -374,22 +302,3 @@ class ModelRunner(PagedMixin):
                     n += lin.nbytes
         return n + (self.lm_head.nbytes if self.lm_head is not None else 0)
 
-
-def _varlen(m: torch.Tensor | None, lens: torch.Tensor, b: int, s: int):
-    """``pad`` ([T, ...] -> right-padded [B, Smax, ...]) and ``unpad`` (back)."""
-    if m is None:
-        return (lambda t: t.reshape(b, s, *t.shape[1:])), (lambda t: t.reshape(b * s, *t.shape[2:]))
-    smax = int(lens.max())
-    rank = m.long().cumsum(dim=1) - 1                                    # slot of each token in its row
-    rows = torch.arange(b, device=m.device)[:, None].expand(b, s)
-    dest = (rows * smax + rank)[m]                                       # [T] flat slots
-
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        out = t.new_zeros(b * smax, *t.shape[1:])
-        out[dest] = t
-        return out.reshape(b, smax, *t.shape[1:])
-
-    def unpad(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(b * smax, *t.shape[2:])[dest]
-
-    return pad, unpad

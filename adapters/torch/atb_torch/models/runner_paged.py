@@ -15,7 +15,6 @@ import torch
 
 from atbcore.backends.cpu_kernels import torch_ops as ck
 from atbcore.backends.cpu_kernels.threads import parked_torch_threads
-from atbcore.errors import CapabilityError
 
 from .kernels import ROWS_MAX
 from .layers import run_blocks
@@ -57,9 +56,6 @@ class PagedMixin:
         per sequence runs as a prebuilt plan: of C kernels on the CPU
         (:mod:`.paged_plan`), of the device kernels elsewhere, captured as a CUDA graph
         at opt 3 (:mod:`.paged_plan_device`)."""
-        if self.spec.kind != "decoder":
-            raise CapabilityError("compile", "forward_paged() of an encoder", "encode()",
-                                  self.spec.arch)
         pos = batch.positions.to(self.device).long()
         if input_ids.numel() == len(batch.seq_ids):  # one token per sequence: a decode step
             from .paged_plan import paged_plan_for

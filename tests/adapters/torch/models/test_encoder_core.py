@@ -1,9 +1,8 @@
-"""The encoder fast path (:mod:`atb_torch.models.encoder_fast`): one layer against a
-float64 NumPy reference of a post-norm BERT layer, whole tiny BERTs (GELU, tanh-GELU,
-ReLU; fp32 and bf16; padded and packed batches; an empty row) against Hugging Face
-eager, and the cases that must take the general path. The tests against Hugging
-Face run on both encoder engines (the runner's FastEncoder and the core GraphOp,
-:mod:`encoder_engines`)."""
+"""compile() of encoders on the core engine (:mod:`atb_torch.models.lower_encoder`):
+one layer against a float64 NumPy reference of the embeddings and a post-norm BERT
+layer, whole tiny BERTs (GELU, tanh-GELU, ReLU, SiLU; fp32 and bf16; light and heavy
+padding; an empty row) against Hugging Face eager, and the plan's fusions and weight
+layouts per option."""
 
 import numpy as np
 import pytest
@@ -12,8 +11,7 @@ import torch
 from atbcore.errors import InputError
 from atbcore.numerics import assert_close
 from atb_torch.models import compile
-from atb_torch.models.encoder_fast import FastEncoder, fast_encoder_reason
-from encoder_engines import ENGINES, compile_on, is_core
+from atb_torch.models.lower_encoder import CoreEncoder
 from tiny_models import tiny
 
 
@@ -54,30 +52,37 @@ def _np_bert_layer(x, mask, lw, heads, eps):
     return _np_layer_norm(f + y, lw["output.LayerNorm.weight"], lw["output.LayerNorm.bias"], eps)
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_one_layer_against_numpy(packed):
+def _np_embed(ids, tt, bert, eps):
+    """LayerNorm(word + position + token type) in float64: ids, tt [B, S]."""
+    e = {k: v.double().numpy() for k, v in bert.embeddings.state_dict().items()}
+    s = ids.shape[1]
+    x = (e["word_embeddings.weight"][ids] + e["position_embeddings.weight"][np.arange(s)][None]
+         + e["token_type_embeddings.weight"][tt])
+    return _np_layer_norm(x, e["LayerNorm.weight"], e["LayerNorm.bias"], eps)
+
+
+@pytest.mark.parametrize("padding", [False, True])
+def test_one_layer_against_numpy(padding):
     bert = tiny("bert")
+    bert.encoder.layer = bert.encoder.layer[:1]
+    bert.config.num_hidden_layers = 1
     c = compile(bert, opt_level=1)
-    fe = FastEncoder.build(c.atb_runner)
-    assert fe is not None
-    b, s, h = 3, 10, 64
-    x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(5))
+    assert isinstance(c.atb_runner, CoreEncoder)
+    b, s = 3, 10
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 256, (b, s), generator=g)
+    tt = torch.randint(0, 2, (b, s), generator=g)
     m = torch.ones(b, s, dtype=torch.bool)
-    m[1, 6:] = False
-    m[2, 3:] = False
-    lens = m.sum(1).int()
+    if padding:
+        m[1, 6:] = False
+        m[2, 3:] = False
+    eps = bert.config.layer_norm_eps
     lw = {k: v.double().numpy() for k, v in bert.encoder.layer[0].state_dict().items()}
-    ref = _np_bert_layer(x.double().numpy(), m.numpy(), lw, 4, bert.config.layer_norm_eps)
-    layer = fe.layers[0]
-    fe.layers = [layer]
-    if packed:
-        sel = m.reshape(-1).nonzero().squeeze(1)
-        out = fe.run(x.reshape(b * s, h)[sel], m, lens, b, s, sel)      # [T, H]
-        assert_close(out, torch.from_numpy(ref.reshape(b * s, h)[sel.numpy()]).float(), "fp32",
-                     "packed layer")
-    else:
-        out = fe.run(x.reshape(b * s, h), m, lens, b, s, None).reshape(b, s, h)
-        assert_close(out[m], torch.from_numpy(ref[m.numpy()]).float(), "fp32", "padded layer")
+    ref = _np_bert_layer(_np_embed(ids.numpy(), tt.numpy(), bert, eps), m.numpy(), lw, 4, eps)
+    with torch.no_grad():
+        out = c(ids, attention_mask=m.long(), token_type_ids=tt).last_hidden_state
+    assert_close(out[m], torch.from_numpy(ref[m.numpy()]).float(), "fp32", "one layer")
+    assert bool((out[~m] == 0).all())
 
 
 def _batch(b=4, s=16, seed=3):
@@ -90,12 +95,11 @@ def _batch(b=4, s=16, seed=3):
     return ids, tt, mask
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu", "silu"])
 @pytest.mark.parametrize("heavy_padding", [False, True])
-def test_tiny_bert_activations_against_hf(act, heavy_padding, engine):
+def test_tiny_bert_activations_against_hf(act, heavy_padding):
     bert = tiny("bert", hidden_act=act)
-    c = compile_on(bert, engine, opt_level=2)
+    c = compile(bert, opt_level=2)
     ids, tt, mask = _batch()
     if heavy_padding:
         mask[0, 4:] = 0                                                  # 47 of 64 real: packed
@@ -103,31 +107,29 @@ def test_tiny_bert_activations_against_hf(act, heavy_padding, engine):
     with torch.no_grad():
         ref = bert(ids, attention_mask=mask, token_type_ids=tt, position_ids=pos)
         out = c(ids, attention_mask=mask, token_type_ids=tt, position_ids=pos)
-    assert is_core(c) or c.atb_runner._fast_encoder is not None
+    assert isinstance(c.atb_runner, CoreEncoder)
     real = mask.bool()
     assert_close(out.last_hidden_state[real], ref.last_hidden_state[real], "fp32", act)
     assert bool((out.last_hidden_state[~real] == 0).all())
     assert_close(out.pooler_output, ref.pooler_output, "fp32", "pooler")
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_bf16_compute_close_to_fp32_hf(engine):
+def test_bf16_compute_close_to_fp32_hf():
     bert = tiny("bert")
-    c = compile_on(bert, engine, dtype=torch.bfloat16)
+    c = compile(bert, dtype=torch.bfloat16)
     ids, tt, mask = _batch()
     with torch.no_grad():
         ref = bert(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
         out = c(ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
-    assert (is_core(c) or c.atb_runner._fast_encoder is not None) and out.dtype == torch.bfloat16
+    assert isinstance(c.atb_runner, CoreEncoder) and out.dtype == torch.bfloat16
     real = mask.bool()
     cos = torch.nn.functional.cosine_similarity(out[real].double(), ref[real].double(), dim=-1)
     assert float(cos.min()) >= 0.999, float(cos.min())
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_empty_row_gives_zeros_and_leaves_others_exact(engine):
+def test_empty_row_gives_zeros_and_leaves_others_exact():
     bert = tiny("bert")
-    c = compile_on(bert, engine)
+    c = compile(bert)
     ids, tt, mask = _batch()
     mask[2] = 0
     with torch.no_grad():
@@ -139,10 +141,9 @@ def test_empty_row_gives_zeros_and_leaves_others_exact(engine):
     assert_close(out[keep][real], ref[real], "fp32", "other rows")
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_embedding_indices_out_of_range_raise(engine):
+def test_embedding_indices_out_of_range_raise():
     bert = tiny("bert")
-    c = compile_on(bert, engine)
+    c = compile(bert)
     ids, tt, mask = _batch()
     with pytest.raises(InputError, match="token_type_ids"):
         c(ids, attention_mask=mask, token_type_ids=tt + 5)
@@ -152,51 +153,72 @@ def test_embedding_indices_out_of_range_raise(engine):
         c(ids, attention_mask=mask, position_ids=torch.arange(16)[None] + 120)
 
 
-def test_general_path_cases():
-    bert = tiny("bert")
-    assert "opt_level 0" in fast_encoder_reason(compile(bert, opt_level=0).atb_runner)
-    assert "quantize" in fast_encoder_reason(compile(bert, quantize="w8").atb_runner)
-    assert "fp32/bf16" in fast_encoder_reason(compile(bert, dtype=torch.float16).atb_runner)
-    assert fast_encoder_reason(compile(bert).atb_runner) is None
+def _ran(c, b=8, s=12):
+    """The explain() of ``c`` run once on a [b, s] batch (its plan bound for b * s rows)."""
+    with torch.no_grad():
+        c(torch.randint(0, 256, (b, s), generator=torch.Generator().manual_seed(1)))
+    return c.atb_runner.explain()
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_inputs_embeds_take_the_general_embedding_then_the_fast_layers(engine):
+def _after_fusion(c):
+    text = _ran(c)
+    return text[text.index("After fusion"):text.index("Plan for")]
+
+
+def test_plan_fuses_what_the_hand_written_encoder_did():
+    """opt >= 1: embeddings' add in their LayerNorm, bias + GELU in the up GEMM,
+    residual adds in the o / down GEMMs' epilogues; opt 0: every node its own."""
     bert = tiny("bert")
-    c = compile_on(bert, engine)
+    fused = _after_fusion(compile(bert))
+    assert "AddLayerNorm(embed.word, embed.pos_type" in fused
+    assert "l0.act: LinearActivation(l0.attn_norm, l0.up.weight, l0.up.bias)" in fused
+    assert "l0.o: Linear(l0.attn, l0.o.weight, l0.o.bias, -, embed) -> l0.attn_out" in fused
+    assert "l1.mlp: Linear(l1.act, l1.mlp.weight, l1.mlp.bias, -, l1.attn_norm)" in fused
+    assert "ResidualAdd" not in fused
+    plain = _after_fusion(compile(bert, opt_level=0))
+    assert "LinearActivation" not in plain and "AddLayerNorm" not in plain
+    assert plain.count("ResidualAdd") == 1 + 2 * bert.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("kw,layout", [({}, "[out, in] rows (oneDNN)"),
+                                       ({"quantize": "w8"}, "int8 32-output panels (w8)"),
+                                       ({"quantize": "w8a8"}, "w8a8 VNNI panels"),
+                                       ({"dtype": torch.bfloat16}, "32-output panels")])
+def test_weight_layouts_by_option(kw, layout):
+    """Each option's Linears read their weights in its kernel's layout: fp32 batches
+    of many rows the oneDNN GEMM's [out, in] rows, w8 int8 panels, w8a8 VNNI panels,
+    bf16 the C matmul's panels."""
+    from atbcore.backends.torch.linear_dnnl import DNNL_MIN_ROWS, dnnl_available
+
+    if not kw and not dnnl_available():  # a torch without oneDNN: the C matmul
+        layout = "32-output panels"
+    text = _ran(compile(tiny("bert"), **kw), b=8, s=12)
+    assert 8 * 12 > DNNL_MIN_ROWS
+    assert f"weight weight: {layout}" in text
+
+
+def test_inputs_embeds():
+    bert = tiny("bert")
+    c = compile(bert)
     ids, tt, mask = _batch()
     emb = bert.embeddings.word_embeddings(ids)
     with torch.no_grad():
         ref = bert(inputs_embeds=emb, attention_mask=mask, token_type_ids=tt).last_hidden_state
         out = c(inputs_embeds=emb, attention_mask=mask, token_type_ids=tt).last_hidden_state
-    assert is_core(c) or c.atb_runner._fast_encoder is not None
+    assert isinstance(c.atb_runner, CoreEncoder)
     real = mask.bool()
     assert_close(out[real], ref[real], "fp32", "inputs_embeds")
 
 
-def test_fast_layers_share_the_blocks_weights():
-    c = compile(tiny("bert"))
-    r = c.atb_runner
-    fe = FastEncoder.build(r)
-    for layer, blk in zip(fe.layers, r.blocks):
-        for w, lin in ((layer.wqkv, blk.qkv), (layer.wo, blk.o), (layer.wup, blk.up),
-                       (layer.wdown, blk.down)):
-            assert w.shape == (lin.out_features, lin.in_features)
-            assert w.untyped_storage().data_ptr() == lin.w.untyped_storage().data_ptr()
-
-
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("padding", ["right_padded", "right_packed", "left_padded", "left_packed"])
-def test_attention_kernel_by_padding_side(padding, engine):
-    """Right-padded batches attend through the C prefill attention in place (padded
-    rows or packed tokens), left padding packed too; a padded batch with padding first
-    keeps SDPA on the runner (the kernel's key counts mean real tokens first), the
-    core packs every batch. All equal HF."""
+def test_attention_kernel_by_padding_side(padding):
+    """Every batch is packed (real tokens only), so each layer's attention is one C
+    prefill attention call whatever the padding side or share; all equal HF."""
     from atbcore.backends.cpu_kernels import available
     from atbcore.backends.cpu_kernels.counting import LaunchCounter
 
     bert = tiny("bert")
-    c = compile_on(bert, engine, opt_level=2)
+    c = compile(bert, opt_level=2)
     ids, tt, _ = _batch()
     lens = [16, 15, 14, 16] if padding.endswith("padded") else [16, 3, 9, 1]   # >= 90 %: padded
     mask = torch.zeros(4, 16, dtype=torch.long)
@@ -213,5 +235,4 @@ def test_attention_kernel_by_padding_side(padding, engine):
     assert_close(out[real], ref[real], "fp32", padding)
     c_calls = lc.ops.count("prefill_attention")
     layers = bert.config.num_hidden_layers
-    runner_sdpa = padding == "left_padded" and not is_core(c)
-    assert c_calls == (0 if runner_sdpa or not available() else layers)
+    assert c_calls == (layers if available() else 0)
