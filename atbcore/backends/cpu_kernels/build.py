@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BuildResult", "build_library", "SOURCES", "cache_dir", "isa_flags", "UnsafeCache",
+__all__ = ["BuildResult", "build_library", "SOURCES", "cache_dir", "isa_flags", "cpu_flags", "UnsafeCache",
            "check_private", "private_dir"]
 
 CSRC = Path(__file__).with_name("csrc")
@@ -114,7 +114,9 @@ def cache_dir() -> Path:
     return Path(base) / "atb" / "cpu_kernels"
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as ``/proc/cpuinfo`` lists them (empty where it cannot
+    be read)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
@@ -131,7 +133,7 @@ def isa_flags() -> list[tuple[str, tuple[str, ...]]]:
     generic = ("generic", ())
     if want == "generic" or platform.machine().lower() not in ("x86_64", "amd64"):
         return [generic]
-    flags = _cpu_flags()
+    flags = cpu_flags()
     out = []
     v3 = {"avx2", "fma", "f16c", "bmi2", "movbe"} <= flags
     v4 = v3 and {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"} <= flags

@@ -10,7 +10,9 @@ from atbcore.ops.linear import quantize_w8  # noqa: E402
 from oracle import rand  # noqa: E402
 from paddle_cases import FLOATS, check_paddle  # noqa: E402
 
-from atb_paddle.backend.common import PATHS, reset_paths  # noqa: E402
+import paddle  # noqa: E402
+from atb_paddle.backend import common  # noqa: E402
+from atb_paddle.backend.common import PATHS, fused_reason, reset_paths  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -32,10 +34,27 @@ def test_norms(dtype, kernel_path):
     if kernel_path == "native":  # atb's C kernels ran on the Paddle tensors
         assert PATHS[("RmsNorm", "native")] == 3 and PATHS[("AddLayerNorm", "native")] == 2
         return
+    if fused_reason("fused_rms_norm", paddle.zeros([1], dtype="float32")) is not None:
+        # no AVX-512F: Paddle's fused norm kernels would die of SIGILL, so compositions ran
+        assert PATHS[("RmsNorm", "composed")] >= 2
+        assert not any(path.startswith("fused_") for _, path in PATHS)
+        return
     assert PATHS[("RmsNorm", "fused_rms_norm")] >= 2
     if dtype == "fp32":
         assert PATHS[("AddRmsNorm", "fused_rms_norm")] == 1
         assert PATHS[("AddLayerNorm", "fused_layer_norm")] == 1
+
+
+def test_fused_norms_only_where_the_cpu_has_avx512(monkeypatch):
+    """Paddle 3.3's CPU fused norm kernels execute AVX-512 instructions on any CPU: they
+    are chosen only where /proc/cpuinfo lists avx512f (swiglu's kernel is plain)."""
+    t = paddle.zeros([2, 8], dtype="float32")
+    monkeypatch.setattr(common, "_avx512", lambda: False)
+    for name in ("fused_rms_norm", "fused_layer_norm"):
+        assert fused_reason(name, t) == f"{name}'s CPU kernel needs AVX-512F, which this CPU lacks"
+    assert fused_reason("swiglu", t) is None
+    monkeypatch.setattr(common, "_avx512", lambda: True)
+    assert fused_reason("fused_rms_norm", t) is None and fused_reason("fused_layer_norm", t) is None
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

@@ -25,6 +25,7 @@ with the reason, and the composition runs instead.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 from typing import Any, Callable
@@ -40,6 +41,9 @@ HALF = (paddle.float16, paddle.bfloat16)
 
 # Fused ops with a CPU kernel in Paddle 3.3 (fp32 only); everything else fused is GPU-only.
 FUSED_CPU_FP32 = frozenset({"fused_rms_norm", "fused_layer_norm", "swiglu"})
+# Paddle 3.3's CPU kernels of these (RmsNormAvxKernel, ...) use AVX-512 instructions
+# whatever the CPU: on one without AVX-512F the process dies of SIGILL.
+FUSED_CPU_AVX512 = frozenset({"fused_rms_norm", "fused_layer_norm"})
 
 #: (op, path) -> calls; tests and diagnostics read which path ran
 PATHS: Counter = Counter()
@@ -95,10 +99,19 @@ def fused_reason(name: str, t: Any) -> str | None:
             return f"{name} has no CPU kernel in Paddle {paddle.__version__}"
         if t.dtype != paddle.float32:
             return f"{name} has only an fp32 CPU kernel, given {str(t.dtype)[7:]}"
+        if name in FUSED_CPU_AVX512 and not _avx512():
+            return f"{name}'s CPU kernel needs AVX-512F, which this CPU lacks"
         return None
     if kind != "cuda":
         return f"{name} is not known to run on {kind}"
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _avx512() -> bool:
+    from atbcore.backends.cpu_kernels.build import cpu_flags
+
+    return "avx512f" in cpu_flags()
 
 
 def fused_or(op: str, name: str, probe: Any, fused: Callable[[], Any],
