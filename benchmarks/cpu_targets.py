@@ -153,9 +153,9 @@ def prefill(args: argparse.Namespace) -> dict:
 
     peak_eager = allocator_peak(hf("eager"))
     peak_sdpa = allocator_peak(hf("sdpa"))
-    # its cache was preallocated; its prefill workspace (reused buffers) is kept
+    # its cache was preallocated; its plan's arena (planned intermediates, from the pool) is kept
     peak_atb = allocator_peak(atb) + cache.nbytes
-    peak_atb += runner.workspace.nbytes if runner.workspace is not None else 0
+    peak_atb += runner.arena_bytes
     timed = interleaved({"hf_sdpa": hf("sdpa"), "atb": atb}, args.repeats, warmup=1)
     model.set_attn_implementation("sdpa")
     d = float((timed["hf_sdpa"][-1][1] - timed["atb"][-1][1]).abs().max())

@@ -1,16 +1,16 @@
-"""A Hugging Face Llama on the core engine against the hand-written runner's decode
-plan (being retired) on the same model: decode step time, one process. Engines: "graph"
-(the lowered GraphOp called with an ``atb.KVCache``), "core" (``atb.compile``'s
-CoreRunner.decode, what users run) and "runner" (ModelRunner.decode).
+"""A Hugging Face Llama on the core engine, two ways, against Hugging Face eager on the
+same model: decode step time, one process. Engines: "graph" (the lowered GraphOp
+called with an ``atb.KVCache``, as a GraphOp user runs it), "core" (``atb.compile``'s
+CoreRunner.decode, what compiled models and ``LLM`` run) and "hf" (the model's own
+forward over its DynamicCache, the floor).
 
 The embedded default model's sizes (hidden 512, 8 layers, 8 heads, 2 KV heads, inter
 1376, vocab 32000), fp32 (or ``--dtype bf16``), batch 1, a 32-token prompt; each sample times ``--steps``
-decode steps of one engine, the two take turns, and the best and median per-step
+decode steps of one engine, the engines take turns, and the best and median per-step
 times of ``--samples`` samples are reported with their ratio. Also: the graph's
 launches per step and its arena bytes. ``--arch gpt2`` / ``qwen3``: the same sizes
 as a GPT-2 (LayerNorm, learned positions, GELU MLP of inter 1376, MHA) or a Qwen3
-(q/k norms). ``--quantize w8|w8a8|w4`` quantizes every engine's Linears (the same
-codes: the core's quantized Linears against the runner's).
+(q/k norms). ``--quantize w8|w8a8|w4`` quantizes atb's Linears (HF stays float).
 
     python benchmarks/graph_decode.py [--samples 15] [--steps 16] [--threads 2] [--dtype bf16]
                                       [--arch llama|gpt2|qwen3] [--quantize w8|w8a8|w4]
@@ -68,19 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     cap = 32 + (a.samples + 1) * a.steps + 8
     op = lower_decoder(hf, quantize=a.quantize)
     cache = KVCache(L, 1, cap, kv, H // NH, dtype=a.dtype)
-    from atb_torch.models.runner import ModelRunner
-
     core = atb.compile(hf, opt_level=2, quantize=a.quantize).atb_runner
-    runner = ModelRunner.from_hf(hf, opt_level=2, quantize=a.quantize)
-    rcache, ccache = runner.new_cache(1, cap), core.new_cache(1, cap)
+    ccache = core.new_cache(1, cap)
     tok, rtok = ids[:, -1:], ids[0, -1:]
     with torch.no_grad():
         op(ids, kv_cache=cache)
-        runner.prefill(ids, rcache)
         core.prefill(ids, ccache)
+        past = hf(ids, use_cache=True).past_key_values
         engines = {"graph": lambda: op(tok, kv_cache=cache),
                    "core": lambda: core.decode(rtok, ccache),
-                   "runner": lambda: runner.decode(rtok, rcache)}
+                   "hf": lambda: hf(tok, past_key_values=past)}
         for f in engines.values():
             f()
         times: dict[str, list[float]] = {k: [] for k in engines}
@@ -93,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     plan = op._in_place.last_plan
     for name, ts in times.items():
         print(f"{name:8s} decode step: best {min(ts):.3f} ms, median {statistics.median(ts):.3f} ms")
-    for name in ("graph", "core"):
-        ratio_best = min(times["runner"]) / min(times[name])
-        ratio_med = statistics.median(times["runner"]) / statistics.median(times[name])
-        print(f"{name} tok/s / runner tok/s: best {ratio_best:.3f}, median {ratio_med:.3f}")
+    for name, base in (("graph", "core"), ("core", "hf"), ("graph", "hf")):
+        ratio_best = min(times[base]) / min(times[name])
+        ratio_med = statistics.median(times[base]) / statistics.median(times[name])
+        print(f"{name} tok/s / {base} tok/s: best {ratio_best:.3f}, median {ratio_med:.3f}")
     print(f"graph launches per step {plan.launches}, arena {plan.memory.arena_bytes} B, "
           f"{a.threads} threads, {a.dtype}, {a.arch}, quantize {a.quantize}")
     return 0

@@ -1,22 +1,22 @@
-"""Whole models: ``compile`` and the model runner behind it.
+"""Whole models: ``compile`` and the core engine behind it.
 
 * :func:`compile` (:mod:`.compile`) — Hugging Face / sentence-transformers / GraphOp
   models in, a compiled model with the same ``forward`` and ``generate`` out.
-* :class:`ModelRunner` (:mod:`.runner`) — decoders' prefill / decode / paged entry
-  points, for serving code (``atb_torch.LLM``) and benchmarks.
+* :class:`~.core_runner.CoreRunner` (:mod:`.core_runner`) — a decoder lowered to one
+  core GraphOp: prefill / decode / forward over a :class:`~.row_cache.RowKVCache`, for
+  serving code and benchmarks (``compiled.atb_runner``); encoders:
+  :class:`~.lower_encoder.CoreEncoder`.
 * :mod:`.arch` — the architecture registry (``ArchSpec``, ``register_architecture``).
-* :class:`ContiguousKVCache` (:mod:`.cache`), :class:`DecodePlan` (:mod:`.plan`).
 
 Importing this package imports torch but not transformers.
 """
 
 from .arch import ArchSpec, ModelSpec, ModelWeights, LayerWeights, register_architecture, \
     resolve_architecture
-from .cache import ContiguousKVCache
 from .compile import OPT_LEVELS, compile
-from .plan import DecodePlan
-from .runner import ModelRunner
+from .core_runner import CoreRunner
+from .row_cache import RowKVCache
 
-__all__ = ["compile", "OPT_LEVELS", "ModelRunner", "ContiguousKVCache", "DecodePlan", "ArchSpec",
+__all__ = ["compile", "OPT_LEVELS", "CoreRunner", "RowKVCache", "ArchSpec",
            "ModelSpec", "ModelWeights", "LayerWeights", "register_architecture",
            "resolve_architecture"]

@@ -316,6 +316,14 @@ class CoreRunner:
         return None if plan is None else plan.launches
 
     @property
+    def arena_bytes(self) -> int:
+        """Bytes of the planned intermediates' arena of the last call's plan (taken from
+        the memory pool and kept with the plan; 0 before any call)."""
+        form = self.op._in_place
+        plan = getattr(form, "last_plan", None) if form else None
+        return 0 if plan is None else int(plan.memory.arena_bytes)
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of the weights a decode step reads (all but the embedding table)."""
         graph = self.op.graph

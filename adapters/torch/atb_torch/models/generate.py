@@ -4,7 +4,7 @@ Hugging Face's ``generate`` prepares everything (generation config, the logits
 processors, the stopping criteria, batch expansion for ``num_return_sequences``)
 and then calls ``_sample`` for greedy and sampled decoding; the compiled model's
 ``_sample`` runs :func:`atb_sample` instead of Hugging Face's loop: the prompt
-through the runner's prefill, then one decode-plan step per token, with Hugging
+through the core engine's prefill, then one decode step of its bound plan per token, with Hugging
 Face's own processors and criteria applied to each step's fp32 logits in Hugging
 Face's order — so every processor ``generate`` builds (min/max length, temperature,
 top-k/top-p/min-p, typical, repetition penalty, no-repeat n-grams, bad words,

@@ -1,4 +1,4 @@
-"""``AtbCache``: a Hugging Face ``Cache`` over a :class:`.cache.ContiguousKVCache`.
+"""``AtbCache``: a Hugging Face ``Cache`` over a :class:`.row_cache.RowKVCache`.
 
 Compiled models return it as ``past_key_values`` and accept it back, so
 ``model(ids, use_cache=True)`` → ``model(next_ids, past_key_values=out.past_key_values)``
@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from atbcore.errors import CapabilityError
 
-from .cache import ContiguousKVCache
+from .row_cache import RowKVCache
 
 __all__ = ["AtbCache", "to_atb_cache"]
 
@@ -51,10 +51,7 @@ class _AtbLayer(CacheLayerMixin):
         kv = self.owner.kv
         if kv is None:
             return None
-        if hasattr(kv, "hf_view"):  # rows of real tokens: padding put back
-            return kv.hf_view(self.idx, which)
-        buf = kv.keys(self.idx) if which == 0 else kv.values(self.idx)
-        return buf[:, :kv.length].transpose(1, 2)                        # [B, Hkv, S, D]
+        return kv.hf_view(self.idx, which)  # rows of real tokens: padding put back
 
     @property
     def keys(self) -> torch.Tensor | None:
@@ -88,12 +85,12 @@ class AtbCache(Cache):
     """See the module docstring. ``capacity``: slots to allocate on first use (it
     grows by doubling past that)."""
 
-    def __init__(self, runner: Any, capacity: int = 0, kv: ContiguousKVCache | None = None) -> None:
+    def __init__(self, runner: Any, capacity: int = 0, kv: RowKVCache | None = None) -> None:
         self.runner, self.capacity, self.kv = runner, int(capacity), kv
         super().__init__(layers=[_AtbLayer(self, i) for i in range(runner.spec.num_layers)])
 
-    def storage(self, batch: int, needed: int) -> ContiguousKVCache:
-        """The contiguous cache, allocated for ``batch`` rows on first use."""
+    def storage(self, batch: int, needed: int) -> RowKVCache:
+        """The engine's cache, allocated for ``batch`` rows on first use."""
         if self.kv is None:
             self.kv = self.runner.new_cache(batch, max(self.capacity, needed, 16))
         elif self.kv.batch != batch:

@@ -1,5 +1,6 @@
 """The compiled Hugging Face model: a subclass of the user's model class whose
-``forward`` runs the :class:`.runner.ModelRunner`.
+``forward`` runs the core engine (:class:`.core_runner.CoreRunner`, encoders
+:class:`.lower_encoder.CoreEncoder`).
 
 ``wrap_hf(model, runner)`` returns a new instance of a subclass of the model's class
 (same name and module, so ``save_pretrained`` writes the original architecture and
@@ -128,15 +129,11 @@ class AtbCausalLMMixin:
         if (kv is not None and t == 1 and r.opt_level >= 2 and inputs_embeds is None
                 and token_type_ids is None and (mask is None or mask.dim() == 2)
                 and r.lm_head is not None and isinstance(logits_to_keep, int)):
-            if not hasattr(kv, "repad"):  # Hugging Face semantics: no mask, every slot attended
-                kv.key_mask = None
             pos = (position_ids.reshape(b) if position_ids is not None else
                    torch.full((b,), kv.length, dtype=torch.long, device=r.device))
             logits = r.decode(input_ids.reshape(b), kv, positions=pos,
                               attention_mask=mask).clone()[:, None]
         else:
-            if kv is not None and not hasattr(kv, "repad"):
-                kv.key_mask = None
             logits = r.forward(input_ids, kv, position_ids=position_ids, attention_mask=mask,
                                inputs_embeds=inputs_embeds, token_type_ids=token_type_ids,
                                logits_to_keep=logits_to_keep)
