@@ -335,7 +335,7 @@ def _bind_parts(io: TensorIO, op: str, p: Any, spec: Any, ins: Mapping[str, Any]
     if any(t is None for t in parts):
         return None
     pairs = [(o.index, t) for o, t in zip(outs, parts)]
-    io.note(op, f"C kernel atb_{spec.entry} ({io.name} tensors in place), bound: "
+    io.note(op, f"{op} parts bound once ({io.name} tensors): "
             + ("views of the planned input" if run is None else "copies into bound parts"))
 
     def call(env: list) -> None:
