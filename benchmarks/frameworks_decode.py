@@ -9,7 +9,12 @@ decode tokens/s = tokens after the first / time from the first token to the last
 (Hugging Face: ``--tokens`` tokens minus one token, both timed). Medians of
 ``--samples`` samples and their ratios to atb_torch are printed.
 
-    python benchmarks/frameworks_decode.py [--samples 7] [--tokens 32] [--batch 1]
+``--plugin-check``: then, per engine, the same decode rate with a plugin module
+registered that implements no hook (every sample of the engine alternates: with it,
+without it) and the ratio of the medians: a plan with no plugin hook pays nothing
+for the plugin points.
+
+    python benchmarks/frameworks_decode.py [--samples 7] [--tokens 32] [--batch 1] [--plugin-check]
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=7)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--plugin-check", action="store_true")
     a = ap.parse_args(argv)
     import mindspore  # noqa: F401  (MindSpore before Paddle in one process)
     import atb_mindspore
@@ -115,7 +121,35 @@ def main(argv: list[str] | None = None) -> int:
         m = statistics.median(r)
         print(f"  {name:10s} {m:8.1f} tok/s   {m / base:5.2f}x atb_torch   "
               f"(min {min(r):.1f}, max {max(r):.1f})")
+    if a.plugin_check:
+        plugin_check(engines, prompts, a)
     return 0
+
+
+def plugin_check(engines: dict, prompts: list, a: argparse.Namespace) -> None:
+    """Decode rate with a hook-less plugin module registered / without, interleaved."""
+    import types
+
+    from atbcore.plugin import get_plugin_manager
+
+    pm = get_plugin_manager()
+    empty = types.ModuleType("atb_bench_empty_plugin")  # a plugin implementing no hook
+    rates: dict[str, dict[bool, list[float]]] = {n: {True: [], False: []} for n in engines}
+    for _ in range(a.samples):
+        for name, llm in engines.items():
+            for loaded in (True, False):
+                if loaded:
+                    pm.register(empty, name="atb_bench_empty_plugin")
+                try:
+                    rates[name][loaded].append(stream_rate(llm, prompts, a.tokens))
+                finally:
+                    if loaded:
+                        pm.unregister(name="atb_bench_empty_plugin")
+    print(f"decode with a plugin module loaded that registers no hook / without one "
+          f"(median of {a.samples} interleaved pairs)")
+    for name, r in rates.items():
+        on, off = statistics.median(r[True]), statistics.median(r[False])
+        print(f"  {name:10s} {on:8.1f} / {off:8.1f} tok/s   ratio {on / off:5.3f}")
 
 
 if __name__ == "__main__":

@@ -275,10 +275,12 @@ def run_paged(op: Any, x: Any, cache: Any, batch: Any, all_logits: bool = False)
     if x is None or getattr(x, "ndim", 0) < 1:
         raise InputError(op.name, "packed new tokens of a PagedBatch", "[T] ids or [T, H]",
                          getattr(x, "shape", None))
-    x3 = x[None]
-    if op.graph is None:  # the block's own lowering first (its cache layer assignment)
-        op._ensure_graph(op._descs_of([x3]))
-    form = in_place_form(op, x3, cache)
+    form = op._in_place or None  # made on the first call: no [1, T] view of x after it
+    if form is None:  # (in MindSpore that view is an op the next C call waits for)
+        x3 = x[None]
+        if op.graph is None:  # the block's own lowering first (its cache layer assignment)
+            op._ensure_graph(op._descs_of([x3]))
+        form = in_place_form(op, x3, cache)
     if form is None:
         raise InputError(op.name, "block run over a PagedKVCache", "layers with "
                          "FlashAttention(kv_cache=True)", "a block without the in-place form")

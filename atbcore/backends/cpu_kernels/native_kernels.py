@@ -11,11 +11,16 @@ address and allocate one — so one implementation serves every framework::
 A plan binds a wrapped kernel once (``Kernel.bind``): weights and planned buffers
 have their addresses packed then; per run only the inputs and outputs that change
 (plan slots) have their addresses read, and outputs are allocated by the framework.
+A Split of a planned buffer (which the memory planner treats as a view of it) binds
+its parts once: views of that buffer where they are contiguous in it, else buffers
+of the bound call's own that each run copies into; so the ops reading the parts
+bind to fixed tensors too.
 The op-specific parts live in :mod:`.native_specs`.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
@@ -70,6 +75,13 @@ class TensorIO:
         """A new uninitialised CPU tensor."""
         raise NotImplementedError
 
+    def wrap(self, a: np.ndarray) -> Any:
+        """A tensor of the framework sharing the memory of the contiguous array ``a``,
+        or None where it cannot share it."""
+        from ...tensor import convert
+
+        return convert(a, self.name)
+
     def why_not(self, t: Any) -> str | None:
         """Why the C kernels cannot read ``t`` in place (None = they can)."""
         raise NotImplementedError
@@ -115,6 +127,9 @@ class NumpyIO(TensorIO):
 
     def empty(self, shape: tuple[int, ...], dtype: Dtype) -> Any:
         return np.empty(shape, dtype.numpy)
+
+    def wrap(self, a: np.ndarray) -> Any:
+        return a
 
     def why_not(self, t: Any) -> str | None:
         if not isinstance(t, np.ndarray):
@@ -223,6 +238,10 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
              ) -> Callable[[list], None] | None:
         if _OFF[0] or getattr(spec, "inplace", ()):
             return None  # in-place ops run their fn (the plan's generic call)
+        if hasattr(spec, "parts_in_place"):
+            call = _bind_parts(io, op, p, spec, ins, outs)
+            if call is not None:
+                return call
         views: dict[str, NativeView] = {}
         dyn_in: list[tuple[str, int]] = []
         for name, v in ins.items():
@@ -283,6 +302,50 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
 
     bind.fills_slots = True  # type: ignore[attr-defined]  # it allocates its slot outputs
     return bind
+
+
+def _array_at(address: int, shape: tuple[int, ...], dtype: Dtype) -> np.ndarray:
+    """A NumPy array over ``address`` (the caller keeps the memory alive)."""
+    n = max(1, int(np.prod(shape, dtype=np.int64))) * dtype.itemsize
+    raw = np.frombuffer((ctypes.c_uint8 * n).from_address(address), np.uint8)
+    return raw.view(dtype.numpy).reshape(shape)
+
+
+def _bind_parts(io: TensorIO, op: str, p: Any, spec: Any, ins: Mapping[str, Any],
+                outs: list) -> Callable[[list], None] | None:
+    """A Split of a planned buffer ``x`` with its parts bound once (see the module
+    doc). None for an ``x`` in a slot (an input or output of the graph, whose parts
+    may be graph outputs and must be fresh per run): the general binding runs it."""
+    from ...runtime.binding import Slot
+
+    x = ins.get("x")
+    if x is None or type(x) is Slot or any(type(o) is not Slot for o in outs) or \
+            why_not_native(io, {"x": x}):
+        return None
+    xv = io.view(x)
+    if spec.why_not(p, {"x": xv}):
+        return None
+    cuts = spec.parts_in_place(p, xv)
+    if cuts is not None:  # views: nothing to run
+        parts = [io.wrap(_array_at(xv.address + off, shape, xv.dtype)) for off, shape in cuts]
+        run = None
+    else:
+        parts = [io.empty(shape, dtype) for shape, dtype in spec.outputs(p, {"x": xv})]
+        run = compile_steps(spec.steps(p, {"x": xv}, [io.view(t) for t in parts]))
+    if any(t is None for t in parts):
+        return None
+    pairs = [(o.index, t) for o, t in zip(outs, parts)]
+    io.note(op, f"{op} parts bound once ({io.name} tensors): "
+            + ("views of the planned input" if run is None else "copies into bound parts"))
+
+    def call(env: list) -> None:
+        if run is not None:
+            run({})
+        for j, t in pairs:
+            env[j] = t
+    call.fixed_out = parts  # type: ignore[attr-defined]  # readers bind to the parts
+    call.keep = (x, xv.owner)  # type: ignore[attr-defined]  # the memory the views are of
+    return call
 
 
 def _bound_call(io: TensorIO, run: Callable[[Mapping[str, int]], None], dyn_in: tuple,

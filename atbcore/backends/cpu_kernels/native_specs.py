@@ -19,7 +19,7 @@ from .native import CACHE, DTYPE_CODES, NativeView
 from .native_ops import (Step, activation_steps, layer_norm_steps, linear_steps,
                          rms_norm_steps, softmax_steps)
 from .native_attention import PagedDecodeSpec, RopeKVCacheSpec
-from .native_gather import EmbeddingSpec, SplitSpec
+from .native_gather import EmbeddingSpec, GatherSpec, SplitSpec
 from .native_panels import panel_view
 from .native_rope import RopeSpec
 
@@ -355,5 +355,5 @@ SPECS: dict[str, Any] = {
     "FusedFeedForward": FfnSpec(), "ReshapeAndCache": ReshapeAndCacheSpec(),
     **{op: ActivationSpec() for op in _ACTS}, "RoPE": RopeSpec(),
     "PagedAttention": PagedDecodeSpec(), "RopeKVCache": RopeKVCacheSpec(),
-    "Embedding": EmbeddingSpec(), "Split": SplitSpec(),
+    "Embedding": EmbeddingSpec(), "Gather": GatherSpec(), "Split": SplitSpec(),
 }

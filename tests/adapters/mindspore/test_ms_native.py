@@ -81,3 +81,26 @@ def test_bf16_ops_on_mindspore_tensors():
     assert op.last_backend == "mindspore" and PATHS["RmsNorm"][0].startswith("C kernel")
     ref, = atbcore.Builder(backend="numpy").build_operation("RmsNorm", {}).execute([x, w])
     assert_close(to_numpy(y), ref, "bf16", "bf16 RmsNorm")
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_split_of_a_planned_buffer_and_row_gather_bind_once(rows):
+    """The qkv Split binds its parts once (views of the planned buffer for one row,
+    bound copies for several) and Gather along axis 0 runs the C row gather; every
+    run's outputs are its own (the first run's survive the second)."""
+    from split_gather_graph import H as HID, split_gather_graph
+
+    g = split_gather_graph(rows, 2)
+    ref, op = atbcore.GraphOp(g, backend="numpy"), atbcore.GraphOp(g, backend="mindspore")
+    runs = []
+    for seed in (1, 2):
+        x, idx = rand((rows, HID), "fp32", seed), np.array([rows - 1, 0], np.int64)
+        runs.append((x, idx, op(to_ms(x), to_ms(idx))))
+    for x, idx, got in runs:
+        for a, b in zip(got, ref(x, idx)):
+            assert_close(to_numpy(a), b, "fp32", f"{rows} rows vs the NumPy reference")
+    prog = list(op.last_plan.programs.values())[-1]
+    assert all(prog.bound.values()), prog.bound
+    assert PATHS["Split"][0].endswith("views of the planned input" if rows == 1
+                                      else "copies into bound parts")
+    assert PATHS["Gather"][0].startswith("C kernel atb_gather_rows")

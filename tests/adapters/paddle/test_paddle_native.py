@@ -76,3 +76,26 @@ def test_fallbacks_are_counted_and_correct():
     assert PATHS[("Linear", "native")] == 1
     assert_close(to_numpy(y), x[:4].astype(np.float64) @ w.T.astype(np.float64), "fp32",
                  "Linear, 4 rows")
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_split_of_a_planned_buffer_and_row_gather_bind_once(rows):
+    """The qkv Split binds its parts once (views of the planned buffer for one row,
+    bound copies for several) and Gather along axis 0 runs the C row gather; every
+    run's outputs are its own (the first run's survive the second)."""
+    from split_gather_graph import H as HID, split_gather_graph
+
+    reset_paths()
+    g = split_gather_graph(rows, 2)
+    ref, op = atbcore.GraphOp(g, backend="numpy"), atbcore.GraphOp(g, backend="paddle")
+    runs = []
+    for seed in (1, 2):
+        x, idx = rand((rows, HID), "fp32", seed), np.array([rows - 1, 0], np.int64)
+        runs.append((x, idx, op(to_paddle(x), to_paddle(idx))))
+    for x, idx, got in runs:
+        for a, b in zip(got, ref(x, idx)):
+            assert_close(to_numpy(a), b, "fp32", f"{rows} rows vs the NumPy reference")
+    prog = list(op.last_plan.programs.values())[-1]
+    assert all(prog.bound.values()), prog.bound
+    assert PATHS[("Split", "native")] >= 1 and PATHS[("Gather", "native")] >= 1
+    assert PATHS[("Gather", "composed")] == 0

@@ -59,6 +59,11 @@ class MindSporeIO(MethodsIO):
             return self.ms.mint.empty(shape, dtype=self.ms.bfloat16)
         return host_tensor(np.empty(shape, dtype.numpy))
 
+    def wrap(self, a: np.ndarray) -> Any:
+        if a.dtype == Dtype.BF16.numpy:  # MindSpore takes no ml_dtypes array
+            return None
+        return host_tensor(a)
+
     def address(self, t: Any) -> int:
         a = getattr(t, _ADDRESS, None)
         return t.data_ptr() if a is None else a

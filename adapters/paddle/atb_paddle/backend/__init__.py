@@ -40,12 +40,14 @@ DEVICES = ("cpu", "cuda", "npu")
 
 
 def kernel(op: str, *, check: Check | None = None, impl: str = "", launches: int = 1,
-           devices: tuple[str, ...] = DEVICES) -> Callable[[Callable], Callable]:
-    """Register ``fn(params, ins) -> list`` as the Paddle kernel of ``op``."""
+           devices: tuple[str, ...] = DEVICES, bind: Callable | None = None
+           ) -> Callable[[Callable], Callable]:
+    """Register ``fn(params, ins) -> list`` as the Paddle kernel of ``op`` (``bind``:
+    its binder, :mod:`atbcore.runtime.binding`)."""
 
     def deco(fn: Callable) -> Callable:
         PADDLE_KERNELS[op] = Kernel(op=op, fn=fn, check=check, impl=impl or fn.__qualname__,
-                                    launches=launches, devices=devices)
+                                    launches=launches, devices=devices, bind=bind)
         return fn
 
     return deco

@@ -9,6 +9,8 @@ Index ranges were checked by the ops' ``check_values`` before these run.
 
 from __future__ import annotations
 
+from typing import Any
+
 import paddle
 
 from atbcore.log import logger
@@ -26,7 +28,35 @@ def transpose(p, ins):
     return [fresh(paddle.transpose(ins["x"], list(p.perm)))]
 
 
-@kernel("Reshape", impl="paddle.Tensor.view (zero-copy)", launches=0)
+def _bind_reshape(p: Any, ins: Any, outs: list, ctx: Any) -> Any:
+    """The view made once for a planned (fixed) buffer, so the ops reading it bind
+    to it and a decode step makes no Paddle view at all; per run for an input in a
+    slot."""
+    from atbcore.runtime.binding import Slot
+
+    x, o = ins["x"], outs[0]
+    if type(o) is not Slot:
+        return None
+    j = o.index
+    if type(x) is Slot:
+        i = x.index
+
+        def call(env: list) -> None:
+            env[j] = reshape(p, {"x": env[i]})[0]
+        return call
+    v = reshape(p, {"x": x})[0]
+
+    def fixed(env: list) -> None:
+        env[j] = v
+    fixed.fixed_out = [v]  # type: ignore[attr-defined]  # readers bind to the view itself
+    return fixed
+
+
+_bind_reshape.fills_slots = True  # type: ignore[attr-defined]
+
+
+@kernel("Reshape", impl="paddle.Tensor.view (zero-copy); made once for a planned buffer",
+        launches=0, bind=_bind_reshape)
 def reshape(p, ins):
     x = ins["x"]
     shape = list(resolve_shape("Reshape", p.shape, tuple(x.shape)))
