@@ -62,6 +62,56 @@ static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uin
     }
 #undef ATB_PT
 }
+#elif defined(ATB_AVX2)
+/* rows 0..MB (MB 1 or 2) of x against panel rows [k0, k1): 8 accumulators, each
+ * output's sum in k order as the AVX-512 tile's (fp32 FMAs), added into res */
+static inline __attribute__((always_inline)) void panel_pair(int MB, int WDT, const float *x,
+                                                             int64_t xs, const uint8_t *w,
+                                                             int64_t k0, int64_t k1, float *res) {
+    const int64_t es = wsize(WDT);
+    __m256 acc[8];
+    for (int i = 0; i < 4 * MB; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; ++k) {
+        const uint8_t *wk = w + k * ATB_PANEL * es;
+        const __m256 w0 = loadw8(WDT, wk), w1 = loadw8(WDT, wk + 8 * es);
+        const __m256 w2 = loadw8(WDT, wk + 16 * es), w3 = loadw8(WDT, wk + 24 * es);
+        for (int i = 0; i < MB; ++i) {
+            const __m256 xb = _mm256_broadcast_ss(x + i * xs + k);
+            acc[4 * i] = _mm256_fmadd_ps(xb, w0, acc[4 * i]);
+            acc[4 * i + 1] = _mm256_fmadd_ps(xb, w1, acc[4 * i + 1]);
+            acc[4 * i + 2] = _mm256_fmadd_ps(xb, w2, acc[4 * i + 2]);
+            acc[4 * i + 3] = _mm256_fmadd_ps(xb, w3, acc[4 * i + 3]);
+        }
+    }
+    for (int i = 0; i < 4 * MB; ++i) {
+        __m256 v = acc[i];
+        if (k0) v = _mm256_add_ps(v, _mm256_loadu_ps(res + i * 8));
+        _mm256_storeu_ps(res + i * 8, v);
+    }
+}
+
+/* mb rows in pairs (16 registers hold two rows' 32 sums), each block of K across all
+ * pairs while it is in L1 */
+static inline __attribute__((always_inline)) void panel_rows(int WDT, int mb, const float *x,
+                                                             int64_t xs, const uint8_t *w,
+                                                             int64_t K, float *res) {
+    for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
+        const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
+        int i = 0;
+        for (; i + 2 <= mb; i += 2) panel_pair(2, WDT, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
+        if (i < mb) panel_pair(1, WDT, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
+    }
+}
+
+static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
+                          int64_t K, float *res) {
+    switch (wdt) {
+    case W_F32: panel_rows(W_F32, mb, x, xs, w, K, res); break;
+    case W_BF16: panel_rows(W_BF16, mb, x, xs, w, K, res); break;
+    case W_F16: panel_rows(W_F16, mb, x, xs, w, K, res); break;
+    default: panel_rows(W_I8, mb, x, xs, w, K, res); break;
+    }
+}
 #else
 static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
                           int64_t K, float *res) {
