@@ -15,8 +15,9 @@ Sections (``--only`` picks some; all by default):
   ``attn_implementation="eager"``, time against HF's default (SDPA) attention.
 * ``precisions`` — atb's prefill of 512 and 2048 tokens at fp32, bf16 (VDPBF16PS GEMMs
   and attention where the CPU has them) and w8a8 (int8 activations x int8 weights,
-  VNNI; with fp32 or bf16 activations between the GEMMs), as ratios to atb fp32 (wall
-  and CPU time), interleaved.
+  VNNI or AVX2; with fp32 or bf16 activations between the GEMMs), as ratios to atb fp32
+  (wall and CPU time), interleaved; ``--llama-cpp`` adds llama.cpp's prompt processing
+  (GGUF F32, BF16, Q8_0 beside fp32, bf16, w8a8) in the same rounds.
 * ``minilm``  — sentence-transformers' ``encode`` (its sorting, batch 32) on 1,000
   sentences: fp32, bf16 and w8a8 atb vs the unaccelerated fp32 model (+ ONNX Runtime:
   its fp32 model beside fp32, its dynamic int8 quantization beside w8a8).
@@ -190,6 +191,15 @@ def precisions(args: argparse.Namespace) -> dict:
                     logits = runner.prefill(ids, cache).float()
                 return time.process_time() - c0, logits
             runs[label] = run
+        if args.llama_cpp:  # its prompt processing at each precision, in the same rounds
+            from atb_torch.llm.bench.llamacpp import LlamaCppDecoder
+
+            for qt in ("F32", "BF16", "Q8_0"):
+                dec = LlamaCppDecoder.create(model, qt, 1, tokens + 1)
+                if isinstance(dec, dict):
+                    log(f"  llama.cpp {qt}: {dec['status']}")
+                    continue
+                runs[f"llama_cpp_{qt.lower()}"] = lambda dec=dec: dec.prefill(ids)
         timed = interleaved(runs, args.repeats, warmup=1)
         ref = timed["fp32"][-1][1][1]
         res = {label: {"s": median(t for t, _ in timed[label]),
@@ -200,6 +210,13 @@ def precisions(args: argparse.Namespace) -> dict:
         for label in ("bf16", "w8a8", "w8a8_bf16"):
             res[label]["speedup_vs_fp32"] = res["fp32"]["s"] / res[label]["s"]
             res[label]["cpu_speedup_vs_fp32"] = res["fp32"]["cpu_s"] / res[label]["cpu_s"]
+        # atb at a precision against llama.cpp at its nearest one, in CPU time
+        for ours, theirs in (("fp32", "llama_cpp_f32"), ("bf16", "llama_cpp_bf16"),
+                             ("w8a8", "llama_cpp_q8_0")):
+            if theirs in res:
+                res[ours][f"cpu_speedup_vs_{theirs}"] = res[theirs]["cpu_s"] / res[ours]["cpu_s"]
+                log(f"  atb {ours} {res[ours]['cpu_speedup_vs_' + theirs]:.2f}x {theirs} "
+                    f"(CPU time), {theirs} cos {res[theirs]['logits_cosine_to_fp32']:.5f}")
         out[str(tokens)] = res
         log("  " + ", ".join(f"{lb} {res[lb]['speedup_vs_fp32']:.2f}x wall, "
                              f"{res[lb]['cpu_speedup_vs_fp32']:.2f}x CPU time, cos "
