@@ -5,9 +5,9 @@ Sections (``--only`` picks some; all by default):
 
 * ``decode``  — prompt 128, 64 new tokens, batch 1: fp32, bf16, w8 and w4 against HF
   eager (w8 and w4 against HF eager fp32), through ``atb bench``'s harness
-  (``--precisions`` picks some); ``--llama-cpp`` adds llama.cpp (GGUF F32/BF16/Q8_0 beside
-  fp32, Q4_0 beside w4, each with its logits cosine to HF fp32) when llama-cpp-python is
-  installed, ``--torch-compile``
+  (``--precisions`` picks some); ``--llama-cpp`` adds llama.cpp (GGUF F32 beside fp32, BF16
+  beside bf16, Q8_0 beside w8, Q4_0 beside w4, each with its logits cosine to HF fp32)
+  when llama-cpp-python is installed, ``--torch-compile``
   HF under torch.compile with a static cache (and its compile time).
 * ``batch``   — 16 prompts of lengths 16..512, 64 new tokens each: ``LLM.generate``
   (continuous batching, paged KV cache) vs HF eager ``generate`` on the left-padded batch.
@@ -61,7 +61,8 @@ def decode(args: argparse.Namespace) -> dict:
     out = {}
     extra = (["llama.cpp"] if args.llama_cpp else []) + (["torch.compile"] if args.torch_compile
                                                          else [])
-    lcpp = {"fp32": ("F32", "BF16", "Q8_0"), "w4": ("Q4_0",)}
+    # each precision beside llama.cpp's own (in the same interleaved rounds)
+    lcpp = {"fp32": ("F32",), "bf16": ("BF16",), "w8": ("Q8_0",), "w4": ("Q4_0",)}
     for label, dtype, quant in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
                                 ("w8", torch.float32, "w8"), ("w4", torch.float32, "w4")):
         if args.precisions and label not in args.precisions.split(","):
