@@ -5,9 +5,9 @@ Sections (``--only`` picks some; all by default):
 
 * ``decode``  — prompt 128, 64 new tokens, batch 1: fp32, bf16, w8 and w4 against HF
   eager (w8 and w4 against HF eager fp32), through ``atb bench``'s harness
-  (``--precisions`` picks some); ``--llama-cpp`` adds llama.cpp (GGUF F32/BF16/Q8_0 beside
-  fp32, Q4_0 beside w4, each with its logits cosine to HF fp32) when llama-cpp-python is
-  installed, ``--torch-compile``
+  (``--precisions`` picks some); ``--llama-cpp`` adds llama.cpp (GGUF F32 beside fp32, BF16
+  beside bf16, Q8_0 beside w8, Q4_0 beside w4, each with its logits cosine to HF fp32)
+  when llama-cpp-python is installed, ``--torch-compile``
   HF under torch.compile with a static cache (and its compile time).
 * ``batch``   — 16 prompts of lengths 16..512, 64 new tokens each: ``LLM.generate``
   (continuous batching, paged KV cache) vs HF eager ``generate`` on the left-padded batch.
@@ -15,8 +15,9 @@ Sections (``--only`` picks some; all by default):
   ``attn_implementation="eager"``, time against HF's default (SDPA) attention.
 * ``precisions`` — atb's prefill of 512 and 2048 tokens at fp32, bf16 (VDPBF16PS GEMMs
   and attention where the CPU has them) and w8a8 (int8 activations x int8 weights,
-  VNNI; with fp32 or bf16 activations between the GEMMs), as ratios to atb fp32 (wall
-  and CPU time), interleaved.
+  VNNI or AVX2; with fp32 or bf16 activations between the GEMMs), as ratios to atb fp32
+  (wall and CPU time), interleaved; ``--llama-cpp`` adds llama.cpp's prompt processing
+  (GGUF F32, BF16, Q8_0 beside fp32, bf16, w8a8) in the same rounds.
 * ``minilm``  — sentence-transformers' ``encode`` (its sorting, batch 32) on 1,000
   sentences: fp32, bf16 and w8a8 atb vs the unaccelerated fp32 model (+ ONNX Runtime:
   its fp32 model beside fp32, its dynamic int8 quantization beside w8a8).
@@ -60,7 +61,8 @@ def decode(args: argparse.Namespace) -> dict:
     out = {}
     extra = (["llama.cpp"] if args.llama_cpp else []) + (["torch.compile"] if args.torch_compile
                                                          else [])
-    lcpp = {"fp32": ("F32", "BF16", "Q8_0"), "w4": ("Q4_0",)}
+    # each precision beside llama.cpp's own (in the same interleaved rounds)
+    lcpp = {"fp32": ("F32",), "bf16": ("BF16",), "w8": ("Q8_0",), "w4": ("Q4_0",)}
     for label, dtype, quant in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
                                 ("w8", torch.float32, "w8"), ("w4", torch.float32, "w4")):
         if args.precisions and label not in args.precisions.split(","):
@@ -190,6 +192,15 @@ def precisions(args: argparse.Namespace) -> dict:
                     logits = runner.prefill(ids, cache).float()
                 return time.process_time() - c0, logits
             runs[label] = run
+        if args.llama_cpp:  # its prompt processing at each precision, in the same rounds
+            from atb_torch.llm.bench.llamacpp import LlamaCppDecoder
+
+            for qt in ("F32", "BF16", "Q8_0"):
+                dec = LlamaCppDecoder.create(model, qt, 1, tokens + 1)
+                if isinstance(dec, dict):
+                    log(f"  llama.cpp {qt}: {dec['status']}")
+                    continue
+                runs[f"llama_cpp_{qt.lower()}"] = lambda dec=dec: dec.prefill(ids)
         timed = interleaved(runs, args.repeats, warmup=1)
         ref = timed["fp32"][-1][1][1]
         res = {label: {"s": median(t for t, _ in timed[label]),
@@ -200,6 +211,13 @@ def precisions(args: argparse.Namespace) -> dict:
         for label in ("bf16", "w8a8", "w8a8_bf16"):
             res[label]["speedup_vs_fp32"] = res["fp32"]["s"] / res[label]["s"]
             res[label]["cpu_speedup_vs_fp32"] = res["fp32"]["cpu_s"] / res[label]["cpu_s"]
+        # atb at a precision against llama.cpp at its nearest one, in CPU time
+        for ours, theirs in (("fp32", "llama_cpp_f32"), ("bf16", "llama_cpp_bf16"),
+                             ("w8a8", "llama_cpp_q8_0")):
+            if theirs in res:
+                res[ours][f"cpu_speedup_vs_{theirs}"] = res[theirs]["cpu_s"] / res[ours]["cpu_s"]
+                log(f"  atb {ours} {res[ours]['cpu_speedup_vs_' + theirs]:.2f}x {theirs} "
+                    f"(CPU time), {theirs} cos {res[theirs]['logits_cosine_to_fp32']:.5f}")
         out[str(tokens)] = res
         log("  " + ", ".join(f"{lb} {res[lb]['speedup_vs_fp32']:.2f}x wall, "
                              f"{res[lb]['cpu_speedup_vs_fp32']:.2f}x CPU time, cos "

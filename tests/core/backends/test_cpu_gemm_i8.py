@@ -84,6 +84,27 @@ def test_w8a8_against_float64(m, k, n, xdt):
     assert cos > 0.999
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 13])
+def test_w8a8_full_int8_range_exact(m):
+    """Weights at -128 and 127 against activations at +-127 (the extremes of every
+    tile's products: an int16 pair sum of the AVX2 tile reaches 2 x 128 x 127): the
+    int32 sums are exact, so y / (sx scale) is the integer product in float64, for
+    every row count of a tile's tail."""
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
+
+    g = torch.Generator().manual_seed(40 + m)
+    n, k = 50, 263
+    wq = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    wq[:, ::3] = -128
+    wq[::2, 1::3] = 127
+    x = torch.where(torch.rand(m, k, generator=g) < 0.5, -1.0, 1.0) * 127
+    x[:, ::5] = torch.randint(-127, 128, (m, len(range(0, k, 5))), generator=g).float()
+    s = torch.ones(n)
+    y = linear_w8a8(x, pack_w8a8(wq), s, threads=2).double().numpy()
+    exact = x.double().numpy() @ wq.double().numpy().T   # sx = 1: x already on the grid
+    np.testing.assert_array_equal(y, exact.astype(np.float32).astype(np.float64))
+
+
 @pytest.mark.parametrize("m", [1, 5, 130])
 def test_w8a8_threads_residual_accumulate(m):
     from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8

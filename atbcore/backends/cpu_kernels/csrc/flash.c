@@ -26,6 +26,7 @@
  * walk with VDPBF16PS score tiles on bf16 pairs (flash_bf16.c).
  */
 #include "common.h"
+#include "flash_lanes.h"
 #include "flash_bf16.h"
 #include "pool.h"
 #include "simd.h"
@@ -33,7 +34,6 @@
 #define FL_BK 64     /* keys per block */
 #define FL_R 6       /* keys (scores) or value columns (sums) per register tile */
 #define FL_MAX_D 256
-#define FL_NONE (INT32_MIN / 2)   /* position of a padding lane: it sees no key */
 
 typedef struct {
     int64_t q, k, v, y;                      /* addresses */
@@ -169,6 +169,8 @@ static void scores(const float *const *kr, const float *Qt, float *St, int64_t M
                    int nk) {
 #ifdef ATB_AVX512
     FL_OVER_LANES(Mp, nk, score_tile, j, kr + j, Qt, St + j * Mp, c, Mp, D)
+#elif defined(ATB_AVX2)
+    atb_flash_scores_lanes(kr, Qt, St, Mp, D, nk);
 #else
     for (int j = 0; j < nk; ++j) {
         float *s = St + j * Mp;
@@ -187,6 +189,8 @@ static void accumulate(const float *const *vr, const float *St, float *Ot, int64
                        int nk) {
 #ifdef ATB_AVX512
     FL_OVER_LANES(Mp, D, pv_tile, d, vr, St, Ot, d, c, Mp, nk)
+#elif defined(ATB_AVX2)
+    atb_flash_accumulate_lanes(vr, St, Ot, Mp, D, nk);
 #else
     for (int64_t d = 0; d < D; ++d) {
         float *o = Ot + d * Mp;
@@ -244,26 +248,7 @@ static void softmax_block(float *St, float *Ot, float *mx, float *sum, const int
                                  _mm512_mul_ps(_mm512_loadu_ps(Ot + d * Mp + c), corr));
     }
 #else
-    for (int64_t m = 0; m < Mp; ++m) {
-        float bm = -INFINITY;
-        int64_t jlo = 0, jhi = nk;
-        if (pos[m] == FL_NONE) jhi = 0;
-        if (causal && pos[m] + 1 - j0 < jhi) jhi = pos[m] + 1 - j0;
-        if (window > 0 && pos[m] - window + 1 - j0 > jlo) jlo = pos[m] - window + 1 - j0;
-        for (int64_t j = jlo; j < jhi; ++j) bm = St[j * Mp + m] > bm ? St[j * Mp + m] : bm;
-        const float mnew = bm > mx[m] ? bm : mx[m];
-        const float corr = mnew == -INFINITY ? 1.0f : atb_expf(mx[m] - mnew);
-        float ps = 0.0f;
-        for (int j = 0; j < nk; ++j) {
-            float p = (j >= jlo && j < jhi) ? atb_expf(St[j * Mp + m] - mnew) : 0.0f;
-            St[j * Mp + m] = p;
-            ps += p;
-        }
-        sum[m] = sum[m] * corr + ps;
-        mx[m] = mnew;
-        if (corr != 1.0f)
-            for (int64_t d = 0; d < D; ++d) Ot[d * Mp + m] *= corr;
-    }
+    atb_flash_softmax_lanes(St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, window);
 #endif
 }
 

@@ -72,7 +72,21 @@ static inline __attribute__((always_inline)) __m512 loadw(int wdt, const uint8_t
     }
     }
 }
-#else
+#endif
+#ifdef ATB_AVX2
+/* 8 weights of dtype wdt at p as fp32 (the AVX2 loadw) */
+static inline __attribute__((always_inline)) __m256 loadw8(int wdt, const uint8_t *p) {
+    switch (wdt) {
+    case W_F32: return _mm256_loadu_ps((const float *)p);
+    case W_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    case W_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    default: return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    }
+}
+#endif
+#ifndef ATB_LIN_AVX512
 static inline float wval(int wdt, const uint8_t *p, int64_t k) {
     switch (wdt) {
     case W_F32: return ((const float *)p)[k];

@@ -17,38 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "linear_w4.h"
 #include "norm.h"
 #include "pool.h"
-#include "simd.h"
 
-#define W4_PANEL 32
-#define W4_BLOCK 32
-#define W4_BLOCK_BYTES 512
-#define W4_MB 4 /* x rows per tile */
 #define W4_MBLOCK 64 /* x rows per chunk of a many-row matmul */
 
-typedef struct {
-    int64_t x, x_dt, x_stride, m, k, n;
-    int64_t w, scales, zeros, group;   /* zeros 0: symmetric (z = 8) */
-    int64_t bias, bias_dt;             /* bias 0: none */
-    int64_t y, y_dt, y_stride, accumulate;
-    int64_t norm, norm_w, norm_w_dt;   /* norm 1: RmsNorm x first (weight optional) */
-    int64_t threads;
-    double norm_eps;
-} W4Args;
-
-typedef struct {
-    const W4Args *a;
-    const int8_t *xq;  /* [m, nblk * 32] */
-    const float *dx;   /* [m, nblk] */
-    const int32_t *xsum; /* [m, nblk] */
-    int64_t nblk, chunk_panels, pchunks, mblock;
-} W4Job;
-
 #define PTR(v) ((const void *)(intptr_t)(v))
-
-static inline float w4_half(uint16_t h) { return atb_f16_to_f32(h); }
 
 /* row m's blocks quantized: xq (zeros past K), dx, xsum */
 static void quant_row(const float *x, int64_t K, int64_t nblk, int8_t *xq, float *dx,
@@ -107,132 +82,6 @@ static void w4_emit(const W4Args *a, int64_t m, int64_t n0, const float *r) {
         emit_n(a, m, n0, r, nv);
 }
 
-/* sums of MB rows against one panel, generic C (the same integer math) */
-static void tile_scalar(const W4Job *job, int mb, const uint8_t *wp, const uint16_t *sp,
-                        const uint8_t *zp, int64_t m, float *res) {
-    const W4Args *a = job->a;
-    const int64_t nblk = job->nblk, kp = nblk * W4_BLOCK, bpg = a->group / W4_BLOCK;
-    memset(res, 0, sizeof(float) * (size_t)mb * W4_PANEL);
-    for (int64_t b = 0; b < nblk; ++b) {
-        const uint8_t *blk = wp + b * W4_BLOCK_BYTES;
-        const int64_t g = b / bpg;
-        for (int i = 0; i < mb; ++i) {
-            const int8_t *xq = job->xq + (m + i) * kp + b * W4_BLOCK;
-            const float dx = job->dx[(m + i) * nblk + b];
-            const int32_t xs = job->xsum[(m + i) * nblk + b];
-            for (int j = 0; j < W4_PANEL; ++j) {
-                int32_t s = 0;
-                for (int kk = 0; kk < 8; ++kk)
-                    for (int t = 0; t < 4; ++t) {
-                        const uint8_t byte = blk[kk * 64 + (j & 15) * 4 + t];
-                        const int32_t q = j < 16 ? (byte & 15) : (byte >> 4);
-                        s += q * xq[kk * 4 + t];
-                    }
-                const int32_t z = zp ? zp[g * W4_PANEL + j] : 8;
-                const float sc = w4_half(sp[g * W4_PANEL + j]);
-                res[i * W4_PANEL + j] += (float)(s - z * xs) * (sc * dx);
-            }
-        }
-    }
-}
-
-#if defined(ATB_AVX512) && (defined(__GNUC__) || defined(__clang__))
-#define W4_VNNI 1
-#define W4_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-
-/* sums of MB rows (a constant) against one panel: per block 8 x 2 VPDPBUSD per row, then
- * the fp32 epilogue s * dx * (sum - z * xsum) */
-static inline __attribute__((always_inline)) W4_TARGET void
-tile_vnni(const W4Job *job, int MB, const uint8_t *wp, const uint16_t *sp, const uint8_t *zp,
-          int64_t m, float *res) {
-    const W4Args *a = job->a;
-    const int64_t nblk = job->nblk, kp = nblk * W4_BLOCK, bpg = a->group / W4_BLOCK;
-    /* the high nibbles are summed in place (16 q, masked, not shifted: one op less per
-     * 4 k), so their sums, zero term and scale carry a factor 16 (exact: a power of 2) */
-    const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
-    __m512 f[2 * W4_MB];
-    for (int i = 0; i < 2 * MB; ++i) f[i] = _mm512_setzero_ps();
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
-    __m512i z0 = _mm512_set1_epi32(8), z1 = _mm512_set1_epi32(8 * 16);
-    int64_t g = -1, in_group = bpg - 1; /* counters, not a division per block */
-    for (int64_t b = 0; b < nblk; ++b) {
-        const uint8_t *blk = wp + b * W4_BLOCK_BYTES;
-        if (++in_group == bpg) { /* a new weight group: its scales and zero points */
-            in_group = 0;
-            ++g;
-            s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + g * W4_PANEL)));
-            s1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(
-                                   (const __m256i *)(sp + g * W4_PANEL + 16))),
-                               _mm512_set1_ps(1.f / 16.f));
-            if (zp) {
-                z0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(zp + g * W4_PANEL)));
-                z1 = _mm512_slli_epi32(_mm512_cvtepu8_epi32(
-                                           _mm_loadu_si128((const __m128i *)(zp + g * W4_PANEL + 16))), 4);
-            }
-        }
-        /* few rows: even and odd sub-blocks in separate sums, so that more VPDPBUSD
-         * chains run at once (one row's two chains alone wait on its latency) */
-        enum { SPLIT = 2 };
-        __m512i acc[2 * W4_MB * SPLIT];
-        const int chains = MB <= 2 ? SPLIT : 1;
-        for (int i = 0; i < 2 * MB * chains; ++i) acc[i] = _mm512_setzero_si512();
-        _mm_prefetch((const char *)(blk + 8 * W4_BLOCK_BYTES), _MM_HINT_T0);
-        for (int kk = 0; kk < 8; ++kk) {
-            const __m512i v = _mm512_loadu_si512((const void *)(blk + kk * 64));
-            const __m512i lo = _mm512_and_si512(v, low);
-            const __m512i hi = _mm512_and_si512(v, high);
-            const int c = chains > 1 ? (kk & 1) * 2 * MB : 0;
-            for (int i = 0; i < MB; ++i) {
-                int32_t x4;
-                memcpy(&x4, job->xq + (m + i) * kp + b * W4_BLOCK + kk * 4, 4);
-                const __m512i xb = _mm512_set1_epi32(x4);
-                acc[c + 2 * i] = _mm512_dpbusd_epi32(acc[c + 2 * i], lo, xb);
-                acc[c + 2 * i + 1] = _mm512_dpbusd_epi32(acc[c + 2 * i + 1], hi, xb);
-            }
-        }
-        if (chains > 1)
-            for (int i = 0; i < 2 * MB; ++i) acc[i] = _mm512_add_epi32(acc[i], acc[2 * MB + i]);
-        for (int i = 0; i < MB; ++i) {
-            const int32_t x_sum = job->xsum[(m + i) * nblk + b];
-            const __m512 dx = _mm512_set1_ps(job->dx[(m + i) * nblk + b]);
-            __m512i d0, d1;
-            if (zp) {
-                const __m512i xs = _mm512_set1_epi32(x_sum);
-                d0 = _mm512_sub_epi32(acc[2 * i], _mm512_mullo_epi32(z0, xs));
-                d1 = _mm512_sub_epi32(acc[2 * i + 1], _mm512_mullo_epi32(z1, xs));
-            } else { /* z = 8 everywhere: the zero term is one number */
-                d0 = _mm512_sub_epi32(acc[2 * i], _mm512_set1_epi32(8 * x_sum));
-                d1 = _mm512_sub_epi32(acc[2 * i + 1], _mm512_set1_epi32(8 * 16 * x_sum));
-            }
-            f[2 * i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s0, dx), f[2 * i]);
-            f[2 * i + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, dx),
-                                           f[2 * i + 1]);
-        }
-    }
-    for (int i = 0; i < MB; ++i) {
-        _mm512_storeu_ps(res + i * W4_PANEL, f[2 * i]);
-        _mm512_storeu_ps(res + i * W4_PANEL + 16, f[2 * i + 1]);
-    }
-}
-
-static W4_TARGET void tile_vnni_rt(const W4Job *job, int mb, const uint8_t *wp,
-                                   const uint16_t *sp, const uint8_t *zp, int64_t m,
-                                   float *res) {
-    switch (mb) {
-    case 1: tile_vnni(job, 1, wp, sp, zp, m, res); break;
-    case 2: tile_vnni(job, 2, wp, sp, zp, m, res); break;
-    case 3: tile_vnni(job, 3, wp, sp, zp, m, res); break;
-    default: tile_vnni(job, 4, wp, sp, zp, m, res); break;
-    }
-}
-
-static int have_vnni(void) {
-    static int known = -1;
-    if (known < 0) known = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
-    return known;
-}
-#endif
-
 /* chunk: panels [p0, p1) against x rows [m0, m0 + mblock) */
 static void run_w4(void *ctx, int64_t chunk) {
     const W4Job *job = (const W4Job *)ctx;
@@ -252,12 +101,7 @@ static void run_w4(void *ctx, int64_t chunk) {
         for (int64_t m = m0; m < M; m += W4_MB) {
             const int mb = M - m < W4_MB ? (int)(M - m) : W4_MB;
             float res[W4_MB * W4_PANEL];
-#ifdef W4_VNNI
-            if (have_vnni())
-                tile_vnni_rt(job, mb, wp, sp, zp, m, res);
-            else
-#endif
-                tile_scalar(job, mb, wp, sp, zp, m, res);
+            atb_w4_tile(job, mb, wp, sp, zp, m, res);
             for (int i = 0; i < mb; ++i) w4_emit(a, m + i, p * W4_PANEL, res + i * W4_PANEL);
         }
     }

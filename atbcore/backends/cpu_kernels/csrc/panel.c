@@ -18,6 +18,12 @@
 #define ATB_PANEL_KB 128
 /* x rows per chunk of a many-row matmul (64 x K fp32 stays in L2 for K up to ~4000) */
 #define ATB_PANEL_MBLOCK 64
+/* x rows per call of a tile (the AVX2 tile runs them as two sixes) */
+#ifdef ATB_AVX2
+#define ATB_PANEL_MT 12
+#else
+#define ATB_PANEL_MT 8
+#endif
 
 #ifdef ATB_LIN_AVX512
 /* res[i * 32 + j] = x row i . panel column j for MB rows; a panel row is 32 weights
@@ -61,6 +67,89 @@ static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uin
     default: ATB_BY_WDT(8, ATB_PT) break;
     }
 #undef ATB_PT
+}
+#elif defined(ATB_AVX2)
+/* rows 0..MB (MB 1 or 2) of x against panel rows [k0, k1): 8 accumulators, each
+ * output's sum in k order as the AVX-512 tile's (fp32 FMAs), added into res */
+static inline __attribute__((always_inline)) void panel_pair(int MB, int WDT, const float *x,
+                                                             int64_t xs, const uint8_t *w,
+                                                             int64_t k0, int64_t k1, float *res) {
+    const int64_t es = wsize(WDT);
+    __m256 acc[8];
+    for (int i = 0; i < 4 * MB; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; ++k) {
+        const uint8_t *wk = w + k * ATB_PANEL * es;
+        const __m256 w0 = loadw8(WDT, wk), w1 = loadw8(WDT, wk + 8 * es);
+        const __m256 w2 = loadw8(WDT, wk + 16 * es), w3 = loadw8(WDT, wk + 24 * es);
+        for (int i = 0; i < MB; ++i) {
+            const __m256 xb = _mm256_broadcast_ss(x + i * xs + k);
+            acc[4 * i] = _mm256_fmadd_ps(xb, w0, acc[4 * i]);
+            acc[4 * i + 1] = _mm256_fmadd_ps(xb, w1, acc[4 * i + 1]);
+            acc[4 * i + 2] = _mm256_fmadd_ps(xb, w2, acc[4 * i + 2]);
+            acc[4 * i + 3] = _mm256_fmadd_ps(xb, w3, acc[4 * i + 3]);
+        }
+    }
+    for (int i = 0; i < 4 * MB; ++i) {
+        __m256 v = acc[i];
+        if (k0) v = _mm256_add_ps(v, _mm256_loadu_ps(res + i * 8));
+        _mm256_storeu_ps(res + i * 8, v);
+    }
+}
+
+/* six rows against one half (16 outputs) of the panel rows [k0, k1): the many-row
+ * tile, 12 accumulators, each weight vector (widened once) feeding six FMAs; the same
+ * sums in the same order as panel_pair's */
+static inline __attribute__((always_inline)) void panel_six(int WDT, const float *x, int64_t xs,
+                                                            const uint8_t *w, int64_t k0,
+                                                            int64_t k1, float *res) {
+    const int64_t es = wsize(WDT);
+    __m256 acc[12];
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; ++k) {
+        const uint8_t *wk = w + k * ATB_PANEL * es;
+        __m256 w0 = loadw8(WDT, wk), w1 = loadw8(WDT, wk + 8 * es);
+        /* in registers: GCC otherwise folds an fp32 load into each of the six FMAs (three
+         * loads per two FMAs, load-port bound) */
+        __asm__("" : "+x"(w0), "+x"(w1));
+        for (int i = 0; i < 6; ++i) {
+            const __m256 xb = _mm256_broadcast_ss(x + i * xs + k);
+            acc[2 * i] = _mm256_fmadd_ps(xb, w0, acc[2 * i]);
+            acc[2 * i + 1] = _mm256_fmadd_ps(xb, w1, acc[2 * i + 1]);
+        }
+    }
+    for (int i = 0; i < 6; ++i)
+        for (int u = 0; u < 2; ++u) {
+            __m256 v = acc[2 * i + u];
+            if (k0) v = _mm256_add_ps(v, _mm256_loadu_ps(res + i * ATB_PANEL + 8 * u));
+            _mm256_storeu_ps(res + i * ATB_PANEL + 8 * u, v);
+        }
+}
+
+/* mb rows: sixes on each half of the panel, the rest in pairs (16 registers hold two
+ * rows' 32 sums), each block of K across all rows while it is in L1 */
+static inline __attribute__((always_inline)) void panel_rows(int WDT, int mb, const float *x,
+                                                             int64_t xs, const uint8_t *w,
+                                                             int64_t K, float *res) {
+    const int64_t es = wsize(WDT);
+    for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
+        const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
+        int i = 0;
+        for (; i + 6 <= mb; i += 6)
+            for (int h = 0; h < 2; ++h)
+                panel_six(WDT, x + i * xs, xs, w + 16 * h * es, k0, k1, res + i * ATB_PANEL + 16 * h);
+        for (; i + 2 <= mb; i += 2) panel_pair(2, WDT, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
+        if (i < mb) panel_pair(1, WDT, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
+    }
+}
+
+static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
+                          int64_t K, float *res) {
+    switch (wdt) {
+    case W_F32: panel_rows(W_F32, mb, x, xs, w, K, res); break;
+    case W_BF16: panel_rows(W_BF16, mb, x, xs, w, K, res); break;
+    case W_F16: panel_rows(W_F16, mb, x, xs, w, K, res); break;
+    default: panel_rows(W_I8, mb, x, xs, w, K, res); break;
+    }
 }
 #else
 static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
@@ -134,9 +223,9 @@ static void run_panels(void *ctx, int64_t chunk) {
     const uint8_t *w = (const uint8_t *)P(a->w);
     for (int64_t p = p0; p < p1; ++p) {
         const uint8_t *wp = w + p * K * ATB_PANEL * wsize(wdt);
-        for (int64_t m = m0; m < M; m += 8) {
-            const int mb = M - m < 8 ? (int)(M - m) : 8;
-            float res[8 * ATB_PANEL];
+        for (int64_t m = m0; m < M; m += ATB_PANEL_MT) {
+            const int mb = M - m < ATB_PANEL_MT ? (int)(M - m) : ATB_PANEL_MT;
+            float res[ATB_PANEL_MT * ATB_PANEL];
             panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp, K, res);
             atb_panel_emit(a, m, p * ATB_PANEL, mb, res);
         }

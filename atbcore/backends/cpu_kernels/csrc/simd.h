@@ -48,4 +48,10 @@ static inline __attribute__((always_inline)) __m512 atb_exp16(__m512 x) {
 }
 #endif
 
+/* x86-64-v3 builds (AVX2 + FMA, no AVX-512): the few kernels with 256-bit intrinsics */
+#if !defined(ATB_AVX512) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define ATB_AVX2 1
+#endif
+
 #endif

@@ -160,6 +160,15 @@ class LlamaCppDecoder:
         ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
+    def prefill(self, ids: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """Prompt processing of ``ids`` [1, S] from an empty context: (CPU seconds of
+        every thread, as atb's prefill is timed on a shared machine; the last position's
+        logits [1, V])."""
+        self.llm.reset()
+        c0 = time.process_time()
+        self.llm.eval([int(t) for t in ids[0]])
+        return time.process_time() - c0, torch.from_numpy(self._last_logits().copy())[None]
+
     def greedy(self, ids: torch.Tensor, new_tokens: int, record: bool = False,
                forced: torch.Tensor | None = None) -> DecodeRun:
         """Greedy tokens; ``forced`` [1, new_tokens] feeds those tokens instead (and
