@@ -36,7 +36,7 @@ from ..errors import AtbError
 from ..tensor import TensorDesc, convert, copy_into
 
 __all__ = ["Slot", "BindContext", "BoundProgram", "bind_program", "resolve", "getter",
-           "same_objects", "binder_of", "POOL_ROWS_MAX"]
+           "same_objects", "binder_of", "view_binder", "POOL_ROWS_MAX"]
 
 # the C matmul splits up to this many rows over atb's pool (more go to torch's team)
 POOL_ROWS_MAX = 64
@@ -131,6 +131,33 @@ class BoundProgram:
             for i in frees:
                 env[i] = None
         return [env[i] for i in self.output_slots]
+
+
+def view_binder(view: Callable[[Any, Any], list]) -> Callable[..., Any]:
+    """The binder of a zero-copy view kernel ``view(params, ins) -> [out]`` (a front-end's
+    Reshape): the view of a planned (fixed) buffer is made once, so the ops reading it
+    bind to the view itself and a run makes none; an input in a slot gets its view per
+    run. Kernels of whole tensors only (``x`` in, one output)."""
+    def bind(p: Any, ins: Any, outs: list, ctx: Any) -> Any:
+        x, o = ins["x"], outs[0]
+        if type(o) is not Slot:
+            return None
+        j = o.index
+        if type(x) is Slot:
+            i = x.index
+
+            def call(env: list) -> None:
+                env[j] = view(p, {"x": env[i]})[0]
+            return call
+        v = view(p, {"x": x})[0]
+
+        def fixed(env: list) -> None:
+            env[j] = v
+        fixed.fixed_out = [v]  # type: ignore[attr-defined]  # readers bind to the view itself
+        return fixed
+
+    bind.fills_slots = True  # type: ignore[attr-defined]
+    return bind
 
 
 def binder_of(kernel: Any) -> Callable[..., Any]:

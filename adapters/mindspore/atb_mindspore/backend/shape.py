@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from atbcore.log import logger
+from atbcore.runtime.binding import view_binder
 from atbcore.ops.shape import resolve_shape, slice_bounds, split_sizes
 from atbcore.tensor import describe
 
@@ -29,30 +30,8 @@ def transpose(p, ins):
     return [fresh(mint().permute(ins["x"], tuple(p.perm)))]
 
 
-def _bind_reshape(p: Any, ins: Any, outs: list, ctx: Any) -> Any:
-    """The view made once for a planned (fixed) buffer, so readers bind to it and a
-    decode step makes no MindSpore view at all; per run for an input in a slot."""
-    from atbcore.runtime.binding import Slot
-
-    x, o = ins["x"], outs[0]
-    if type(o) is not Slot:
-        return None
-    j = o.index
-    if type(x) is Slot:
-        i = x.index
-
-        def call(env: list) -> None:
-            env[j] = reshape(p, {"x": env[i]})[0]
-        return call
-    v = reshape(p, {"x": x})[0]
-
-    def fixed(env: list) -> None:
-        env[j] = v
-    fixed.fixed_out = [v]  # type: ignore[attr-defined]  # readers bind to the view itself
-    return fixed
-
-
-_bind_reshape.fills_slots = True  # type: ignore[attr-defined]
+# the MindSpore view of a planned buffer made once (readers bind to it), per run for a slot
+_bind_reshape = view_binder(lambda p, ins: reshape(p, ins))
 
 
 @kernel("Reshape", impl="a NumPy view as a MindSpore tensor, or Tensor.view (zero-copy); "

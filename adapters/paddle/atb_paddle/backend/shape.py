@@ -14,6 +14,7 @@ from typing import Any
 import paddle
 
 from atbcore.log import logger
+from atbcore.runtime.binding import view_binder
 from atbcore.ops.shape import resolve_shape, slice_bounds, split_sizes
 from atbcore.tensor import describe
 
@@ -28,31 +29,8 @@ def transpose(p, ins):
     return [fresh(paddle.transpose(ins["x"], list(p.perm)))]
 
 
-def _bind_reshape(p: Any, ins: Any, outs: list, ctx: Any) -> Any:
-    """The view made once for a planned (fixed) buffer, so the ops reading it bind
-    to it and a decode step makes no Paddle view at all; per run for an input in a
-    slot."""
-    from atbcore.runtime.binding import Slot
-
-    x, o = ins["x"], outs[0]
-    if type(o) is not Slot:
-        return None
-    j = o.index
-    if type(x) is Slot:
-        i = x.index
-
-        def call(env: list) -> None:
-            env[j] = reshape(p, {"x": env[i]})[0]
-        return call
-    v = reshape(p, {"x": x})[0]
-
-    def fixed(env: list) -> None:
-        env[j] = v
-    fixed.fixed_out = [v]  # type: ignore[attr-defined]  # readers bind to the view itself
-    return fixed
-
-
-_bind_reshape.fills_slots = True  # type: ignore[attr-defined]
+# the Paddle view of a planned buffer made once (readers bind to it), per run for a slot
+_bind_reshape = view_binder(lambda p, ins: reshape(p, ins))
 
 
 @kernel("Reshape", impl="paddle.Tensor.view (zero-copy); made once for a planned buffer",
