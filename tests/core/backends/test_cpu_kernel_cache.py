@@ -154,3 +154,37 @@ def test_a_failed_isa_build_is_retried_after_the_interval(monkeypatch, tmp_path)
     build.build_library()
     build.build_library()
     assert calls3 == ["-mfast", "generic", "-mfast"]
+
+
+def test_a_compile_timeout_is_not_recorded_as_a_failure(monkeypatch, tmp_path):
+    """A loaded machine's slow compile falls to the next ISA for this process only: no
+    build-error.txt, so the next process tries the best ISA again."""
+    monkeypatch.setenv("ATB_CPU_KERNELS_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "isa_flags", lambda: [("fast", ("-mfast",)), ("generic", ())])
+    monkeypatch.setattr(build, "COMPILE_TIMEOUT_S", 0.01)
+    calls: list[str] = []
+
+    def slow_or_broken(cmd, **kw):
+        calls.append(cmd[0])
+        if "-mfast" in cmd:
+            raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+        return subprocess.CompletedProcess(cmd, 1, "", "error: no compiler (stub)")
+
+    monkeypatch.setattr(build.subprocess, "run", slow_or_broken)
+    res = build.build_library()
+    assert res.path is None and "ran past" in res.reason and "no compiler" in res.reason
+    fast_dir = tmp_path / build._key(build._compiler()[0], ("-mfast",))
+    assert not (fast_dir / build.FAILED_NAME).exists()           # not recorded: retried
+    assert (tmp_path / build._key(build._compiler()[0], ()) / build.FAILED_NAME).exists()
+    assert not any(p.name.startswith(".build-") for p in fast_dir.iterdir())  # cleaned
+
+
+@needs_cc
+def test_the_parallel_build_links_every_entry_point(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATB_CPU_KERNELS_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "isa_flags", lambda: [("generic", ())])
+    res = build.build_library()
+    assert res.compiled and res.path is not None and res.isa == "generic"
+    lib = ctypes.CDLL(str(res.path))
+    assert all(hasattr(lib, n) for n in bindings.ENTRY_POINTS)
+    assert sorted(p.name for p in res.path.parent.iterdir()) == [build.LIB_NAME]
