@@ -43,8 +43,9 @@ int atb_cpu_vnni(void) {
 
 typedef struct {
     const LinArgs *a;
-    const void *x;      /* the float rows (normed when asked) */
+    const void *x;      /* the float rows (normed into normed first when asked) */
     int64_t xs;         /* their stride */
+    void *normed;       /* [M, K] RmsNorm'd rows at x's dtype, or NULL */
     uint8_t *xq;        /* [M, K4 * 4] int8 rows, offset by off */
     int off;            /* 128 for VPDPBUSD (unsigned x), 0 elsewhere (signed x) */
     float *sx;          /* [M] row scales */
@@ -57,13 +58,23 @@ static void quantize_rows(void *ctx, int64_t r0, int64_t r1) {
     const I8Job *job = (const I8Job *)ctx;
     const int64_t K = job->a->k, KP = job->k4 * 4;
     const int dt = (int)job->a->x_dt, off = job->off;
+    const void *x = job->x;
+    int64_t xs = job->xs;
     float buf[1024];
+    if (job->normed) { /* the RmsNorm of these rows, stored at x's dtype as the separate
+                        * kernel would, on this thread (the split's rows) */
+        const LinArgs *a = job->a;
+        atb_rms_norm_rows(x, NULL, NULL, job->normed, P(a->norm_w), dt, (int)a->norm_w_dt, r0, r1,
+                          K, xs, 0, 0, K, (float)a->norm_eps, (float)a->norm_offset);
+        x = job->normed;
+        xs = K;
+    }
     for (int64_t r = r0; r < r1; ++r) {
         uint8_t *q = job->xq + r * KP;
         float amax = 0.0f;
         for (int64_t k0 = 0; k0 < K; k0 += 1024) { /* pass 1: the row's largest |x| */
             const int64_t n = K - k0 < 1024 ? K - k0 : 1024;
-            const float *v = atb_load(job->x, dt, r * job->xs + k0, n, buf);
+            const float *v = atb_load(x, dt, r * xs + k0, n, buf);
             /* a compare, not fmaxf: fmaxf's NaN rule keeps it a libm call per element */
 #pragma omp simd reduction(max : amax)
             for (int64_t i = 0; i < n; ++i) {
@@ -75,7 +86,7 @@ static void quantize_rows(void *ctx, int64_t r0, int64_t r1) {
         job->sx[r] = amax / 127.0f;
         for (int64_t k0 = 0; k0 < K; k0 += 1024) { /* pass 2: round to nearest even */
             const int64_t n = K - k0 < 1024 ? K - k0 : 1024;
-            const float *v = atb_load(job->x, dt, r * job->xs + k0, n, buf);
+            const float *v = atb_load(x, dt, r * xs + k0, n, buf);
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
                 float t = nearbyintf(v[i] * inv);
@@ -277,19 +288,15 @@ ATB_API int64_t atb_linear_w8a8(const LinArgs *a) {
     if (a->x_dt < 0 || a->x_dt > ATB_F16 || a->y_dt < 0 || a->y_dt > ATB_F16) return ATB_ERR_ARGS;
     if (a->res && (a->accumulate || a->res_dt < 0 || a->res_dt > ATB_F16)) return ATB_ERR_ARGS;
     if (a->m == 0) return 0;
-    I8Job job = {a, P(a->x), a->x_stride, NULL, 0, NULL, (a->k + 3) / 4, 0, 0, 0};
+    I8Job job = {a, P(a->x), a->x_stride, NULL, NULL, 0, NULL, (a->k + 3) / 4, 0, 0, 0};
 #ifdef ATB_HAVE_VNNI_KERNEL
     job.off = atb_cpu_vnni() ? 128 : 0;
 #endif
     void *normed = NULL;
-    if (a->norm) { /* RmsNorm rows stored at x's dtype, as the separate kernel would */
+    if (a->norm) { /* RmsNorm rows, normed by quantize_rows on the split's threads */
         normed = malloc((size_t)(a->m * a->k * atb_dt_size((int)a->x_dt)));
         if (!normed) return ATB_ERR_NOMEM;
-        atb_rms_norm_rows(job.x, NULL, NULL, normed, P(a->norm_w), (int)a->x_dt,
-                          (int)a->norm_w_dt, 0, a->m, a->k, a->x_stride, 0, 0, a->k,
-                          (float)a->norm_eps, (float)a->norm_offset);
-        job.x = normed;
-        job.xs = a->k;
+        job.normed = normed;
     }
     job.xq = (uint8_t *)malloc((size_t)(a->m * job.k4 * 4));
     job.sx = (float *)malloc((size_t)a->m * sizeof(float));
