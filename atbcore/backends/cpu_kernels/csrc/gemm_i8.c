@@ -194,20 +194,32 @@ __attribute__((unused)) static void i8_tile_plain(int mb, const uint8_t *xq, int
  * no column sums): the same integers, the same bits.
  *
  * Tile: 4 rows x 16 outputs (one half of the panel) in 8 named accumulators (an
- * array of them went through the stack), w and |w| loaded once per quad for the 4
- * rows: per quad 2 loads, 2 VPABSB, 4 broadcasts and 8 x (VPSIGNB, VPMADDUBSW,
- * VPMADDWD, VPADDD), 15 of the 16 vector registers. Measured here against the same
+ * array of them went through the stack), |w| made once per quad for the 4 rows: per
+ * quad 2 VPABSB, 4 broadcasts and 8 x (VPSIGNB, VPMADDUBSW, VPMADDWD, VPADDD), 14 of
+ * the 16 vector registers. Measured here against the same
  * tile without VPSIGNB (7-bit activations, which fit VPMADDUBSW unsigned): 0.76x,
  * the price of exact 8-bit activations (see the w8a8 note). */
-#define ATB_I8_SGN(acc, a, w, xb) \
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(xb, w)), ones))
+/* acc += |w| . (x with w's sign) in place, VPSIGNB reading w from memory: in asm, as
+ * the VNNI tile's step, since GCC otherwise keeps a copy of each accumulator and,
+ * registers short, carries some through the stack (a store-to-load chain per quad) */
+#define ATB_I8_SGN(acc, a, wp, xb)                                                    \
+    do {                                                                          \
+        __m256i t_;                                                               \
+        __asm__("vpsignb %[w], %[x], %[t]\n\t"                                    \
+                "vpmaddubsw %[t], %[aw], %[t]\n\t"                                 \
+                "vpmaddwd %[one], %[t], %[t]\n\t"                                 \
+                "vpaddd %[t], %[sum], %[sum]"                                     \
+                : [sum] "+x"(acc), [t] "=&x"(t_)                                  \
+                : [x] "x"(xb), [aw] "x"(a), [one] "x"(ones),                       \
+                  [w] "m"(*(const __m256i *)(wp)));                               \
+    } while (0)
 #define ATB_I8_AVX2_ROW(i)                                                            \
     if (MB > i) {                                                                 \
         int32_t quad;                                                             \
         memcpy(&quad, xq + i * xqs + q * 4, sizeof quad);                         \
         const __m256i xb = _mm256_set1_epi32(quad);                               \
-        ATB_I8_SGN(l##i, a0, w0, xb);                                             \
-        ATB_I8_SGN(h##i, a1, w1, xb);                                             \
+        ATB_I8_SGN(l##i, a0, wq, xb);                                             \
+        ATB_I8_SGN(h##i, a1, wq + 32, xb);                                        \
     }
 #define ATB_I8_AVX2_OUT(i)                                                            \
     if (MB > i) {                                                                 \
@@ -226,9 +238,9 @@ static inline __attribute__((always_inline)) void i8_rows_avx2(int MB, const uin
         __m256i l0 = _mm256_setzero_si256(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0,
                 h3 = l0;
         for (int64_t q = 0; q < k4; ++q) {
-            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wh + q * ATB_I8_ROW));
-            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wh + q * ATB_I8_ROW + 32));
-            const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+            const int8_t *wq = wh + q * ATB_I8_ROW;
+            const __m256i a0 = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)wq));
+            const __m256i a1 = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(wq + 32)));
             ATB_I8_AVX2_ROW(0) ATB_I8_AVX2_ROW(1) ATB_I8_AVX2_ROW(2) ATB_I8_AVX2_ROW(3)
         }
         ATB_I8_AVX2_OUT(0) ATB_I8_AVX2_OUT(1) ATB_I8_AVX2_OUT(2) ATB_I8_AVX2_OUT(3)
