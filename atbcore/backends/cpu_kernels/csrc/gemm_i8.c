@@ -171,8 +171,9 @@ static ATB_VNNI_TARGET void i8_tile_vnni(int mb, const uint8_t *xq, int64_t xqs,
 
 /* the same sums in plain C (CPUs without VNNI or AVX2; x signed): exact integers, the
  * same bits */
-__attribute__((unused)) static void i8_tile_plain(int mb, const uint8_t *xq, int64_t xqs, const float *sx,
-                          const int8_t *w, int64_t k4, float *res) {
+__attribute__((unused)) static void i8_tile_plain(int mb, const uint8_t *xq, int64_t xqs,
+                                                  const float *sx, const int8_t *w, int64_t k4,
+                                                  float *res) {
     for (int i = 0; i < mb; ++i) {
         int32_t acc[32] = {0};
         for (int64_t q = 0; q < k4; ++q) {
