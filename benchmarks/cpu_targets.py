@@ -18,6 +18,9 @@ Sections (``--only`` picks some; all by default):
   VNNI or AVX2; with fp32 or bf16 activations between the GEMMs), as ratios to atb fp32
   (wall and CPU time), interleaved; ``--llama-cpp`` adds llama.cpp's prompt processing
   (GGUF F32, BF16, Q8_0 beside fp32, bf16, w8a8) in the same rounds.
+* ``gemms``   — the prefill GEMMs alone at the default model's shapes (512 and 2048 rows x
+  QKV, O, gate|up and down), GF/s per thread in CPU time on one thread: torch.mm and
+  oneDNN (fp32), atb's C matmul on fp32 and bf16 panels, and the w8a8 kernel.
 * ``minilm``  — sentence-transformers' ``encode`` (its sorting, batch 32) on 1,000
   sentences: fp32, bf16 and w8a8 atb vs the unaccelerated fp32 model (+ ONNX Runtime:
   its fp32 model beside fp32, its dynamic int8 quantization beside w8a8).
@@ -50,7 +53,7 @@ from atb_torch.llm.bench.measure import allocator_peak, interleaved, median  # n
 from atb_torch.llm.bench.models import build_default_model, minilm_path  # noqa: E402
 from atb_torch.llm.bench.report import write_json  # noqa: E402
 
-SECTIONS = ("decode", "batch", "prefill", "precisions", "minilm", "compile")
+SECTIONS = ("decode", "batch", "prefill", "precisions", "gemms", "minilm", "compile")
 
 
 def log(msg: str) -> None:
@@ -227,6 +230,53 @@ def precisions(args: argparse.Namespace) -> dict:
     return out
 
 
+def gemms(args: argparse.Namespace) -> dict:
+    """GF/s of each prefill GEMM kernel, one thread, CPU time (lower quartile of the
+    repeats: time slices lost to other processes on a shared machine do not count)."""
+    from atbcore.backends.cpu_kernels.torch_linear import linear_rows, pack_panels
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
+    from atbcore.backends.torch.linear_dnnl import dnnl_linear
+    from atbcore.ops.linear import quantize_w8
+    from atb_torch.llm.bench.models import default_llama_config
+
+    c = default_llama_config()
+    h, kvd = c.hidden_size, c.num_key_value_heads * c.hidden_size // c.num_attention_heads
+    shapes = {"qkv": (h, h + 2 * kvd), "o": (h, h), "gate_up": (h, 2 * c.intermediate_size),
+              "down": (c.intermediate_size, h)}
+    keep = torch.get_num_threads()
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    try:
+        for m in (512, 2048):
+            for name, (k, n) in shapes.items():
+                x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) * 0.05
+                xb, wb, wq_s = x.bfloat16(), w.bfloat16(), quantize_w8(w)
+                pf, pb, pq = pack_panels(w), pack_panels(wb), pack_w8a8(wq_s[0])
+                lin = type("P", (), {"transpose_weight": True})
+                fns = {"torch_mm_fp32": lambda: torch.mm(x, w.t()),
+                       "onednn_fp32": lambda: dnnl_linear(lin, x, w, None),
+                       "atb_fp32": lambda: linear_rows(x, w, panels=pf, threads=1),
+                       "atb_bf16": lambda: linear_rows(xb, wb, panels=pb, threads=1),
+                       "atb_w8a8": lambda: linear_w8a8(x, pq, wq_s[1], threads=1)}
+                cpu = {label: [] for label in fns}
+                for f in fns.values():
+                    f()
+                for _ in range(max(3, args.repeats)):
+                    for label, f in fns.items():  # interleaved rounds
+                        c0 = time.process_time()
+                        f()
+                        cpu[label].append(time.process_time() - c0)
+                gf = 2 * m * k * n / 1e9
+                res = {label: gf / sorted(t)[len(t) // 4] for label, t in cpu.items()}
+                out[f"{m}x{k}x{n} ({name})"] = res
+                log(f"  {m}x{k}x{n} {name}: " + ", ".join(f"{lb} {v:.1f}" for lb, v in
+                                                         res.items()) + " GF/s")
+    finally:
+        torch.set_num_threads(keep)
+    return out
+
+
 def minilm(args: argparse.Namespace) -> dict:
     path = minilm_path()
     if path is None:
@@ -285,7 +335,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     fns = {"decode": decode, "batch": batch, "prefill": prefill, "precisions": precisions,
-           "minilm": minilm,
+           "gemms": gemms, "minilm": minilm,
            "compile": compile_time}
     results = {"threads": torch.get_num_threads(), "torch": torch.__version__}
     for name in args.only.split(","):

@@ -1,7 +1,9 @@
 """The w8a8 matmul C kernel on torch CPU tensors (``csrc/gemm_i8.c``): activations
 quantized to int8 per row on the fly (symmetric, ``max |x| / 127``), int8 weights
 with a per-output-channel fp32 scale, int32 sums (VNNI ``VPDPBUSD`` where the CPU
-has it, an exact plain loop elsewhere: the same bits), one rounding to the output.
+has it, ``VPSIGNB``/``VPMADDUBSW``/``VPMADDWD`` on AVX2, an exact plain loop
+elsewhere: the same bits, with no int16 saturation at the int8 extremes), one
+rounding to the output.
 
     wq, s = atbcore.ops.linear.quantize_w8(w)              # int8 [N, K], scale [N]
     packed = pack_w8a8(wq)                                  # the kernel's layout

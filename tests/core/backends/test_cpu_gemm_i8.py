@@ -138,6 +138,29 @@ def test_w8a8_rms_normed_rows():
     assert_close(y, _ref(normed, wq, s).astype(np.float32), "fp32", "w8a8 of normed rows")
 
 
+@pytest.mark.parametrize("xdt", [torch.float32, torch.bfloat16])
+def test_w8a8_rms_normed_rows_split_over_threads(xdt):
+    """Enough rows that the RmsNorm and the quantization split over the threads (each
+    thread norms its own rows): 1 and 2 threads bit-equal, both the product of the
+    separately normed rows (odd K: a quad tail)."""
+    from atbcore.backends.cpu_kernels import torch_ops as ck
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
+
+    g = torch.Generator().manual_seed(6)
+    m, k, n = 300, 515, 70
+    x = (torch.randn(m, k, generator=g) * 3).to(xdt)
+    nw = torch.rand(k, generator=g).to(xdt)
+    wq, s = _weights(g, n, k)
+    p = pack_w8a8(wq)
+    y1, y2 = (linear_w8a8(x, p, s, rms_norm_eps=1e-6, rms_norm_weight=nw, threads=t,
+                          out=torch.empty(m, n)) for t in (1, 2))
+    assert torch.equal(y1, y2)
+    normed = ck.rms_norm(x, nw, k, 1e-6)[0]
+    assert normed.dtype == xdt
+    assert torch.equal(y1, linear_w8a8(normed, p, s, threads=2, out=torch.empty(m, n)))
+    assert_close(y1, _ref(normed, wq, s).astype(np.float32), "fp32", "w8a8 of normed rows")
+
+
 def test_quantize_rows_reference_matches_numpy():
     from atbcore.backends.cpu_kernels.torch_w8a8 import quantize_rows_reference
 

@@ -5,9 +5,10 @@
  *   sx[m] = max_k |x[m, k]| / 127,  xq[m, k] = rint(x[m, k] * (127 / max_k |x[m, k]|))
  *
  * VPDPBUSD (AVX512_VNNI) multiplies 4 unsigned by 4 signed bytes into an int32 lane,
- * so x is stored offset, u = xq + 128, and the weights' column sums take the offset
- * back out: sum u w = sum xq w + 128 sum w. The sums are exact integers, so the
- * kernel, its fallback loop and any thread count give the same bits.
+ * so where it runs x is stored offset, u = xq + 128, and the weights' column sums take
+ * the offset back out: sum u w = sum xq w + 128 sum w (the AVX2 tile and the plain loop
+ * store xq as is). The sums are exact integers, so every path and any thread count
+ * give the same bits.
  *
  * Weight layout (pack_w8a8 in torch_w8a8.py): panels of 32 outputs, panel p is
  * [K4 + 1, 32, 4] bytes with K4 = ceil(K / 4): byte (q, j, t) = W[32 p + j, 4 q + t]
@@ -42,9 +43,11 @@ int atb_cpu_vnni(void) {
 
 typedef struct {
     const LinArgs *a;
-    const void *x;      /* the float rows (normed when asked) */
+    const void *x;      /* the float rows (normed into normed first when asked) */
     int64_t xs;         /* their stride */
-    uint8_t *xq;        /* [M, K4 * 4] offset int8 rows */
+    void *normed;       /* [M, K] RmsNorm'd rows at x's dtype, or NULL */
+    uint8_t *xq;        /* [M, K4 * 4] int8 rows, offset by off */
+    int off;            /* 128 for VPDPBUSD (unsigned x), 0 elsewhere (signed x) */
     float *sx;          /* [M] row scales */
     int64_t k4;
     int64_t chunk_panels, pchunks, mblock;
@@ -54,14 +57,24 @@ typedef struct {
 static void quantize_rows(void *ctx, int64_t r0, int64_t r1) {
     const I8Job *job = (const I8Job *)ctx;
     const int64_t K = job->a->k, KP = job->k4 * 4;
-    const int dt = (int)job->a->x_dt;
+    const int dt = (int)job->a->x_dt, off = job->off;
+    const void *x = job->x;
+    int64_t xs = job->xs;
     float buf[1024];
+    if (job->normed) { /* the RmsNorm of these rows, stored at x's dtype as the separate
+                        * kernel would, on this thread (the split's rows) */
+        const LinArgs *a = job->a;
+        atb_rms_norm_rows(x, NULL, NULL, job->normed, P(a->norm_w), dt, (int)a->norm_w_dt, r0, r1,
+                          K, xs, 0, 0, K, (float)a->norm_eps, (float)a->norm_offset);
+        x = job->normed;
+        xs = K;
+    }
     for (int64_t r = r0; r < r1; ++r) {
         uint8_t *q = job->xq + r * KP;
         float amax = 0.0f;
         for (int64_t k0 = 0; k0 < K; k0 += 1024) { /* pass 1: the row's largest |x| */
             const int64_t n = K - k0 < 1024 ? K - k0 : 1024;
-            const float *v = atb_load(job->x, dt, r * job->xs + k0, n, buf);
+            const float *v = atb_load(x, dt, r * xs + k0, n, buf);
             /* a compare, not fmaxf: fmaxf's NaN rule keeps it a libm call per element */
 #pragma omp simd reduction(max : amax)
             for (int64_t i = 0; i < n; ++i) {
@@ -73,15 +86,15 @@ static void quantize_rows(void *ctx, int64_t r0, int64_t r1) {
         job->sx[r] = amax / 127.0f;
         for (int64_t k0 = 0; k0 < K; k0 += 1024) { /* pass 2: round to nearest even */
             const int64_t n = K - k0 < 1024 ? K - k0 : 1024;
-            const float *v = atb_load(job->x, dt, r * job->xs + k0, n, buf);
+            const float *v = atb_load(x, dt, r * xs + k0, n, buf);
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
                 float t = nearbyintf(v[i] * inv);
                 t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : t);
-                q[k0 + i] = (uint8_t)((int)t + 128);
+                q[k0 + i] = (uint8_t)((int)t + off);
             }
         }
-        memset(q + K, 128, (size_t)(KP - K)); /* zero activations past K */
+        memset(q + K, off, (size_t)(KP - K)); /* zero activations past K */
     }
 }
 
@@ -156,65 +169,82 @@ static ATB_VNNI_TARGET void i8_tile_vnni(int mb, const uint8_t *xq, int64_t xqs,
 }
 #endif
 
-/* the same sums in plain C (CPUs without VNNI): exact integers, the same bits (unused in
- * AVX2 builds, which have their own tile) */
-__attribute__((unused)) static void i8_tile_plain(int mb, const uint8_t *xq, int64_t xqs, const float *sx,
-                          const int8_t *w, int64_t k4, float *res) {
-    const int32_t *cs = (const int32_t *)(w + k4 * ATB_I8_ROW);
+/* the same sums in plain C (CPUs without VNNI or AVX2; x signed): exact integers, the
+ * same bits */
+__attribute__((unused)) static void i8_tile_plain(int mb, const uint8_t *xq, int64_t xqs,
+                                                  const float *sx, const int8_t *w, int64_t k4,
+                                                  float *res) {
     for (int i = 0; i < mb; ++i) {
         int32_t acc[32] = {0};
         for (int64_t q = 0; q < k4; ++q) {
-            const uint8_t *xv = xq + i * xqs + q * 4;
+            const int8_t *xv = (const int8_t *)(xq + i * xqs + q * 4);
             const int8_t *wr = w + q * ATB_I8_ROW;
 #pragma omp simd
             for (int j = 0; j < 32; ++j)
                 acc[j] += xv[0] * wr[4 * j] + xv[1] * wr[4 * j + 1] + xv[2] * wr[4 * j + 2] +
                           xv[3] * wr[4 * j + 3];
         }
-        for (int j = 0; j < 32; ++j) res[i * 32 + j] = (float)(acc[j] - 128 * cs[j]) * sx[i];
+        for (int j = 0; j < 32; ++j) res[i * 32 + j] = (float)acc[j] * sx[i];
     }
 }
 
 #ifdef ATB_AVX2
 /* the same sums on AVX2 (no VPDPBUSD): VPMADDUBSW of |w| (u8, <= 128) and the signed x
  * quad with w's sign (|x| <= 127), so a pair sum stays within int16 (<= 32512), then
- * VPMADDWD to int32. x's offset is taken off the quad first (sum x w directly, no
- * column sums): the same integers, the same bits. Up to 4 rows x 16 outputs in 8
- * accumulators. */
-static inline __attribute__((always_inline)) void i8_half_avx2(int MB, const uint8_t *xq,
-                                                               int64_t xqs, const int8_t *w,
-                                                               int64_t k4, __m256i acc[8]) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int i = 0; i < 2 * MB; ++i) acc[i] = _mm256_setzero_si256();
-    for (int64_t q = 0; q < k4; ++q) {
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + q * ATB_I8_ROW));
-        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + q * ATB_I8_ROW + 32));
-        const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
-        for (int i = 0; i < MB; ++i) {
-            int32_t quad;
-            memcpy(&quad, xq + i * xqs + q * 4, sizeof quad);
-            const __m256i xb = _mm256_set1_epi32((int32_t)((uint32_t)quad ^ 0x80808080u));
-            acc[2 * i] = _mm256_add_epi32(acc[2 * i], _mm256_madd_epi16(
-                _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0)), ones));
-            acc[2 * i + 1] = _mm256_add_epi32(acc[2 * i + 1], _mm256_madd_epi16(
-                _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1)), ones));
-        }
+ * VPMADDWD to int32: exact at the int8 extremes. x is stored signed here (no offset,
+ * no column sums): the same integers, the same bits.
+ *
+ * Tile: 4 rows x 16 outputs (one half of the panel) in 8 named accumulators (an
+ * array of them went through the stack), |w| made once per quad for the 4 rows: per
+ * quad 2 VPABSB, 4 broadcasts and 8 x (VPSIGNB, VPMADDUBSW, VPMADDWD, VPADDD), 14 of
+ * the 16 vector registers. Measured here against the same
+ * tile without VPSIGNB (7-bit activations, which fit VPMADDUBSW unsigned): 0.76x,
+ * the price of exact 8-bit activations (see the w8a8 note). */
+/* acc += |w| . (x with w's sign) in place, VPSIGNB reading w from memory: in asm, as
+ * the VNNI tile's step, since GCC otherwise keeps a copy of each accumulator and,
+ * registers short, carries some through the stack (a store-to-load chain per quad) */
+#define ATB_I8_SGN(acc, a, wp, xb)                                                    \
+    do {                                                                          \
+        __m256i t_;                                                               \
+        __asm__("vpsignb %[w], %[x], %[t]\n\t"                                    \
+                "vpmaddubsw %[t], %[aw], %[t]\n\t"                                 \
+                "vpmaddwd %[one], %[t], %[t]\n\t"                                 \
+                "vpaddd %[t], %[sum], %[sum]"                                     \
+                : [sum] "+x"(acc), [t] "=&x"(t_)                                  \
+                : [x] "x"(xb), [aw] "x"(a), [one] "x"(ones),                       \
+                  [w] "m"(*(const __m256i *)(wp)));                               \
+    } while (0)
+#define ATB_I8_AVX2_ROW(i)                                                            \
+    if (MB > i) {                                                                 \
+        int32_t quad;                                                             \
+        memcpy(&quad, xq + i * xqs + q * 4, sizeof quad);                         \
+        const __m256i xb = _mm256_set1_epi32(quad);                               \
+        ATB_I8_SGN(l##i, a0, wq, xb);                                             \
+        ATB_I8_SGN(h##i, a1, wq + 32, xb);                                        \
     }
-}
+#define ATB_I8_AVX2_OUT(i)                                                            \
+    if (MB > i) {                                                                 \
+        const __m256 s = _mm256_set1_ps(sx[i]);                                   \
+        _mm256_storeu_ps(res + i * 32 + hf * 16, _mm256_mul_ps(_mm256_cvtepi32_ps(l##i), s)); \
+        _mm256_storeu_ps(res + i * 32 + hf * 16 + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(h##i), s)); \
+    }
 
 static inline __attribute__((always_inline)) void i8_rows_avx2(int MB, const uint8_t *xq,
                                                                int64_t xqs, const float *sx,
                                                                const int8_t *w, int64_t k4,
                                                                float *res) {
-    for (int h = 0; h < 2; ++h) { /* outputs 0-15, then 16-31 */
-        __m256i acc[8];
-        i8_half_avx2(MB, xq, xqs, w + h * 64, k4, acc);
-        for (int i = 0; i < MB; ++i) {
-            const __m256 s = _mm256_set1_ps(sx[i]);
-            _mm256_storeu_ps(res + i * 32 + h * 16, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[2 * i]), s));
-            _mm256_storeu_ps(res + i * 32 + h * 16 + 8,
-                             _mm256_mul_ps(_mm256_cvtepi32_ps(acc[2 * i + 1]), s));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int hf = 0; hf < 2; ++hf) { /* outputs 0-15, then 16-31 */
+        const int8_t *wh = w + hf * 64;
+        __m256i l0 = _mm256_setzero_si256(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0,
+                h3 = l0;
+        for (int64_t q = 0; q < k4; ++q) {
+            const int8_t *wq = wh + q * ATB_I8_ROW;
+            const __m256i a0 = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)wq));
+            const __m256i a1 = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(wq + 32)));
+            ATB_I8_AVX2_ROW(0) ATB_I8_AVX2_ROW(1) ATB_I8_AVX2_ROW(2) ATB_I8_AVX2_ROW(3)
         }
+        ATB_I8_AVX2_OUT(0) ATB_I8_AVX2_OUT(1) ATB_I8_AVX2_OUT(2) ATB_I8_AVX2_OUT(3)
     }
 }
 
@@ -271,16 +301,15 @@ ATB_API int64_t atb_linear_w8a8(const LinArgs *a) {
     if (a->x_dt < 0 || a->x_dt > ATB_F16 || a->y_dt < 0 || a->y_dt > ATB_F16) return ATB_ERR_ARGS;
     if (a->res && (a->accumulate || a->res_dt < 0 || a->res_dt > ATB_F16)) return ATB_ERR_ARGS;
     if (a->m == 0) return 0;
-    I8Job job = {a, P(a->x), a->x_stride, NULL, NULL, (a->k + 3) / 4, 0, 0, 0};
+    I8Job job = {a, P(a->x), a->x_stride, NULL, NULL, 0, NULL, (a->k + 3) / 4, 0, 0, 0};
+#ifdef ATB_HAVE_VNNI_KERNEL
+    job.off = atb_cpu_vnni() ? 128 : 0;
+#endif
     void *normed = NULL;
-    if (a->norm) { /* RmsNorm rows stored at x's dtype, as the separate kernel would */
+    if (a->norm) { /* RmsNorm rows, normed by quantize_rows on the split's threads */
         normed = malloc((size_t)(a->m * a->k * atb_dt_size((int)a->x_dt)));
         if (!normed) return ATB_ERR_NOMEM;
-        atb_rms_norm_rows(job.x, NULL, NULL, normed, P(a->norm_w), (int)a->x_dt,
-                          (int)a->norm_w_dt, 0, a->m, a->k, a->x_stride, 0, 0, a->k,
-                          (float)a->norm_eps, (float)a->norm_offset);
-        job.x = normed;
-        job.xs = a->k;
+        job.normed = normed;
     }
     job.xq = (uint8_t *)malloc((size_t)(a->m * job.k4 * 4));
     job.sx = (float *)malloc((size_t)a->m * sizeof(float));
