@@ -59,6 +59,34 @@ static inline __attribute__((always_inline)) void pv_tile(int R, const float *co
     }
 }
 
+void atb_flash_fill_q8(const float *const *src, float *Qt, int64_t m0, int64_t Mp, int64_t D,
+                       float scale) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) {   /* an 8 x 8 transpose: lane i's d0..d0+8 -> column i */
+        __m256 r[8], t[8], u[8];
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src[i] + d);
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) {
+            u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+            u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+            u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+            u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+        }
+        for (int j = 0; j < 4; ++j) {
+            _mm256_storeu_ps(Qt + (d + j) * Mp + m0,
+                             _mm256_mul_ps(_mm256_permute2f128_ps(u[j], u[j + 4], 0x20), sc));
+            _mm256_storeu_ps(Qt + (d + j + 4) * Mp + m0,
+                             _mm256_mul_ps(_mm256_permute2f128_ps(u[j], u[j + 4], 0x31), sc));
+        }
+    }
+    for (; d < D; ++d)
+        for (int i = 0; i < 8; ++i) Qt[d * Mp + m0 + i] = src[i][d] * scale;
+}
+
 void atb_flash_scores_lanes(const float *const *kr, const float *Qt, float *St, int64_t Mp,
                             int64_t D, int nk) {
     for (int64_t c = 0; c < Mp; c += 16) {
