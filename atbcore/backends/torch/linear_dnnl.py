@@ -7,7 +7,10 @@ with their epilogue as post-ops.
   a matmul followed by a separate activation pass over the ``[rows, intermediate]``
   result. Taken for fp32/bf16 activations with weights (and bias) of x's dtype, GELU
   (exact or tanh) and ReLU, on a torch built with oneDNN; other calls keep the
-  composite.
+  composite. Where oneDNN has no bf16 inner product (CPUs without AVX512-BF16/AMX)
+  a bf16 call of more than :data:`DNNL_MIN_ROWS` rows runs the fp32 GEMM on widened
+  operands (the same fp32 sums the composite takes, with the activation in the
+  epilogue instead of a second pass over the result).
 * Linear (dense fp32, optional bias and residual): ``x @ W.T + b (+ residual)``,
   the residual add a binary post-op, for more than :data:`DNNL_MIN_ROWS` rows -- a
   prefill or an encoder batch, where oneDNN's blocked GEMM beats the C matmul's
@@ -66,8 +69,10 @@ def why_not_dnnl(p: Any, x: Any, w: Any, b: Any) -> str | None:
         return "the weight or bias changes per run"
     if not dnnl_available():
         return "torch built without oneDNN (mkldnn)"
-    if xd == torch.bfloat16 and not _bf16_inner_product():
-        return "oneDNN has no bf16 inner product on this CPU (AVX512-BF16/AMX)"
+    if xd == torch.bfloat16 and not _bf16_inner_product() and \
+            math.prod(_desc(x)[2][:-1]) <= DNNL_MIN_ROWS:
+        return (f"bf16 without a oneDNN bf16 inner product on this CPU: widened to fp32 "
+                f"only above {DNNL_MIN_ROWS} rows")
     return None
 
 
@@ -103,6 +108,13 @@ def dnnl_linear_activation(p: Any, x: torch.Tensor, w: torch.Tensor, b: Any) -> 
     post, algo = POST_OPS[p.activation_type]
     wv = w if p.transpose_weight else w.t()                              # [N, K]
     x2 = x.reshape(-1, x.shape[-1])
+    if x.dtype == torch.bfloat16 and not _bf16_inner_product():
+        # no bf16 inner product here: the fp32 GEMM over widened operands (the weight
+        # widened per call, not kept: a bf16 model keeps its bf16 memory), the one
+        # rounding after the activation -- the op's definition
+        y = torch.ops.mkldnn._linear_pointwise(x2.float(), wv.float(),
+                                               None if b is None else b.float(), post, [], algo)
+        return y.to(x.dtype).reshape(*x.shape[:-1], wv.shape[0])
     y = torch.ops.mkldnn._linear_pointwise(x2, wv, b, post, [], algo)    # [M, N]
     return y.reshape(*x.shape[:-1], wv.shape[0])
 

@@ -120,6 +120,34 @@ def test_bnsd_views_and_strided_out():
     assert (buf[..., :8] == 0).all() and (buf[..., 72:] == 0).all()
 
 
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("h,kv,d", [(12, 12, 32), (6, 2, 20), (3, 1, 36), (5, 5, 7)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_query_lanes_any_head_dim(dt, h, kv, d, causal):
+    """Queries of whole 8-lane groups are widened and transposed 8 x 8 in registers
+    (AVX2 builds; bf16 pairs where VDPBF16PS runs them), the rest lane by lane: head
+    dims with a tail past the last 8, lane counts (rows x query heads per KV head)
+    below, at and past multiples of 8. Against the float64 reference; one thread and
+    two bit-equal; the packed-QKV strided q gives the bits of its contiguous copy."""
+    from atbcore.backends.cpu_kernels.torch_prefill import prefill_attention
+
+    lens = [1, 2, 3, 8, 9, 16, 17, 66, 131]
+    q, k, v = _packed(lens, h, kv, d, dt, seed=h * 11 + d)
+    scale = d ** -0.5
+    two = prefill_attention(q, k, v, scale=scale, q_lens=lens, causal=causal)
+    ref = _ref_packed(q, k, v, lens, lens, scale, causal, None)
+    assert_close(two, ref.astype(np.float32), NAMES[dt], "prefill_attention vs NumPy")
+    assert torch.equal(two, prefill_attention(q.contiguous(), k, v, scale=scale, q_lens=lens,
+                                              causal=causal))
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = prefill_attention(q, k, v, scale=scale, q_lens=lens, causal=causal)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(one, two)
+
+
 def test_threads_agree_and_run_on_torch_team():
     """One thread and two give the same result; big jobs go to the OpenMP team."""
     from atbcore.backends.cpu_kernels import bindings

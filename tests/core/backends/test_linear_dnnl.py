@@ -46,3 +46,46 @@ def test_linear_with_residual_by_row_count(rows):
     again, = linear(p, {"x": x, "weight": torch.from_numpy(w), "bias": torch.from_numpy(b),
                         "residual": r})
     assert torch.equal(out, again)
+
+
+def _linear_gelu_graph(w, b, x):
+    gb = GraphBuilder("lin_gelu")
+    x = gb.add_input("x", x)
+    wt, bt = gb.add_weight("w", w), gb.add_weight("b", b)
+    y, = gb.add_node("Linear", [x, wt, bt], {"bias": True}, name="lin")
+    out, = gb.add_node("Activation", [y], {"activation_type": "gelu"}, name="act")
+    gb.mark_output(out)
+    return gb.build()
+
+
+@pytest.mark.parametrize("rows", [DNNL_MIN_ROWS // 2, DNNL_MIN_ROWS + 1, 300])
+def test_bf16_linear_gelu_by_row_count(rows):
+    """bf16 Linear + GELU (an encoder's FFN up projection) fused into one
+    LinearActivation: above DNNL_MIN_ROWS one oneDNN GEMM with the GELU post-op, in
+    bf16 where oneDNN has a bf16 inner product, else on operands widened to fp32;
+    fewer rows the composite. Either way fp32 sums and one rounding: the float64
+    reference of the bf16 values within bf16's tolerance, bound equal to unbound."""
+    from math import erf
+
+    g = np.random.default_rng(rows + 7)
+    w = torch.from_numpy(g.standard_normal((72, 40)).astype(np.float32) * 0.2).bfloat16()
+    b = torch.from_numpy(g.standard_normal(72).astype(np.float32)).bfloat16()
+    x = torch.from_numpy(g.standard_normal((rows, 40)).astype(np.float32)).bfloat16()
+    op = atbcore.GraphOp(_linear_gelu_graph(w, b, x))
+    out = op(x)
+    assert out.dtype == torch.bfloat16
+    pre = x.double().numpy() @ w.double().numpy().T + b.double().numpy()
+    ref = pre * 0.5 * (1.0 + np.vectorize(erf)(pre / np.sqrt(2.0)))
+    assert_close(out, torch.from_numpy(ref).bfloat16(), "bf16", f"bf16 linear + gelu, {rows} rows")
+    text = op.explain()
+    after = text[text.index("After fusion"):]
+    assert "LinearActivation" in after and "Activation(" not in after.replace(
+        "LinearActivation(", "")
+    many = rows > DNNL_MIN_ROWS and dnnl_available()
+    assert ("[out, in] rows (oneDNN)" in text) == many
+    from atbcore.backends.torch.fused import linear_activation
+    from atbcore.ops.registry import get_op
+
+    p = get_op("LinearActivation").Params(bias=True, activation_type="gelu")
+    again, = linear_activation(p, {"x": x, "weight": w, "bias": b})
+    assert torch.equal(out, again)

@@ -59,6 +59,48 @@ static inline __attribute__((always_inline)) void pv_tile(int R, const float *co
     }
 }
 
+/* 8 elements of type dt at p, widened to fp32 (exact) */
+static inline __m256 load8(const void *p, int dt) {
+    if (dt == ATB_F32) return _mm256_loadu_ps((const float *)p);
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (dt == ATB_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+void atb_flash_fill_q8(const void *const *src, int dt, float *Qt, int64_t m0, int64_t Mp,
+                       int64_t D, float scale) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    const int64_t es = atb_dt_size(dt);
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) {   /* an 8 x 8 transpose: lane i's d0..d0+8 -> column i */
+        __m256 r[8], t[8], u[8];
+        for (int i = 0; i < 8; ++i) r[i] = load8((const char *)src[i] + d * es, dt);
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) {
+            u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+            u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+            u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+            u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+        }
+        for (int j = 0; j < 4; ++j) {
+            _mm256_storeu_ps(Qt + (d + j) * Mp + m0,
+                             _mm256_mul_ps(_mm256_permute2f128_ps(u[j], u[j + 4], 0x20), sc));
+            _mm256_storeu_ps(Qt + (d + j + 4) * Mp + m0,
+                             _mm256_mul_ps(_mm256_permute2f128_ps(u[j], u[j + 4], 0x31), sc));
+        }
+    }
+    if (d < D) {                   /* the head dim's tail, lane by lane */
+        float row[8];
+        for (int i = 0; i < 8; ++i) {
+            const float *v = atb_load(src[i], dt, d, D - d, row);
+            for (int64_t e = d; e < D; ++e) Qt[e * Mp + m0 + i] = v[e - d] * scale;
+        }
+    }
+}
+
 void atb_flash_scores_lanes(const float *const *kr, const float *Qt, float *St, int64_t Mp,
                             int64_t D, int nk) {
     for (int64_t c = 0; c < Mp; c += 16) {

@@ -10,6 +10,11 @@
 
 #define FL_NONE (INT32_MIN / 2)   /* position of a padding lane: it sees no key */
 
+/* Qt[d][m0 + i] = src[i][d] * scale for 8 lanes' query rows of dtype dt (fp32, bf16 or
+ * fp16, widened exactly; AVX2 builds: 8 x 8 register transposes; the same products as
+ * the plain loop, bit for bit) */
+void atb_flash_fill_q8(const void *const *src, int dt, float *Qt, int64_t m0, int64_t Mp,
+                       int64_t D, float scale);
 /* St[j][0..Mp) = kr[j] . Qt for nk keys (Qt [D][Mp], Mp a multiple of 16) */
 void atb_flash_scores_lanes(const float *const *kr, const float *Qt, float *St, int64_t Mp,
                             int64_t D, int nk);
