@@ -107,6 +107,9 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
         # weights its lowerings concatenate (merged gate|up, QKV), made once for all
         # of them (passes.rewrite.weight_memo; the in-place form shares it too)
         self._weight_memo: dict = {}
+        # the framework of the first call's tensors: the layout pass asks its kernels
+        # which weight layouts they read (atbcore.passes.layout)
+        self._framework: str | None = None
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -141,6 +144,8 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
                 out.append(x)
             elif is_tensor(x):
                 out.append(describe(x))
+                if self._framework is None:
+                    self._framework = framework_of(x)
             else:
                 raise InputError(self.name, f"input {i} type", "a tensor or TensorDesc",
                                  type(x).__name__)
@@ -161,7 +166,8 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
 
         with weight_memo(self._weight_memo):
             self.graph, self.pass_reports = run_pipeline(self.graph_unfused,
-                                                         self._fusion_for_plugins(descs))
+                                                         self._fusion_for_plugins(descs),
+                                                         framework=self._framework)
         from ..passes.pipeline import PassReport
 
         self.pass_reports += [PassReport(f"device:{rule}", False, f"kept off: {why}")

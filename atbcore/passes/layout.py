@@ -1,0 +1,110 @@
+"""The weight-layout pass: each weight constant in the layout its kernel reads.
+
+After fusion, the pipeline asks the backend of the caller's framework, for every
+node that reads a weight constant, in which layout its kernel reads that input at
+every row count (:func:`atbcore.backends.torch.weight_layout.preferred_layout` for
+torch: 32-output panels for the C matmul of Linear / RmsNormLinear and of
+FusedFeedForward's projections, in fp32/bf16/fp16 and int8 ``w8``). A weight whose
+readers all agree is rewritten into that layout (an
+:class:`~atbcore.graph.packed.PackedWeight`): the graph's ``weight_map`` then holds
+the packed form only, and the binders take it as it is. A weight some reader takes
+as it is (an fp32 Linear that oneDNN runs for many rows; a kernel with no packed
+layout) stays as it is.
+
+Packing is memoised in the GraphOp's weight memo (:func:`atbcore.passes.rewrite.
+weight_memo`) by the source's identity — for a weight the pipeline concatenated, by
+the concatenation's sources — so every lowering of one GraphOp (its plain graph and
+its in-place cache form) shares one packed copy, and the unpacked concatenation is
+freed once packed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from ..errors import AtbError
+from ..graph.analysis import bind_ids, canonical_op, infer_descs
+from ..graph.ir import Graph
+from ..graph.packed import Layout, PackedWeight, pack
+from ..ops.registry import get_op
+from .rewrite import packed_once
+
+__all__ = ["layout_weights", "CHOOSERS", "weight_table"]
+
+# framework -> "module:function" answering (op, params, input name, descs) -> Layout | None
+CHOOSERS: dict[str, str] = {"torch": "atbcore.backends.torch.weight_layout:preferred_layout"}
+
+
+def _chooser(framework: str | None) -> Callable[..., Any] | None:
+    spec = CHOOSERS.get(framework or "")
+    if spec is None:
+        return None
+    mod, fn = spec.split(":")
+    try:
+        return getattr(importlib.import_module(mod), fn)
+    except ImportError:  # the framework is not installed
+        return None
+
+
+def layout_weights(graph: Graph, framework: str | None) -> tuple[Graph, list[str]]:
+    """``graph`` with every weight its readers all read in one packed layout packed
+    into it; and one line per packed weight. Nothing changes without a chooser for
+    ``framework`` (NumPy, MindSpore, Paddle today: their kernels pack at binding)."""
+    choose = _chooser(framework)
+    wm = graph.weight_map
+    if choose is None or not wm:
+        return graph, []
+    try:
+        descs = infer_descs(graph, partial=True)
+    except AtbError:
+        return graph, []
+    wanted: dict[str, Layout | None] = {}
+    for n in graph.nodes:
+        reads = [t for t in n.inputs if t in wm]
+        if not reads:
+            continue
+        opdef = get_op(n.op)
+        try:
+            ids = bind_ids(opdef, n, descs)
+        except AtbError:
+            ids = {}
+        named = {nm: descs.get(v) for nm, v in ids.items() if isinstance(v, str)}
+        for nm, v in ids.items():
+            if not isinstance(v, str) or v not in wm:
+                continue
+            lay = choose(canonical_op(n.op), n.params, nm, named)
+            if v in wanted and wanted[v] != lay:
+                lay = None  # readers disagree: leave it as it is
+            wanted[v] = lay
+        for t in reads:  # read where the binder names no input: as it is
+            if t not in ids.values():
+                wanted[t] = None
+    lines: list[str] = []
+    weights = []
+    for tid, arr in graph.weights:
+        lay = wanted.get(tid)
+        if lay is not None and not (type(arr) is PackedWeight and arr.layout == lay):
+            arr = packed_once(arr, lay, pack)
+            lines.append(f"{tid}: {lay.describe()}, {arr.nbytes} B")
+        weights.append((tid, arr))
+    if not lines:
+        return graph, []
+    return graph.replace(weights=tuple(weights)), lines
+
+
+def weight_table(graph: Graph) -> list[tuple[str, str, int]]:
+    """(weight id, layout, bytes held) of every weight of ``graph``."""
+    from ..tensor import describe
+
+    out = []
+    for tid, arr in graph.weights:
+        if type(arr) is PackedWeight:
+            out.append((tid, arr.layout.describe(), arr.nbytes))
+            continue
+        d = describe(arr)
+        nbytes = d.dtype.itemsize
+        for s in d.shape:
+            nbytes *= int(s)
+        out.append((tid, "as stored (" + "x".join(map(str, d.shape)) + ")", nbytes))
+    return out
