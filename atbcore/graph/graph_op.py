@@ -60,7 +60,6 @@ __all__ = ["GraphOp"]
 _UNSET: Any = object()  # kv_cache not passed (None is a value: "start a cache")
 
 
-
 class GraphOp(GraphOpPlugins, GraphOpViews):
     """A fused, planned graph of ops; see the module docstring.
 
@@ -100,15 +99,12 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
         self.profiler = Profiler(self.name)
         self._dynamic = dict(dynamic_shape or {})
         self._plugins: dict[str, list[Any]] = {}
-        # this op's prepared weights (its in-place cache form shares it)
         from ..memory.hugepages import Arena
-
-        self._weight_arena = Arena()
-        # weights its lowerings concatenate (merged gate|up, QKV), made once for all
-        # of them (passes.rewrite.weight_memo; the in-place form shares it too)
+        self._weight_arena = Arena()  # its prepared weights (the in-place form shares it)
+        # weights its lowerings concatenate or pack, made once for all of them
+        # (passes.rewrite.weight_memo; the in-place form shares it too)
         self._weight_memo: dict = {}
-        # the framework of the first call's tensors: the layout pass asks its kernels
-        # which weight layouts they read (atbcore.passes.layout)
+        # the first call's framework, whose kernels the layout pass asks (passes.layout)
         self._framework: str | None = None
         self._reset_state()
 
@@ -168,6 +164,10 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
             self.graph, self.pass_reports = run_pipeline(self.graph_unfused,
                                                          self._fusion_for_plugins(descs),
                                                          framework=self._framework)
+            if self._layers is not None:  # layers and unfused graph keep the packed form
+                from ..passes.layout import share_with_layers
+                self.graph_unfused = share_with_layers(self._layers, self.graph,
+                                                       self._weight_memo, self.graph_unfused)
         from ..passes.pipeline import PassReport
 
         self.pass_reports += [PassReport(f"device:{rule}", False, f"kept off: {why}")

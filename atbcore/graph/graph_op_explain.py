@@ -225,6 +225,8 @@ class GraphOpPlugins:
         if not any(g is not None and any(n.op in FUSED_ROPE_OPS for n in g.nodes) for g in forms):
             return
         with self._lock:
+            # concatenations and packs of the old values must not serve the re-lowering
+            self._weight_memo.clear()
             if self._in_place:
                 self._in_place.destroy()
             if self._cache is not None:

@@ -124,6 +124,11 @@ class Layer:
 
     def _add_weight(self, ctx: "LoweringContext", name: str, key: str, desc: TensorDesc) -> str:
         arr = self._weights[key]
+        if type(arr).__name__ == "PackedWeight":  # the layout pass's (one copy): as it is
+            if arr.desc.dtype == desc.dtype:
+                return ctx.builder.add_weight(f"{name}.{key}", arr)
+            from ..tensor import to_numpy
+            arr = to_numpy(arr)
         if arr.dtype != desc.dtype.numpy:
             arr = arr.astype(desc.dtype.numpy)
         return ctx.builder.add_weight(f"{name}.{key}", arr)

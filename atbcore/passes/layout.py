@@ -108,3 +108,41 @@ def weight_table(graph: Graph) -> list[tuple[str, str, int]]:
             nbytes *= int(s)
         out.append((tid, "as stored (" + "x".join(map(str, d.shape)) + ")", nbytes))
     return out
+
+
+def share_with_layers(layers: Any, graph: Graph, memo: dict, unfused: Graph) -> Graph:
+    """Give ``layers`` (a GraphOp's, lowered into ``unfused`` and then ``graph`` inside
+    ``memo``) the packed form of every array they hold that ``graph`` reads only
+    packed, so the unpacked array (a merged QKV, quantized codes, a cast) is freed and
+    a later lowering of the same layers (the in-place cache form, a re-lowering)
+    starts from the packed weight. Returns ``unfused`` holding the same packed forms
+    (what ``explain()`` shows as "before fusion" keeps no unpacked copy either)."""
+    import numpy as np
+
+    from ..graph.layers_block import flat_layers
+    from .rewrite import identity
+
+    packed: dict[tuple, PackedWeight] = {}
+    for key, entry in memo.items():
+        if key[0] == "layout" and type(key[2][0]) is int:  # packed by the source's memory
+            w, alive = entry
+            if alive is not None and alive() is not None:
+                packed[key[2]] = w
+    plain = {identity(v) for v in graph.weight_map.values() if isinstance(v, np.ndarray)}
+    swap: dict[tuple, PackedWeight] = {}
+    for layer in flat_layers(list(layers)):
+        held = getattr(layer, "_weights", None)
+        if not isinstance(held, dict):
+            continue
+        for k, a in list(held.items()):
+            if not isinstance(a, np.ndarray):
+                continue
+            ident = identity(a)
+            w = packed.get(ident)
+            if w is not None and ident not in plain:
+                held[k] = swap[ident] = w
+    if not swap:
+        return unfused
+    weights = tuple((t, swap.get(identity(a), a) if isinstance(a, np.ndarray) else a)
+                    for t, a in unfused.weights)
+    return unfused.replace(weights=weights)

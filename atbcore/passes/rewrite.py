@@ -34,7 +34,7 @@ from ..tensor import TensorDesc, to_numpy
 from .pattern import Match, Pat, match_node, root_ops
 
 __all__ = ["FusionRule", "Rewrite", "RewriteContext", "apply_rule", "LEVELS", "concat_weights",
-           "weight_memo", "packed_once", "same_dtype", "in_consumers_only"]
+           "weight_memo", "packed_once", "identity", "same_dtype", "in_consumers_only"]
 
 LEVELS = {"conservative": 0, "standard": 1, "aggressive": 2}
 
@@ -212,7 +212,8 @@ def weight_memo(memo: dict) -> Iterator[None]:
         _MEMO.reset(token)
 
 
-def _identity(a: np.ndarray) -> tuple:
+def identity(a: np.ndarray) -> tuple:
+    """What the memo knows an array by: its memory, shape, strides and dtype."""
     return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
 
 
@@ -222,7 +223,7 @@ def concat_weights(arrays: Sequence[Any], axis: int = 0) -> np.ndarray:
     holds it weakly, so a concatenation the layout pass packed is freed)."""
     parts = [to_numpy(a) for a in arrays]
     memo = _MEMO.get()
-    key = (tuple(_identity(a) for a in parts), axis)
+    key = (tuple(identity(a) for a in parts), axis)
     if memo is not None and key in memo:
         out = memo[key][1]()
         if out is not None:
@@ -252,7 +253,7 @@ def packed_once(arr: Any, layout: Any, pack: Callable[[Any, Any], Any]) -> Any:
             alive = weakref.ref(arr)  # a weight known by its memory while it lives
         except TypeError:
             return pack(arr, layout)
-        src = _identity(a)
+        src = identity(a)
     key = ("layout", layout, src)
     hit = memo.get(key)
     if hit is None or (hit[1] is not None and hit[1]() is None):
