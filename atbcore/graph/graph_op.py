@@ -153,13 +153,11 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
             return self.graph
         if self.graph_unfused is None:
             from .sequential import lower_sequential
-
             cache_desc, batch = self._cache_form or (None, 1)
             self.graph_unfused = lower_sequential(self._layers, list(descs), self.name,
                                                   kv_cache_desc=cache_desc, batch=batch)
         from ..passes.pipeline import run_pipeline
         from ..passes.rewrite import weight_memo
-
         with weight_memo(self._weight_memo):
             self.graph, self.pass_reports = run_pipeline(self.graph_unfused,
                                                          self._fusion_for_plugins(descs),

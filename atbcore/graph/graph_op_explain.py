@@ -108,6 +108,16 @@ def explain_text(op: Any) -> str:
         lines.append(f"  no change: {', '.join(quiet)}")
     lines.append(f"After fusion: {len(after.nodes)} nodes")
     lines += [_node_line(n) for n in after.nodes]
+    from ..passes.layout import weight_table
+
+    table = weight_table(after)
+    totals: dict[str, int] = {}
+    for _, layout, nbytes in table:
+        kind = layout.split(" (")[0]
+        totals[kind] = totals.get(kind, 0) + nbytes
+    lines.append(f"Weights: {len(table)}, {sum(totals.values())} B (" + "; ".join(
+        f"{k}: {v} B" for k, v in totals.items()) + ")")
+    lines += [f"  {tid}: {layout}, {nbytes} B" for tid, layout, nbytes in table]
     plan = op.last_plan
     if plan is None:
         lines.append("No plan yet (no call so far).")

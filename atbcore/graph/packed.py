@@ -77,6 +77,11 @@ class PackedWeight:
         return tuple(self.desc.shape)
 
     @property
+    def dtype(self) -> Dtype:
+        """The logical dtype (an atb :class:`~atbcore.dtypes.Dtype`)."""
+        return self.desc.dtype
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the packed elements (what the model holds for this weight)."""
         d = self.data

@@ -214,8 +214,9 @@ def run_pipeline(graph: Graph, config: FusionConfig | None = None,
         from .layout import layout_weights
 
         g, lines = layout_weights(g, framework)
-        reports.append(PassReport("layout:weights", bool(lines),
-                                  "; ".join(lines) if lines else "every weight as stored"))
+        reports.append(PassReport("layout:weights", bool(lines), f"{len(lines)} weights packed "
+                                  "for the kernels that read them" if lines else
+                                  "every weight as stored"))
     try:
         descs = verify(g)
     except AtbError as e:
