@@ -156,9 +156,10 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
             cache_desc, batch = self._cache_form or (None, 1)
             self.graph_unfused = lower_sequential(self._layers, list(descs), self.name,
                                                   kv_cache_desc=cache_desc, batch=batch)
-        from ..passes.pipeline import run_pipeline
+        from ..passes.pipeline import PassReport, run_pipeline
         from ..passes.rewrite import weight_memo
-        with weight_memo(self._weight_memo):
+        from ..memory.hugepages import arena_scope  # packed weights side by side
+        with weight_memo(self._weight_memo), arena_scope(self._weight_arena):
             self.graph, self.pass_reports = run_pipeline(self.graph_unfused,
                                                          self._fusion_for_plugins(descs),
                                                          framework=self._framework)
@@ -166,8 +167,6 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
                 from ..passes.layout import share_with_layers
                 self.graph_unfused = share_with_layers(self._layers, self.graph,
                                                        self._weight_memo, self.graph_unfused)
-        from ..passes.pipeline import PassReport
-
         self.pass_reports += [PassReport(f"device:{rule}", False, f"kept off: {why}")
                               for rule, why in self._device_unfused(descs).items()]
         self._points = plugin_points(self.graph)

@@ -16,11 +16,16 @@ weight_memo`) by the source's identity — for a weight the pipeline concatenate
 the concatenation's sources — so every lowering of one GraphOp (its plain graph and
 its in-place cache form) shares one packed copy, and the unpacked concatenation is
 freed once packed.
+
+``ATB_LAYOUT_PASS=0`` (read when a GraphOp is lowered) leaves every weight as
+stored: the binders then pack panels beside it, as before this pass (for
+side-by-side measurements).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any, Callable
 
 from ..errors import AtbError
@@ -51,7 +56,7 @@ def layout_weights(graph: Graph, framework: str | None) -> tuple[Graph, list[str
     """``graph`` with every weight its readers all read in one packed layout packed
     into it; and one line per packed weight. Nothing changes without a chooser for
     ``framework`` (NumPy, MindSpore, Paddle today: their kernels pack at binding)."""
-    choose = _chooser(framework)
+    choose = _chooser(framework) if os.environ.get("ATB_LAYOUT_PASS", "1") != "0" else None
     wm = graph.weight_map
     if choose is None or not wm:
         return graph, []

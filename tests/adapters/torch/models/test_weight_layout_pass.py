@@ -156,3 +156,26 @@ def test_bound_plan_equals_unbound_run_with_packed_weights(dtype):
     else:
         assert_close(y, torch.from_numpy(n * nw @ w.astype(np.float64).T), "fp32",
                      "vs float64 NumPy")
+
+
+def test_saved_graph_holds_the_logical_weights(tmp_path):
+    """Saving a graph whose weight the layout pass packed writes the logical [N, K]
+    weight (unpacked); the loaded graph runs to the same bits (packed again)."""
+    from atbcore.graph import layers as L
+    from atbcore.graph.graph_op import GraphOp
+    from atbcore.graph.serialize import load_graph, save_graph
+
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((70, 16)).astype(np.float32)
+    nw = rng.standard_normal(16).astype(np.float32)
+    op = GraphOp([L.RmsNorm("n").load_weights({"weight": nw}),
+                  L.Linear("lin", out_features=70, bias=False).load_weights({"weight": w})])
+    x = torch.randn(2, 16, generator=torch.Generator().manual_seed(2))
+    y = op(x)
+    tid = next(t for t, v in op.graph.weights if type(v) is PackedWeight)
+    save_graph(op.graph, tmp_path)
+    g = load_graph(tmp_path)
+    np.testing.assert_array_equal(g.weight_map[tid], w)
+    again = GraphOp(g)
+    assert torch.equal(again(x), y)
+    assert type(again.graph.weight_map[tid]) is PackedWeight
