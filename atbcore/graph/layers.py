@@ -73,8 +73,11 @@ class Layer:
     # ------------------------------------------------------------------ weights
     def weights(self) -> dict[str, np.ndarray]:
         """This layer's weights by local name (empty before the first lowering
-        unless loaded)."""
-        return dict(self._weights)
+        unless loaded); a weight a GraphOp holds packed comes back unpacked (a copy)."""
+        from ..tensor import to_numpy
+
+        return {k: to_numpy(v) if type(v).__name__ == "PackedWeight" else v
+                for k, v in self._weights.items()}
 
     def load_weights(self, weights: Mapping[str, Any]) -> "Layer":
         """Replace weights by local name with any framework's tensors; shapes must

@@ -90,6 +90,11 @@ class PackedWeight:
             n = d.numel() * d.element_size()
         return int(n)
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """``np.asarray(w)``: the logical array (unpacked, a copy)."""
+        a = unpack(self)
+        return a if dtype is None else a.astype(dtype)
+
     def native(self, framework: str) -> "PackedWeight":
         """The same weight with ``data`` as ``framework``'s tensor (same memory)."""
         data = self.data

@@ -9,7 +9,10 @@ readers all agree is rewritten into that layout (an
 :class:`~atbcore.graph.packed.PackedWeight`): the graph's ``weight_map`` then holds
 the packed form only, and the binders take it as it is. A weight some reader takes
 as it is (an fp32 Linear that oneDNN runs for many rows; a kernel with no packed
-layout) stays as it is.
+layout) stays as it is, and so does a weight held as a framework's own tensor (an
+``nn.Parameter`` of an atb_torch module: the user may update it in place, and its
+panels, made at binding, follow its version counter). Lowered models (``compile()``)
+hold NumPy arrays (views of the checkpoint's tensors, or arrays atb made).
 
 Packing is memoised in the GraphOp's weight memo (:func:`atbcore.passes.rewrite.
 weight_memo`) by the source's identity — for a weight the pipeline concatenated, by
@@ -33,6 +36,7 @@ from ..graph.analysis import bind_ids, canonical_op, infer_descs
 from ..graph.ir import Graph
 from ..graph.packed import Layout, PackedWeight, pack
 from ..ops.registry import get_op
+from ..tensor import framework_of
 from .rewrite import packed_once
 
 __all__ = ["layout_weights", "CHOOSERS", "weight_table"]
@@ -89,6 +93,8 @@ def layout_weights(graph: Graph, framework: str | None) -> tuple[Graph, list[str
     weights = []
     for tid, arr in graph.weights:
         lay = wanted.get(tid)
+        if lay is not None and framework_of(arr) not in ("numpy", "packed"):
+            lay = None  # a framework's live tensor (a Parameter): packed at binding, by version
         if lay is not None and not (type(arr) is PackedWeight and arr.layout == lay):
             arr = packed_once(arr, lay, pack)
             lines.append(f"{tid}: {lay.describe()}, {arr.nbytes} B")
