@@ -22,7 +22,7 @@ from ...dtypes import Dtype
 from .native import PANEL, WEIGHT_CODES, NativeView
 from .native_ops import Ref
 
-__all__ = ["panel_view", "pack_panels_np", "pack_panels_raw", "packed_view"]
+__all__ = ["panel_view", "pack_panels_np", "pack_panels_raw"]
 
 _LOCK = threading.Lock()
 # id(weight owner) -> (weakref to the owner, address, shape, dtype, panels array)
@@ -88,12 +88,6 @@ def pack_panels_np(w: NativeView) -> np.ndarray:
     size = w.dtype.itemsize
     src = np.ctypeslib.as_array((ctypes.c_uint8 * (n * k * size)).from_address(int(w.address)))
     return pack_panels_raw(src.view(_UINT[size]).reshape(n, k))
-
-
-def packed_view(panels: np.ndarray, dtype: Dtype) -> NativeView:
-    """A layout pass's panels (:class:`atbcore.graph.packed.PackedWeight` data) as the
-    view :func:`panel_view` returns."""
-    return _as_view(np.ascontiguousarray(panels), dtype)
 
 
 def panel_view(w: NativeView) -> NativeView | None:
