@@ -60,7 +60,6 @@ __all__ = ["GraphOp"]
 _UNSET: Any = object()  # kv_cache not passed (None is a value: "start a cache")
 
 
-
 class GraphOp(GraphOpPlugins, GraphOpViews):
     """A fused, planned graph of ops; see the module docstring.
 
@@ -100,13 +99,13 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
         self.profiler = Profiler(self.name)
         self._dynamic = dict(dynamic_shape or {})
         self._plugins: dict[str, list[Any]] = {}
-        # this op's prepared weights (its in-place cache form shares it)
         from ..memory.hugepages import Arena
-
-        self._weight_arena = Arena()
-        # weights its lowerings concatenate (merged gate|up, QKV), made once for all
-        # of them (passes.rewrite.weight_memo; the in-place form shares it too)
+        self._weight_arena = Arena()  # its prepared weights (the in-place form shares it)
+        # weights its lowerings concatenate or pack, made once for all of them
+        # (passes.rewrite.weight_memo; the in-place form shares it too)
         self._weight_memo: dict = {}
+        # the first call's framework, whose kernels the layout pass asks (passes.layout)
+        self._framework: str | None = None
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -141,6 +140,8 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
                 out.append(x)
             elif is_tensor(x):
                 out.append(describe(x))
+                if self._framework is None:
+                    self._framework = framework_of(x)
             else:
                 raise InputError(self.name, f"input {i} type", "a tensor or TensorDesc",
                                  type(x).__name__)
@@ -152,18 +153,20 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
             return self.graph
         if self.graph_unfused is None:
             from .sequential import lower_sequential
-
             cache_desc, batch = self._cache_form or (None, 1)
             self.graph_unfused = lower_sequential(self._layers, list(descs), self.name,
                                                   kv_cache_desc=cache_desc, batch=batch)
-        from ..passes.pipeline import run_pipeline
+        from ..passes.pipeline import PassReport, run_pipeline
         from ..passes.rewrite import weight_memo
-
-        with weight_memo(self._weight_memo):
+        from ..memory.hugepages import arena_scope  # packed weights side by side
+        with weight_memo(self._weight_memo), arena_scope(self._weight_arena):
             self.graph, self.pass_reports = run_pipeline(self.graph_unfused,
-                                                         self._fusion_for_plugins(descs))
-        from ..passes.pipeline import PassReport
-
+                                                         self._fusion_for_plugins(descs),
+                                                         framework=self._framework)
+            if self._layers is not None:  # layers and unfused graph keep the packed form
+                from ..passes.layout import share_with_layers
+                self.graph_unfused = share_with_layers(self._layers, self.graph,
+                                                       self._weight_memo, self.graph_unfused)
         self.pass_reports += [PassReport(f"device:{rule}", False, f"kept off: {why}")
                               for rule, why in self._device_unfused(descs).items()]
         self._points = plugin_points(self.graph)

@@ -108,6 +108,16 @@ def explain_text(op: Any) -> str:
         lines.append(f"  no change: {', '.join(quiet)}")
     lines.append(f"After fusion: {len(after.nodes)} nodes")
     lines += [_node_line(n) for n in after.nodes]
+    from ..passes.layout import weight_table
+
+    table = weight_table(after)
+    totals: dict[str, int] = {}
+    for _, layout, nbytes in table:
+        kind = layout.split(" (")[0]
+        totals[kind] = totals.get(kind, 0) + nbytes
+    lines.append(f"Weights: {len(table)}, {sum(totals.values())} B (" + "; ".join(
+        f"{k}: {v} B" for k, v in totals.items()) + ")")
+    lines += [f"  {tid}: {layout}, {nbytes} B" for tid, layout, nbytes in table]
     plan = op.last_plan
     if plan is None:
         lines.append("No plan yet (no call so far).")
@@ -225,6 +235,8 @@ class GraphOpPlugins:
         if not any(g is not None and any(n.op in FUSED_ROPE_OPS for n in g.nodes) for g in forms):
             return
         with self._lock:
+            # concatenations and packs of the old values must not serve the re-lowering
+            self._weight_memo.clear()
             if self._in_place:
                 self._in_place.destroy()
             if self._cache is not None:

@@ -73,8 +73,11 @@ class Layer:
     # ------------------------------------------------------------------ weights
     def weights(self) -> dict[str, np.ndarray]:
         """This layer's weights by local name (empty before the first lowering
-        unless loaded)."""
-        return dict(self._weights)
+        unless loaded); a weight a GraphOp holds packed comes back unpacked (a copy)."""
+        from ..tensor import to_numpy
+
+        return {k: to_numpy(v) if type(v).__name__ == "PackedWeight" else v
+                for k, v in self._weights.items()}
 
     def load_weights(self, weights: Mapping[str, Any]) -> "Layer":
         """Replace weights by local name with any framework's tensors; shapes must
@@ -124,6 +127,11 @@ class Layer:
 
     def _add_weight(self, ctx: "LoweringContext", name: str, key: str, desc: TensorDesc) -> str:
         arr = self._weights[key]
+        if type(arr).__name__ == "PackedWeight":  # the layout pass's (one copy): as it is
+            if arr.desc.dtype == desc.dtype:
+                return ctx.builder.add_weight(f"{name}.{key}", arr)
+            from ..tensor import to_numpy
+            arr = to_numpy(arr)
         if arr.dtype != desc.dtype.numpy:
             arr = arr.astype(desc.dtype.numpy)
         return ctx.builder.add_weight(f"{name}.{key}", arr)

@@ -179,11 +179,12 @@ def _hook(name: str, graph: Graph, reports: list[PassReport]) -> Graph:
     return out
 
 
-def run_pipeline(graph: Graph, config: FusionConfig | None = None
-                 ) -> tuple[Graph, list[PassReport]]:
+def run_pipeline(graph: Graph, config: FusionConfig | None = None,
+                 framework: str | None = None) -> tuple[Graph, list[PassReport]]:
     """Run :data:`PIPELINE` on ``graph``; returns the new graph (with descriptors
     of every tensor attached when the inputs have them) and one report per pass
-    (one per fusion rule)."""
+    (one per fusion rule). With the caller's ``framework`` the last pass puts each
+    weight in the layout that framework's kernels read (:mod:`.layout`)."""
     config = config if config is not None else FusionConfig()
     reports: list[PassReport] = []
     _check("input", graph, config)
@@ -209,6 +210,13 @@ def run_pipeline(graph: Graph, config: FusionConfig | None = None
         _check(p.name, g, config)
         reports.append(PassReport(p.name, g != before, _summary(before, g)))
     g = _hook("atb_graph_before_plan", g, reports)
+    if framework is not None:
+        from .layout import layout_weights
+
+        g, lines = layout_weights(g, framework)
+        reports.append(PassReport("layout:weights", bool(lines), f"{len(lines)} weights packed "
+                                  "for the kernels that read them" if lines else
+                                  "every weight as stored"))
     try:
         descs = verify(g)
     except AtbError as e:

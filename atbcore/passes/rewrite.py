@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -33,7 +34,7 @@ from ..tensor import TensorDesc, to_numpy
 from .pattern import Match, Pat, match_node, root_ops
 
 __all__ = ["FusionRule", "Rewrite", "RewriteContext", "apply_rule", "LEVELS", "concat_weights",
-           "weight_memo", "same_dtype", "in_consumers_only"]
+           "weight_memo", "packed_once", "identity", "same_dtype", "in_consumers_only"]
 
 LEVELS = {"conservative": 0, "standard": 1, "aggressive": 2}
 
@@ -211,22 +212,53 @@ def weight_memo(memo: dict) -> Iterator[None]:
         _MEMO.reset(token)
 
 
-def _identity(a: np.ndarray) -> tuple:
+def identity(a: np.ndarray) -> tuple:
+    """What the memo knows an array by: its memory, shape, strides and dtype."""
     return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
 
 
 def concat_weights(arrays: Sequence[Any], axis: int = 0) -> np.ndarray:
     """Concatenate weights (any framework) once, at build time, as NumPy (once per
-    set of source arrays inside :func:`weight_memo`)."""
+    set of source arrays inside :func:`weight_memo`, while the result lives: the memo
+    holds it weakly, so a concatenation the layout pass packed is freed)."""
     parts = [to_numpy(a) for a in arrays]
     memo = _MEMO.get()
-    key = (tuple(_identity(a) for a in parts), axis)
+    key = (tuple(identity(a) for a in parts), axis)
     if memo is not None and key in memo:
-        return memo[key][1]
+        out = memo[key][1]()
+        if out is not None:
+            return out
     out = np.ascontiguousarray(np.concatenate(parts, axis=axis))
     if memo is not None:
-        memo[key] = (parts, out)  # the sources stay alive: their addresses stay theirs
+        memo[key] = (parts, weakref.ref(out))  # the sources stay alive: their addresses stay theirs
+        memo[("made", id(out))] = (weakref.ref(out), key)
     return out
+
+
+def packed_once(arr: Any, layout: Any, pack: Callable[[Any, Any], Any]) -> Any:
+    """``pack(arr, layout)``, made once per source and layout inside :func:`weight_memo`
+    (a concatenation is known by its sources, so a later lowering that concatenates
+    them again gets the same packed weight)."""
+    memo = _MEMO.get()
+    if memo is None:
+        return pack(arr, layout)
+    a = to_numpy(arr) if not hasattr(arr, "layout") else None
+    if a is None:
+        return pack(arr, layout)
+    made = memo.get(("made", id(a)))
+    if made is not None and made[0]() is a:
+        src, alive = made[1], None  # a concatenation: its sources live in the memo
+    else:
+        try:
+            alive = weakref.ref(arr)  # a weight known by its memory while it lives
+        except TypeError:
+            return pack(arr, layout)
+        src = identity(a)
+    key = ("layout", layout, src)
+    hit = memo.get(key)
+    if hit is None or (hit[1] is not None and hit[1]() is None):
+        hit = memo[key] = (pack(arr, layout), alive)
+    return hit[0]
 
 
 def same_dtype(descs: Sequence[TensorDesc | None]) -> bool:

@@ -243,8 +243,13 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
     steps: list[tuple[Callable[[list], None], tuple[int, ...]]] = []
     bound: dict[str, bool] = {}
     pool_rows: list[int] = []
+    unpacked: dict[int, Any] = {}  # packed weights a kernel reads as plain tensors
     for c in plan.calls:
         binder = c.bind if not any(conv for _, _, conv in c.ins) else None
+        if binder is not None and not getattr(binder, "takes_packed", False):
+            ins_fixed = _plain_weights(c, fixed, unpacked)
+        else:
+            ins_fixed = fixed
         call = None
         if binder is not None:
             outs: list[Any] = []
@@ -256,7 +261,7 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
                     outs.append(views[o])
                 else:
                     outs.append(Slot(slot(o), exact[o]))
-            ins = {n: _home(v, fixed, slot, exact) for n, v, _ in c.ins}
+            ins = {n: _home(v, ins_fixed, slot, exact) for n, v, _ in c.ins}
             off, nbytes = c.workspace
             ws = None
             if off is not None and plan.arena_block is not None:
@@ -277,7 +282,7 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
                     call = _checked(plan, c, ins, call)
         bound[c.node] = call is not None
         if call is None:
-            call = _generic(plan, c, fixed, slot, exact)
+            call = _generic(plan, c, _plain_weights(c, fixed, unpacked), slot, exact)
         steps.append((call, tuple(slots[s] for s in c.frees if s in slots and s not in outputs)))
     # graph outputs that are graph inputs or weights pass straight through
     for o in graph.outputs:
@@ -288,6 +293,31 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
                         output_slots=tuple(slots[o] for o in graph.outputs), size=len(slots),
                         steps=steps, allocs=allocs, bound=bound,
                         park=bool(pool_rows) and max(pool_rows) <= POOL_ROWS_MAX)
+
+
+def plain(v: Any, native: str) -> Any:
+    """``v`` as a plain tensor: a layout pass's packed weight unpacked (a copy), in
+    ``native``; anything else as it is."""
+    if type(v).__name__ != "PackedWeight":
+        return v
+    from ..graph.packed import unpack
+
+    return convert(unpack(v), native)
+
+
+def _plain_weights(c: Any, fixed: dict, unpacked: dict[int, Any]) -> dict:
+    """``fixed`` with the packed weights node ``c`` reads unpacked (once per program:
+    its kernel does not read the packed layout)."""
+    out = None
+    for _, v, _ in c.ins:
+        for s in (v if isinstance(v, tuple) else (v,)):
+            w = fixed.get(s)
+            if type(w).__name__ == "PackedWeight":
+                if id(w) not in unpacked:
+                    unpacked[id(w)] = (w, plain(w, c.native))
+                out = dict(fixed) if out is None else out
+                out[s] = unpacked[id(w)][1]
+    return fixed if out is None else out
 
 
 def _checked(plan: Any, c: Any, ins: Mapping[str, Any], call: Callable[[list], None]

@@ -35,6 +35,7 @@ from ..graph.ir import Graph, Node
 from ..ops.base import OpDef
 from ..ops.registry import get_op
 from ..tensor import TensorDesc, convert, describe
+from .binding import plain
 from .binding import BoundProgram, bind_program
 from .planner import MemoryPlan
 from .profiler import NodeEvent, Profiler
@@ -278,6 +279,9 @@ class ExecPlan:
             if conv:
                 x = convert(x, c.native) if isinstance(slot, str) else [convert(t, c.native)
                                                                          for t in x]
+            elif isinstance(slot, str) and slot in self.weights_env and \
+                    not getattr(c.fn, "takes_packed", False):
+                x = plain(x, c.native)  # a packed weight its kernel does not read
             ins[name] = x
         if hook is not None and c.pre:
             self._apply_pre(c, ins, hook)

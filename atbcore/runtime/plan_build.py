@@ -148,11 +148,14 @@ def native_weight(arr: Any, native: str, device: str) -> Any:
     torch weight is made outside inference mode even when the first call runs in it
     (``sentence_transformers.encode`` does): kernels that keep a prepared layout of
     a weight need its version counter, which inference tensors lack."""
+    packed = type(arr).__name__ == "PackedWeight"  # the layout pass's: kept packed
     if native != "torch":
-        return convert(arr, native)
+        return arr.native(native) if packed else convert(arr, native)
     import torch
 
     with torch.inference_mode(False):
+        if packed:
+            return arr.native(native)
         t = convert(arr, native)
         if str(t.device) != device and device != "cpu":
             t = t.to(device)

@@ -22,7 +22,7 @@ from ...dtypes import Dtype
 from .native import PANEL, WEIGHT_CODES, NativeView
 from .native_ops import Ref
 
-__all__ = ["panel_view", "pack_panels_np"]
+__all__ = ["panel_view", "pack_panels_np", "pack_panels_raw"]
 
 _LOCK = threading.Lock()
 # id(weight owner) -> (weakref to the owner, address, shape, dtype, panels array)
@@ -51,21 +51,43 @@ def _huge_empty(nbytes: int) -> np.ndarray:
     return raw[skip:skip + nbytes]
 
 
-def pack_panels_np(w: NativeView) -> np.ndarray:
-    """The panels of a contiguous ``[N, K]`` weight view, as raw elements
+def _weight_bytes(nbytes: int) -> np.ndarray:
+    """Uninitialised bytes for a packed weight: in the binding GraphOp's weight arena
+    when one is in scope (weights side by side on huge pages), else on their own."""
+    from ...memory.hugepages import _ARENA
+
+    if _ARENA.get() is not None:
+        import torch
+
+        from ...memory.hugepages import weight_empty
+
+        return weight_empty((nbytes,), torch.uint8).numpy()  # keeps the storage alive
+    return _huge_empty(nbytes)
+
+
+def pack_panels_raw(w: np.ndarray) -> np.ndarray:
+    """The panels of a contiguous ``[N, K]`` NumPy weight, as raw elements
     (``[P, K, 32]`` of an unsigned type of the weight's width)."""
     n, k = w.shape
     size = w.dtype.itemsize
-    src = np.ctypeslib.as_array((ctypes.c_uint8 * (n * k * size)).from_address(int(w.address)))
-    src = src.view(_UINT[size]).reshape(n, k)
+    src = np.ascontiguousarray(w).view(_UINT[size]).reshape(n, k)
     p = -(-n // PANEL)
-    out = _huge_empty(p * k * PANEL * size).view(_UINT[size]).reshape(p, k, PANEL)
+    out = _weight_bytes(p * k * PANEL * size).view(_UINT[size]).reshape(p, k, PANEL)
     full = n // PANEL
     out[:full] = src[:full * PANEL].reshape(full, PANEL, k).transpose(0, 2, 1)
     if n % PANEL:
         out[full] = 0
         out[full, :, :n % PANEL] = src[full * PANEL:].T
     return out
+
+
+def pack_panels_np(w: NativeView) -> np.ndarray:
+    """The panels of a contiguous ``[N, K]`` weight view, as raw elements
+    (``[P, K, 32]`` of an unsigned type of the weight's width)."""
+    n, k = w.shape
+    size = w.dtype.itemsize
+    src = np.ctypeslib.as_array((ctypes.c_uint8 * (n * k * size)).from_address(int(w.address)))
+    return pack_panels_raw(src.view(_UINT[size]).reshape(n, k))
 
 
 def panel_view(w: NativeView) -> NativeView | None:

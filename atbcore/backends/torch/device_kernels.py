@@ -119,6 +119,9 @@ def _wrap(k: Kernel, by_device: dict[str, DeviceKernel]) -> Kernel:
 
     if base_bind is not None and getattr(base_bind, "fills_slots", False):
         bind.fills_slots = True  # type: ignore[attr-defined]
+    # layout-pass weights (CPU only) reach the base kernel as they are
+    bind.takes_packed = getattr(base_bind, "takes_packed", False)  # type: ignore[attr-defined]
+    fn.takes_packed = getattr(base, "takes_packed", False)  # type: ignore[attr-defined]
     fn.__qualname__ = getattr(base, "__qualname__", k.op)
     impl = "; ".join([k.impl] + [f"{d.device}: {d.impl}" for d in by_device.values()])
     devices = tuple(dict.fromkeys((*k.devices, *by_device)))

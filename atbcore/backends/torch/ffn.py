@@ -25,6 +25,7 @@ from . import kernel
 from .activation import c_activation
 from .ffn_cpu import CpuFfn, bind_cpu_ffn, ffn_workspace_bytes, why_not_cpu_ffn
 from .linear import mm_fp32
+from .linear_cpu import plain_ins
 
 __all__: list[str] = []
 
@@ -47,13 +48,14 @@ def fused_feed_forward(p, ins):
     why = why or ck.why_not(x)
     if why:
         ck.log_fallback("FusedFeedForward", why)
-        return _composite(p, ins, lay)
+        return _composite(p, plain_ins(ins), lay)
     if why_not_cpu_ffn(p, ins) is None:  # the bound call's kernels, on fresh buffers
         ffn = CpuFfn(p, ins, shapes)
         y = torch.empty(x.shape, dtype=x.dtype)
         ws = torch.empty(x.numel() // lay.hidden * ffn.ws_floats, dtype=torch.float32)
         ffn.run(x, ins.get("residual"), y, ws)
         return [y]
+    ins = plain_ins(ins)  # the torch GEMMs read [out, in] weights
     x2 = _normed(p, ins).reshape(-1, lay.hidden)                            # [T, H]
     b = {n: ins.get(n[:-1] + "b") for n in ("gate_up_w", "gate_w", "up_w", "down_w")}
     if p.gate_up_merged:
@@ -78,6 +80,9 @@ def fused_feed_forward(p, ins):
     else:
         y = torch.mm(h, wd)
     return [y.to(x.dtype).reshape(x.shape)]
+
+
+fused_feed_forward.takes_packed = True  # type: ignore[attr-defined]  # unpacks where it must
 
 
 def _normed(p, ins) -> torch.Tensor:

@@ -23,7 +23,8 @@ from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_act import activation_bound
 from ..cpu_kernels.torch_linear import linear_rows, linear_rows_bound, linear_rows_bound_io
 from .activation import c_activation
-from .weight_layout import panels, panels_enabled
+from .linear_cpu import is_packed
+from .weight_layout import packed_panels, panels, panels_enabled
 
 __all__ = ["CpuFfn", "why_not_cpu_ffn", "ffn_workspace_bytes"]
 
@@ -45,6 +46,8 @@ def why_not_cpu_ffn(p: Any, ins: dict[str, Any]) -> str | None:
         if n.endswith("_w") and t is not None:
             if type(t) is Slot:
                 return f"weight {n} changes per run"
+            if is_packed(t):
+                continue  # the layout pass packed it for this kernel
             if t.dtype not in ck.DTYPE_CODES:
                 return f"weight {n} dtype {t.dtype}"
             if t.is_inference():
@@ -80,7 +83,8 @@ class CpuFfn:
         self.first, self.ws_floats = _parts(p, lay)
         self.weights: dict[str, tuple[torch.Tensor, torch.Tensor, Any]] = {}
         for w in (*self.first, "down_w"):
-            pan, meta = panels(ins[w], lay.transposed[w])
+            pan, meta = packed_panels(ins[w]) if is_packed(ins[w]) else \
+                panels(ins[w], lay.transposed[w])
             self.weights[w] = (meta, pan, ins.get(w[:-1] + "b"))
         self.norm = {} if p.norm_eps is None else {
             "rms_norm_eps": float(p.norm_eps), "rms_norm_weight": ins["norm_weight"]}
@@ -199,7 +203,7 @@ def shapes_of(ins: dict[str, Any]) -> dict[str, Any]:
     for n, v in ins.items():
         if v is None:
             continue
-        out[n] = tuple(v.desc.shape) if type(v) is Slot else tuple(v.shape)
+        out[n] = tuple(v.desc.shape) if type(v) is Slot or is_packed(v) else tuple(v.shape)
     return out
 
 
@@ -224,3 +228,6 @@ def bind_cpu_ffn(p: Any, ins: dict[str, Any], outs: list, ctx: Any
     ctx.note_pool_rows(rows)
     ws = ctx.workspace.view(torch.float32)
     return ffn.bind(x, ins.get("residual"), outs[0], ws)
+
+
+bind_cpu_ffn.takes_packed = True  # type: ignore[attr-defined]  # reads its panels as they are

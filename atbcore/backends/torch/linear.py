@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ...log import logger
 from . import kernel
-from .linear_cpu import bind_cpu_linear, cpu_linear, why_not_cpu_linear
+from .linear_cpu import bind_cpu_linear, cpu_linear, is_packed, plain_ins, why_not_cpu_linear
 from .linear_dnnl import bind_dnnl_linear, dnnl_linear, why_not_dnnl_linear
 from .linear_quant import quant_linear_torch
 
@@ -200,8 +200,11 @@ def _dense_linear(p, x, w, b):
 
 def _bind_linear(p, ins, outs, ctx):
     """oneDNN for many-row dense fp32 calls, else the C matmul (see :func:`linear`)."""
-    call = bind_dnnl_linear(p, ins, outs, ctx)
+    call = None if is_packed(ins["weight"]) else bind_dnnl_linear(p, ins, outs, ctx)
     return call if call is not None else bind_cpu_linear(p, ins, outs, ctx)
+
+
+_bind_linear.takes_packed = True  # type: ignore[attr-defined]
 
 
 @kernel("Linear", impl="oneDNN GEMM (+ residual post-op) for dense fp32 calls of many rows "
@@ -212,6 +215,11 @@ def _bind_linear(p, ins, outs, ctx):
 def linear(p, ins, out=None):
     x, w, b, s = ins["x"], ins["weight"], ins.get("bias"), ins.get("scale")
     r, z = ins.get("residual"), ins.get("zeros")
+    if is_packed(w):
+        if why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s, z) is None:
+            return [cpu_linear(p, w, b, s, z=z).run(x, None if out is None else out[0], r)]
+        ins = plain_ins(ins)
+        w = ins["weight"]
     if why_not_dnnl_linear(p, x, w, b, ins) is None:
         y = dnnl_linear(p, x, w, b, r)
         if out is not None and out[0] is not None:
@@ -224,6 +232,9 @@ def linear(p, ins, out=None):
     else:
         y = _w8_linear(p, x, w, b, s) if p.quant == "w8" else _dense_linear(p, x, w, b)
     return [y if r is None else add_residual(y, r)]
+
+
+linear.takes_packed = True  # type: ignore[attr-defined]  # unpacks where it must
 
 
 def add_residual(y: torch.Tensor, r: torch.Tensor) -> torch.Tensor:

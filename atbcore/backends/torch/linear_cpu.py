@@ -20,10 +20,25 @@ from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import LINEAR_WEIGHT_DTYPES, linear_rows, linear_rows_bound
 from ..cpu_kernels.torch_linear import linear_rows_bound_io
 from .linear_quant import CpuQuantLinear, why_not_cpu_quant
-from .weight_layout import PANELS_LAYOUT, panels, panels_enabled
+from .weight_layout import PANELS_LAYOUT, packed_panels, panels, panels_enabled
 
 __all__ = ["CpuLinear", "why_not_cpu_linear", "why_not_norm_weight", "bind_cpu_linear",
-           "cpu_linear"]
+           "cpu_linear", "is_packed", "plain_ins"]
+
+
+def is_packed(w: Any) -> bool:
+    """Whether ``w`` is a layout pass's packed weight (:mod:`atbcore.graph.packed`)."""
+    return type(w).__name__ == "PackedWeight"
+
+
+def plain_ins(ins: dict[str, Any]) -> dict[str, Any]:
+    """``ins`` with packed weights unpacked (a copy each: for paths that read the
+    ``[out, in]`` tensor)."""
+    if not any(is_packed(v) for v in ins.values()):
+        return ins
+    from ...runtime.binding import plain
+
+    return {k: plain(v, "torch") if is_packed(v) else v for k, v in ins.items()}
 
 
 def why_not_cpu_linear(p: Any, x_dtype: torch.dtype, device: str, w: Any, b: Any,
@@ -37,13 +52,14 @@ def why_not_cpu_linear(p: Any, x_dtype: torch.dtype, device: str, w: Any, b: Any
     if b is not None and (b.desc.dtype.torch if type(b) is Slot else b.dtype) not in \
             ck.DTYPE_CODES:
         return "bias dtype"
+    packed = is_packed(w)
     if p.quant in ("w4", "w8a8"):
         if x_dtype not in ck.DTYPE_CODES:
             return f"x {x_dtype}: not a C matmul dtype"
-        return why_not_cpu_quant(p, w, s, z)
+        return "a packed weight of another layout" if packed else why_not_cpu_quant(p, w, s, z)
     if not panels_enabled():
         return "ATB_PANELS=0"
-    wd = w.desc.dtype.torch if type(w) is Slot else w.dtype
+    wd = w.desc.dtype.torch if type(w) is Slot or packed else w.dtype
     if x_dtype not in ck.DTYPE_CODES or wd not in LINEAR_WEIGHT_DTYPES:
         return f"x {x_dtype} / weight {wd}: not a C matmul dtype pair"
     if (wd == torch.int8) != (p.quant == "w8"):
@@ -52,6 +68,9 @@ def why_not_cpu_linear(p: Any, x_dtype: torch.dtype, device: str, w: Any, b: Any
         return "the C matmul takes an fp32 w8 scale"
     if type(w) is Slot:
         return "the weight changes per run"
+    if packed:
+        return None if w.layout.transposed == (not p.transpose_weight) else \
+            "panels of the other orientation"
     if w.is_inference():
         return "an inference-mode weight (no version counter to keep its panels current)"
     return None
@@ -73,7 +92,8 @@ class CpuLinear:
     def __init__(self, p: Any, w: torch.Tensor, b: torch.Tensor | None,
                  s: torch.Tensor | None, norm: tuple[float, torch.Tensor] | None = None
                  ) -> None:
-        self.panels, self.meta = panels(w, transposed=not p.transpose_weight)
+        self.panels, self.meta = packed_panels(w) if is_packed(w) else \
+            panels(w, transposed=not p.transpose_weight)
         self.layout = PANELS_LAYOUT if p.quant is None else f"int8 {PANELS_LAYOUT} (w8)"
         self.bias, self.scale = b, s
         self.eps, self.norm_weight = norm if norm is not None else (None, None)
@@ -149,6 +169,9 @@ def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
             gets = [getter(t) for t in ((x, y) if r is None else (x, y, r))]
             return lambda env: _io_or_run(io, lin, *[g(env) for g in gets])
     return lambda env: lin.run(resolve(x, env), resolve(y, env), resolve(r, env))
+
+
+bind_cpu_linear.takes_packed = True  # type: ignore[attr-defined]  # reads its panels as they are
 
 
 def _io_or_run(io: Callable[..., None], lin: "CpuLinear", x: torch.Tensor, y: torch.Tensor,

@@ -7,7 +7,8 @@ from __future__ import annotations
 from ..cpu_kernels import torch_ops as ck
 from . import TORCH_KERNELS, kernel
 from . import linear as _linear, norm as _norm  # noqa: F401  (registered before this kernel)
-from .linear_cpu import bind_cpu_linear, cpu_linear, why_not_cpu_linear, why_not_norm_weight
+from .linear_cpu import (bind_cpu_linear, cpu_linear, is_packed, plain_ins, why_not_cpu_linear,
+                         why_not_norm_weight)
 
 __all__: list[str] = []
 
@@ -27,11 +28,16 @@ def rms_norm_linear(p, ins, out=None):
         lin = cpu_linear(p, w, b, s, (float(p.eps), nw), z)
         return [lin.run(x, None if out is None else out[0], r)]
     ck.log_fallback("RmsNormLinear", why)
+    if is_packed(w):
+        w = plain_ins({"weight": w})["weight"]
     norm_p = _rms_params(p)
     n, = TORCH_KERNELS["RmsNorm"].fn(norm_p, {"x": x, "weight": nw})
     y, = TORCH_KERNELS["Linear"].fn(p.linear(), {"x": n, "weight": w, "bias": b, "scale": s,
                                                  "residual": r, "zeros": z})
     return [ck.into(out, 0, y)]
+
+
+rms_norm_linear.takes_packed = True  # type: ignore[attr-defined]  # unpacks where it must
 
 
 def _rms_params(p):

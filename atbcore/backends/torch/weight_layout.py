@@ -72,3 +72,54 @@ def panels(w: torch.Tensor, transposed: bool = False) -> tuple[torch.Tensor, tor
 def layout_name(use_panels: bool) -> str:
     """The layout a Linear's weight is read in, for logs and ``explain()``."""
     return PANELS_LAYOUT if use_panels else "[out, in] rows"
+
+
+def packed_panels(w: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layout pass's packed weight (:class:`atbcore.graph.packed.PackedWeight`, torch
+    data in 32-output panels) as :func:`panels` returns it: the panels as they are and
+    a meta tensor of the ``[N, K]`` matrix the kernel computes with."""
+    n, k = w.desc.shape[::-1] if w.layout.transposed else w.desc.shape
+    return w.data, torch.empty((n, k), dtype=w.desc.dtype.torch, device="meta")
+
+
+def preferred_layout(op: str, p: Any, name: str, descs: dict[str, Any]) -> Any:
+    """The layout the torch CPU kernel of ``op`` reads weight input ``name`` in at every
+    row count (an :class:`atbcore.graph.packed.Layout`), or None when it reads the
+    weight as it is (or may: then the layout pass leaves it alone). ``descs``: the
+    node's input descriptors by name. Asked by :mod:`atbcore.passes.layout`."""
+    from ...graph.packed import PANELS, Layout
+    from ..cpu_kernels import torch_ops as ck
+    from ..cpu_kernels.torch_decode import LINEAR_WEIGHT_DTYPES
+
+    w, x = descs.get(name), descs.get("x")
+    if w is None or x is None or len(w.shape) != 2 or not str(w.device).startswith("cpu"):
+        return None
+    if not panels_enabled() or ck.unavailable_reason():
+        return None
+    xd, wd = x.dtype.torch, w.dtype.torch
+    if xd not in ck.DTYPE_CODES:
+        return None
+    if op in ("Linear", "RmsNormLinear") and name == "weight":
+        if p.quant not in (None, "w8") or wd not in LINEAR_WEIGHT_DTYPES:
+            return None
+        if (wd == torch.int8) != (p.quant == "w8"):
+            return None
+        b, s = descs.get("bias"), descs.get("scale")
+        if b is not None and b.dtype.torch not in ck.DTYPE_CODES:
+            return None
+        if s is not None and s.dtype.torch != torch.float32:
+            return None
+        if op == "Linear" and p.quant is None and wd == torch.float32 and xd == wd:
+            from .linear_dnnl import dnnl_available
+            if dnnl_available():  # many-row calls run oneDNN on the [out, in] weight
+                return None
+        return Layout(PANELS, transposed=not p.transpose_weight)
+    if op == "FusedFeedForward" and name.endswith("_w"):
+        from ...ops.ffn import ffn_layout
+        from .activation import c_activation
+
+        if c_activation(p.activation)[1] or wd not in ck.DTYPE_CODES:
+            return None
+        shapes = {k: tuple(d.shape) for k, d in descs.items() if d is not None}
+        return Layout(PANELS, transposed=bool(ffn_layout(op, p, shapes).transposed[name]))
+    return None

@@ -173,7 +173,8 @@ def tp_decoder_layers(spec: ModelSpec, shard: ModelWeights, plan: ShardPlan,
 
 def weight_bytes(layers: list[Any]) -> int:
     """Bytes of every weight the layers hold (what a rank keeps in memory)."""
-    return sum(int(np.asarray(a).nbytes) for layer in layers for a in layer.weights().values())
+    return sum(int(a.nbytes if hasattr(a, "layout") else np.asarray(a).nbytes)  # packed: its bytes
+               for layer in layers for a in layer.weights().values())
 
 
 def lower_decoder_tp(model: Any, tensor_parallel: int | None = None, *, group: Any = None,

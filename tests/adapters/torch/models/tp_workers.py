@@ -7,7 +7,8 @@ import numpy as np
 
 def graph_weight_bytes(op) -> int:
     """Bytes of the weights in the GraphOp's lowered (unfused) graph."""
-    return sum(int(np.asarray(a).nbytes) for a in op.graph_unfused.weight_map.values())
+    return sum(int(a.nbytes if hasattr(a, "layout") else np.asarray(a).nbytes)  # packed: its bytes
+               for a in op.graph_unfused.weight_map.values())
 
 
 def decode(op, cache, prompt, steps: int, feed=None):
