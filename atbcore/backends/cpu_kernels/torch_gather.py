@@ -1,10 +1,9 @@
 """The C row gather (``atb_gather_rows``, csrc/cache.c) on torch CPU tensors: rows of a
 contiguous 2-D table picked by int32/int64 ids into a fixed output, every id checked
 against the table before anything is written. A decode step's Embedding lookup and its
-last-token Gather are one row each: as torch ops (``index_select``) they cost a
-dispatch each, measured 80-150 us per step inside a decode step on this 2-core machine
-against ~5 us alone (the dispatcher's code and data are cold after the step's matmuls
-streamed their weights); the C call touches the rows only."""
+last-token Gather are one row each: as torch ops each is a dispatch whose code and data
+the step's matmuls have evicted from the caches, which costs more than the row; the C
+call touches the rows only."""
 
 from __future__ import annotations
 

@@ -111,8 +111,8 @@ class AtbDecoder:
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
-    """The greedy token as atb's own ``generate`` picks it (one C call on CPU logits; as
-    llama.cpp's loop here uses NumPy's argmax, not torch's ~80 us one)."""
+    """The greedy token as atb's own ``generate`` picks it (one C call on CPU logits), as
+    llama.cpp's loop here picks with NumPy's argmax rather than a torch op."""
     from ...models.sample_step import _argmax as pick
 
     return pick(logits)
