@@ -200,11 +200,16 @@ def paged_decode_attention_bound(q: torch.Tensor, key_cache: torch.Tensor,
         fn, pack, tail = _fn("decode_attention"), _ATTN.pack, (0, n)
     # the packed addresses stay valid while the call lives
     keep = (q, kc, vc, bt, cl, extra[1] if quantized else None)
+    packed: dict[int, bytes] = {}  # per thread count: the whole argument block
 
     def call() -> torch.Tensor:
         if check_tables:
             chk.check_block_tables(op, bt, cl, nb, bs)
-        status = fn(pack(*pre, pool_threads(), scale, *tail))
+        th = pool_threads()
+        args = packed.get(th)
+        if args is None:
+            args = packed[th] = pack(*pre, th, scale, *tail)
+        status = fn(args)
         if status == -5 and quantized:  # an inf/NaN scale: the caller dequantizes instead
             return None
         if status == -3:

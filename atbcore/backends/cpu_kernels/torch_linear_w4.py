@@ -28,12 +28,13 @@ from . import torch_checks as chk
 from .threads import pool_threads
 from .torch_ops import DTYPE_CODES, _check, _deliver, _fn, _rows
 
-__all__ = ["W4Weight", "quantize_w4", "pack_w4", "linear_w4", "linear_w4_bound", "W4_BLOCK",
-           "W4_PANEL"]
+__all__ = ["W4Weight", "quantize_w4", "pack_w4", "linear_w4", "linear_w4_bound",
+           "linear_w4_bound_io", "W4_BLOCK", "W4_PANEL"]
 
 W4_PANEL = 32   # outputs per panel (linear_w4.c)
 W4_BLOCK = 32   # inputs per activation block; a group is a multiple of it
-_ARGS = struct.Struct("<20qd")  # W4Args (linear_w4.c)
+_ARGS = struct.Struct("<20qd3q")  # W4Args (linear_w4.c)
+_Q = struct.Struct("<q").pack
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,7 +141,7 @@ def pack_w4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | Non
     return W4Weight(packed, sc, zs, n, k, group)
 
 
-def _check_args(op: str, x, w4, bias, out, accumulate, eps, nw) -> None:
+def _check_args(op: str, x, w4, bias, out, accumulate, eps, nw, residual=None) -> None:
     chk.tensor(op, "x", x, DTYPE_CODES, dims=tuple(range(1, 65)))
     if not isinstance(w4, W4Weight):
         raise InputError(op, "w4", "a W4Weight (pack_w4)", type(w4).__name__)
@@ -150,6 +151,13 @@ def _check_args(op: str, x, w4, bias, out, accumulate, eps, nw) -> None:
     chk.output(op, "out", out, (*x.shape[:-1], w4.n))
     if accumulate and out is None:
         raise InputError(op, "out", "a tensor to accumulate into (accumulate=True)", "None")
+    if residual is not None:
+        chk.tensor(op, "residual", residual, DTYPE_CODES, dims=(residual.dim(),))
+        if residual.shape != (*x.shape[:-1], w4.n):
+            raise ShapeError(op, "residual", list((*x.shape[:-1], w4.n)), list(residual.shape))
+        if accumulate:
+            raise InputError(op, "residual", "None with accumulate=True (one addend)",
+                             "a tensor")
     if eps is not None:
         chk.real(op, "rms_norm_eps", eps)
     elif nw is not None:
@@ -157,7 +165,7 @@ def _check_args(op: str, x, w4, bias, out, accumulate, eps, nw) -> None:
     chk.vector(op, "rms_norm_weight", nw, w4.k)
 
 
-def _pack(x2, rows, xs, w4, bias, y, accumulate, eps, nw, threads) -> bytes:
+def _pack(x2, rows, xs, w4, bias, y, accumulate, eps, nw, threads, res=None) -> bytes:
     return _ARGS.pack(
         x2.data_ptr(), DTYPE_CODES[x2.dtype], xs, rows, w4.k, w4.n,
         w4.codes.data_ptr(), w4.scales.data_ptr(),
@@ -165,17 +173,23 @@ def _pack(x2, rows, xs, w4, bias, y, accumulate, eps, nw, threads) -> bytes:
         0 if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODES[bias.dtype],
         y.data_ptr(), DTYPE_CODES[y.dtype], w4.n, int(accumulate),
         int(eps is not None), 0 if nw is None else nw.data_ptr(),
-        0 if nw is None else DTYPE_CODES[nw.dtype], threads, float(eps or 0.0))
+        0 if nw is None else DTYPE_CODES[nw.dtype], threads, float(eps or 0.0),
+        0 if res is None else res.data_ptr(), 0 if res is None else DTYPE_CODES[res.dtype],
+        w4.n)
 
 
 def linear_w4(x: torch.Tensor, w4: W4Weight, *, bias: torch.Tensor | None = None,
               out: torch.Tensor | None = None, accumulate: bool = False,
               threads: int | None = None, rms_norm_eps: float | None = None,
-              rms_norm_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W^T + bias`` for ``x`` [..., K] (fp32/bf16/fp16) and a packed w4 weight, at
-    any row count; ``accumulate`` adds into ``out``; ``rms_norm_eps`` RmsNorms x first
-    (as the separate kernel would store it). ``threads`` defaults to the pool's count."""
-    _check_args("linear_w4", x, w4, bias, out, accumulate, rms_norm_eps, rms_norm_weight)
+              rms_norm_weight: torch.Tensor | None = None,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W^T + bias (+ residual)`` for ``x`` [..., K] (fp32/bf16/fp16) and a packed w4
+    weight, at any row count; ``accumulate`` adds into ``out``; ``residual`` (shaped like
+    the result, may be ``out`` itself) is added in the epilogue, in fp32 before the one
+    rounding; ``rms_norm_eps`` RmsNorms x first (as the separate kernel would store it).
+    ``threads`` defaults to the pool's count."""
+    _check_args("linear_w4", x, w4, bias, out, accumulate, rms_norm_eps, rms_norm_weight,
+                residual)
     if threads is not None:
         chk.integer("linear_w4", "threads", threads, 1, 1 << 16)
     shape = (*x.shape[:-1], w4.n)
@@ -185,40 +199,86 @@ def linear_w4(x: torch.Tensor, w4: W4Weight, *, bias: torch.Tensor | None = None
     y = out if (out is not None and out.dtype in DTYPE_CODES and out.is_contiguous()) else None
     if y is None:
         y = out.contiguous() if accumulate else torch.empty(shape, dtype=x.dtype)
+    res = None if residual is None else residual.contiguous()
     bias = None if bias is None else bias.contiguous()
     nw = None if rms_norm_weight is None else rms_norm_weight.contiguous()
     _check(_fn("linear_w4")(_pack(x2, rows, xs, w4, bias, y, accumulate, rms_norm_eps, nw,
-                                  threads or pool_threads())), "linear_w4")
+                                  threads or pool_threads(), res)), "linear_w4")
     return _deliver(out, y)
+
+
+def _bindable(x, w4, out, bias, nw, residual) -> bool:
+    """Whether the kernel reads these buffers in place (contiguous, kernel dtypes)."""
+    return not (x.numel() == 0 or not x.is_contiguous() or not out.is_contiguous()
+                or out.dtype not in DTYPE_CODES
+                or (residual is not None and not residual.is_contiguous())
+                or (bias is not None and not bias.is_contiguous())
+                or (nw is not None and not nw.is_contiguous()))
 
 
 def linear_w4_bound(x: torch.Tensor, w4: W4Weight, out: torch.Tensor, *,
                     bias: torch.Tensor | None = None, accumulate: bool = False,
                     rms_norm_eps: float | None = None,
-                    rms_norm_weight: torch.Tensor | None = None
+                    rms_norm_weight: torch.Tensor | None = None,
+                    residual: torch.Tensor | None = None
                     ) -> Callable[[], None] | None:
     """:func:`linear_w4` of these fixed buffers with its arguments packed once (a
     prebuilt decode plan's call; the pool's thread count is read per call). None when
-    x or out are not contiguous kernel dtypes."""
+    x, out or residual are not contiguous kernel dtypes."""
     _check_args("linear_w4_bound", x, w4, bias, out, accumulate, rms_norm_eps,
-                rms_norm_weight)
-    if (x.numel() == 0 or not x.is_contiguous() or not out.is_contiguous()
-            or out.dtype not in DTYPE_CODES
-            or (bias is not None and not bias.is_contiguous())
-            or (rms_norm_weight is not None and not rms_norm_weight.is_contiguous())):
+                rms_norm_weight, residual)
+    if not _bindable(x, w4, out, bias, rms_norm_weight, residual):
         return None
     rows = x.numel() // w4.k
-    head = _pack(x, rows, w4.k, w4, bias, out, accumulate, rms_norm_eps, rms_norm_weight, 0)
-    cut = _ARGS.size - 16           # threads then norm_eps: the last two fields
+    head = _pack(x, rows, w4.k, w4, bias, out, accumulate, rms_norm_eps, rms_norm_weight, 0,
+                 residual)
+    cut = _ARGS.size - 40           # threads, norm_eps, res, res_dt, res_stride
     pre, post = head[:cut], head[cut + 8:]
-    fn, q = _fn("linear_w4"), struct.Struct("<q").pack
+    fn = _fn("linear_w4")
     packed: dict[int, bytes] = {}  # per thread count: the whole argument block
 
     def call() -> None:
         n = pool_threads()
         args = packed.get(n)
         if args is None:
-            args = packed[n] = pre + q(n) + post
+            args = packed[n] = pre + _Q(n) + post
         _check(fn(args), "linear_w4")
-    call.keep = (x, w4, out, bias, rms_norm_weight)  # type: ignore[attr-defined]
+    call.keep = (x, w4, out, bias, rms_norm_weight, residual)  # type: ignore[attr-defined]
+    return call
+
+
+def linear_w4_bound_io(x_like: torch.Tensor, w4: W4Weight, out_like: torch.Tensor, *,
+                       bias: torch.Tensor | None = None,
+                       rms_norm_eps: float | None = None,
+                       rms_norm_weight: torch.Tensor | None = None,
+                       residual_like: torch.Tensor | None = None
+                       ) -> Callable[..., None] | None:
+    """:func:`linear_w4_bound` for an input, output (and residual) that change per call
+    (a plan's input or fresh output): ``call(x, out)`` or ``call(x, out, residual)``
+    checks only that each is a contiguous CPU tensor shaped and typed like its
+    ``*_like`` (checked fully now) and packs the addresses. None where
+    :func:`linear_w4_bound` would be None."""
+    if linear_w4_bound(x_like, w4, out_like, bias=bias, rms_norm_eps=rms_norm_eps,
+                       rms_norm_weight=rms_norm_weight, residual=residual_like) is None:
+        return None
+    rows = x_like.numel() // w4.k
+    fields = list(_ARGS.unpack(_pack(x_like, rows, w4.k, w4, bias, out_like, False,
+                                     rms_norm_eps, rms_norm_weight, 0, residual_like)))
+    want = [("x", x_like.shape, x_like.dtype, 0), ("out", out_like.shape, out_like.dtype, 12)]
+    if residual_like is not None:
+        want.append(("residual", residual_like.shape, residual_like.dtype, 21))
+    fn = _fn("linear_w4")
+
+    def call(*ts: torch.Tensor) -> None:
+        if len(ts) != len(want):
+            raise InputError("linear_w4", "tensors of the bound call",
+                             ", ".join(w[0] for w in want), len(ts))
+        for (name, sh, dt, at), t in zip(want, ts):
+            if t.shape != sh or t.dtype != dt or not t.is_contiguous() or t.device.type != "cpu":
+                raise ShapeError("linear_w4", name, f"a contiguous CPU {dt} {list(sh)}",
+                                 f"{t.dtype} {list(t.shape)} on {t.device}")
+            fields[at] = t.data_ptr()
+        fields[19] = pool_threads()
+        _check(fn(_ARGS.pack(*fields)), "linear_w4")
+    call.keep = (w4, bias, rms_norm_weight)  # type: ignore[attr-defined]
     return call

@@ -1,8 +1,10 @@
 """Torch kernels for Gather (index_select) and Embedding (F.embedding). Index
 ranges were checked by the op's ``check_values`` before these run — except in a
 bound CPU Embedding, which writes its rows into its planned buffer with one
-``index_select`` and checks the ids only when that refuses them (a decode step's
-first node: a separate min/max pass and a copy cost more than the lookup)."""
+row gather and checks the ids only when that refuses them (a decode step's
+first node: a separate min/max pass and a copy cost more than the lookup). Bound on
+the CPU, both run the C row gather (:mod:`..cpu_kernels.torch_gather`: a torch op's
+dispatch costs more than the one row a decode step gathers), else ``index_select``."""
 
 from __future__ import annotations
 
@@ -28,10 +30,25 @@ def _bind_gather(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
             or len(xs) != 2 or len(ids) != 1 or p.axis % 2 != 0):
         return None
     get_x, get_i = getter(x), getter(idx)
+    rows = _c_rows(out, x)
 
     def call(env: list) -> None:
-        torch.index_select(get_x(env), 0, get_i(env), out=out)
+        xv, iv = get_x(env), get_i(env)
+        if rows is None or rows(xv, iv) != 0:  # not the C row gather's case
+            torch.index_select(xv, 0, iv, out=out)
     return call
+
+
+def _c_rows(out: torch.Tensor, x: Any) -> Any:
+    """The C row gather into ``out`` (:func:`gather_rows_into`), None where the C kernels
+    are absent."""
+    from ..cpu_kernels import available
+
+    if not available():
+        return None
+    from ..cpu_kernels.torch_gather import gather_rows_into
+
+    return gather_rows_into(out, x.desc.dtype.torch if type(x) is Slot else x.dtype)
 
 
 @kernel("Gather", impl="torch.index_select; bound on the CPU for rows of a matrix: into "
@@ -50,9 +67,17 @@ def _bind_embedding(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
         return None
     rows = out.view(-1, out.shape[-1])
     get_ids, get_w = getter(ins["ids"]), getter(ins["weight"])
+    c_rows = _c_rows(out, ins["weight"])
 
     def call(env: list) -> None:
         ids, w = get_ids(env), get_w(env)
+        if c_rows is not None:
+            status = c_rows(w, ids.reshape(-1))
+            if status == 0:
+                return
+            if status < 0:  # an id outside the table: nothing written
+                n = int(w.shape[0])
+                check_index_range("Embedding", "ids", ids, n, f"the table has {n} rows")
         try:
             torch.index_select(w, 0, ids.reshape(-1), out=rows)
         except (IndexError, RuntimeError):

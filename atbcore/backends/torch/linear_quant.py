@@ -128,18 +128,13 @@ class CpuQuantLinear:
                 residual = residual.contiguous()
             return linear_w8a8(x, self.packed, self.scale, out=out, residual=residual,
                                **self._kw())
-        if residual is None:
-            return linear_w4(x, self.w4, out=out, **self._kw())
-        if out is None:
-            out = residual.clone(memory_format=torch.contiguous_format)
-        elif out.data_ptr() != residual.data_ptr() or out.stride() != residual.stride():
-            out.copy_(residual)
-        return linear_w4(x, self.w4, out=out, accumulate=True, **self._kw())
+        return linear_w4(x, self.w4, out=out, residual=residual, **self._kw())
 
     def bound(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None = None
               ) -> Callable[[], None] | None:
-        """The call with these fixed buffers, its C arguments packed once (a residual
-        other than ``out`` is copied into ``out``, which the kernel accumulates into)."""
+        """The call with these fixed buffers, its C arguments packed once (w4 adds the
+        residual in its epilogue; w8a8 copies a residual other than ``out`` into ``out``,
+        which its kernel accumulates into)."""
         from ..cpu_kernels.torch_linear_w4 import linear_w4_bound
         from ..cpu_kernels.torch_w8a8 import linear_w8a8_bound
 
@@ -147,7 +142,7 @@ class CpuQuantLinear:
         if acc and (not residual.is_contiguous() or residual.shape != out.shape):
             return None
         if self.quant == "w4":
-            call = linear_w4_bound(x, self.w4, out, accumulate=acc, **self._kw())
+            return linear_w4_bound(x, self.w4, out, residual=residual, **self._kw())
         else:
             call = linear_w8a8_bound(x, self.packed, self.scale, out, accumulate=acc,
                                      **self._kw())
@@ -159,9 +154,30 @@ class CpuQuantLinear:
             call()
         return with_residual
 
-    def bound_io(self, x: Any, out: Any, residual: Any = None) -> None:
-        """No packed form for inputs that change per run: the binder calls :meth:`run`."""
-        return None
+    def bound_io(self, x: Any, out: Any, residual: Any = None) -> Callable[..., None] | None:
+        """w4: ``call(x, out[, residual])`` with the addresses packed per call (a plan's
+        input or fresh output, e.g. the LM head's logits); w8a8: None (the binder calls
+        :meth:`run`). ``x``/``out``/``residual`` describe the tensors (``.desc`` of a
+        slot, or the tensor)."""
+        if self.quant != "w4":
+            return None
+        from ..cpu_kernels.torch_linear_w4 import linear_w4_bound_io
+
+        like = [_like(t) for t in (x, out, residual)]
+        if any(t is None for t in like[:2]) or (residual is not None and like[2] is None):
+            return None
+        return linear_w4_bound_io(like[0], self.w4, like[1], residual_like=like[2],
+                                  **self._kw())
+
+
+def _like(t: Any) -> torch.Tensor | None:
+    """A tensor shaped and typed as ``t`` (a tensor, or a :class:`Slot` described by its
+    ``desc``); None for what is neither."""
+    from ...runtime.binding import Slot
+
+    if type(t) is Slot:
+        return torch.empty(t.desc.shape, dtype=t.desc.dtype.torch)
+    return t if isinstance(t, torch.Tensor) else None
 
 
 def _quant_x(x: torch.Tensor, block: int | None) -> torch.Tensor:

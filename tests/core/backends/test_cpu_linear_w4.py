@@ -174,3 +174,63 @@ def test_linear_w4_generic_build_matches(tmp_path):
     assert_close(generic, exact.astype(np.float32), "fp32", "w4 generic C vs numpy")
     vnni = linear_w4(x, pack_w4(codes, scales, zeros, grp, k=150))
     assert_close(generic, vnni, "fp32", "w4 generic C vs the VNNI kernel")
+
+
+@pytest.mark.parametrize("m,k,n,dt", [(1, 100, 70, torch.float32), (3, 544, 97, torch.float32),
+                                      (2, 200, 33, torch.bfloat16), (1, 64, 1000, torch.float32)])
+def test_linear_w4_residual_epilogue(m, k, n, dt):
+    """y = x W^T + bias + residual with the residual read in the epilogue (fp32 sum, one
+    rounding): against float64 NumPy; in place (residual is out); bound and bound_io
+    calls bit-equal to the plain call; 1 and 2 threads bit-equal."""
+    from atbcore.backends.cpu_kernels.torch_linear_w4 import (linear_w4, linear_w4_bound,
+                                                              linear_w4_bound_io, pack_w4,
+                                                              quantize_w4)
+
+    g = torch.Generator().manual_seed(m * 131 + k + n)
+    codes, s, z, grp = quantize_w4(torch.randn(n, k, generator=g), 32, m != 3)
+    w4 = pack_w4(codes, s, z, grp, k=k)
+    wref = _np_weight(codes, s, z, grp)
+    x = torch.randn(m, k, generator=g).to(dt)
+    b = torch.randn(n, generator=g).to(dt)
+    r = torch.randn(m, n, generator=g).to(dt)
+    y = linear_w4(x, w4, bias=b, residual=r, threads=1)
+    ref = _np_quant_x(x.float().numpy(), wref.shape[1]) @ wref.T + b.double().numpy() + \
+        r.double().numpy()
+    tag = "fp32" if dt == torch.float32 else "bf16"
+    assert_close(y, ref.astype(np.float32), tag, "w4 + residual")
+    assert torch.equal(linear_w4(x, w4, bias=b, residual=r, threads=2), y)
+    # the old two-step form (copy, then accumulate) gives the same bits
+    assert torch.equal(linear_w4(x, w4, bias=b, out=r.clone(), accumulate=True), y)
+    inplace = r.clone()
+    assert linear_w4(x, w4, bias=b, out=inplace, residual=inplace) is inplace
+    assert torch.equal(inplace, y)
+    out = torch.empty(m, n, dtype=dt)
+    call = linear_w4_bound(x, w4, out, bias=b, residual=r)
+    call()
+    assert torch.equal(out, y)
+    io = linear_w4_bound_io(torch.empty_like(x), w4, torch.empty(m, n, dtype=dt), bias=b,
+                            residual_like=torch.empty_like(r))
+    out2 = torch.full((m, n), 7.0, dtype=dt)
+    io(x, out2, r)
+    assert torch.equal(out2, y)
+    plain = linear_w4_bound_io(torch.empty_like(x), w4, torch.empty(m, n, dtype=dt), bias=b)
+    out3 = torch.empty(m, n, dtype=dt)
+    plain(x, out3)
+    assert torch.equal(out3, linear_w4(x, w4, bias=b))
+
+
+def test_linear_w4_residual_errors():
+    from atbcore.backends.cpu_kernels.torch_linear_w4 import (linear_w4, linear_w4_bound_io,
+                                                              pack_w4, quantize_w4)
+
+    w4 = pack_w4(*quantize_w4(torch.randn(8, 64)))
+    x = torch.randn(2, 64)
+    with pytest.raises(ShapeError, match="residual"):
+        linear_w4(x, w4, residual=torch.randn(2, 7))
+    with pytest.raises(InputError, match="residual"):
+        linear_w4(x, w4, out=torch.zeros(2, 8), accumulate=True, residual=torch.zeros(2, 8))
+    io = linear_w4_bound_io(x, w4, torch.empty(2, 8), residual_like=torch.empty(2, 8))
+    with pytest.raises(InputError, match="linear_w4"):
+        io(x, torch.empty(2, 8))
+    with pytest.raises(ShapeError, match="out"):
+        io(x, torch.empty(3, 8), torch.empty(2, 8))

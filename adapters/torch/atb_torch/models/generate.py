@@ -37,6 +37,7 @@ import contextlib
 import copy
 from typing import Any
 
+import numpy as np
 import torch
 
 from .hf_cache import AtbCache
@@ -190,12 +191,24 @@ def _steps(r: Any, kv: Any, ids: torch.Tensor, logits: torch.Tensor, next_pos: t
     """The decoding steps after the prefill: ids with the new tokens."""
     stop = _stopper(stopping_criteria)
     every_row_on = stop is not None  # known without a tensor op only with the fast criteria
+    private = not getattr(pick, "reads_only", False)
+    # the positions as host ints (what decode reads), one more per step without a torch op
+    pos = next_pos.detach().reshape(-1).cpu().numpy().astype(np.int64)
+    # the ids so far live in one buffer that grows by doubling: a step writes its column
+    # (a torch.cat per step copied every id again)
+    b, n = ids.shape
+    buf = torch.empty(b, max(2 * n, n + 64), dtype=ids.dtype, device=ids.device)
+    buf[:, :n] = ids
     while True:
-        # a private fp32 copy: the processors may write into it
-        tok = pick(ids, logits.to(dtype=torch.float32, copy=True))      # [B]
+        # a private fp32 copy where the processors may write into it
+        tok = pick(ids, logits.to(dtype=torch.float32, copy=True) if private else logits)  # [B]
         if has_eos and not every_row_on:
             tok = torch.where(unfinished, tok, pad.to(tok.device))
-        ids = torch.cat([ids, tok[:, None]], dim=-1)
+        if n == buf.shape[1]:
+            buf = torch.cat([buf, torch.empty_like(buf)], dim=-1)
+        buf[:, n] = tok
+        n += 1
+        ids = buf[:, :n]
         r.stats["loop_tokens"] = r.stats.get("loop_tokens", 0) + 1
         if streamer is not None:
             streamer.put(tok.cpu())
@@ -205,9 +218,9 @@ def _steps(r: Any, kv: Any, ids: torch.Tensor, logits: torch.Tensor, next_pos: t
             every_row_on = False
             if not bool(unfinished.any()):
                 break
-        logits = r.decode(tok, kv, positions=next_pos)
-        next_pos = next_pos + 1
-    return ids
+        logits = r.decode(tok, kv, positions=pos)
+        pos = pos + 1
+    return ids.clone()  # its own contiguous storage, not a view of the buffer
 
 
 def _config(model: Any, generation_config: Any, kwargs: dict) -> tuple[Any, dict]:

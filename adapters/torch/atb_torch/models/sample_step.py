@@ -39,7 +39,11 @@ import torch
 from .processors import Processor, accelerate, accelerate_tracked
 from .sampler import draw_at, sample, verified
 from .top_p import ALIGN, plain, top_k_kept, top_p_kept_counts
+from atbcore.backends.cpu_kernels import available
+from atbcore.backends.cpu_kernels.torch_decode import argmax_rows
 from atbcore.backends.cpu_kernels.torch_sampling import TOPK_MAX, sample_top_k
+
+_ARGMAX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 __all__ = ["softmax_at", "token_picker"]
 
@@ -171,17 +175,33 @@ def _run(procs: list[Processor], ids: torch.Tensor, scores: torch.Tensor) -> tor
     return scores
 
 
+def _argmax(scores: torch.Tensor) -> torch.Tensor:
+    """``scores.argmax(dim=-1)``: one C call on CPU rows (torch's argmax reduction is
+    not vectorised over a row and runs single-threaded in a parked step)."""
+    if scores.device.type == "cpu" and scores.dtype in _ARGMAX_DTYPES and scores.dim() == 2 \
+            and scores.shape[-1] and available():
+        return argmax_rows(scores)
+    return scores.argmax(dim=-1)
+
+
 def token_picker(processors: Any, do_sample: bool) -> Picker:
     """``pick(ids, scores) -> tokens [B]``: Hugging Face's processors over ``scores``
     (``[B, V]``, a private fp32 copy the call may write into), then the argmax, or
-    with ``do_sample`` the token ``torch.multinomial(softmax(scores), 1)`` draws."""
+    with ``do_sample`` the token ``torch.multinomial(softmax(scores), 1)`` draws. A
+    picker with ``reads_only`` set (greedy, no processors) only reads ``scores``: the
+    caller may pass the logits themselves, in any float dtype."""
     procs = list(processors)
     fused = _fused_tail(procs) if do_sample else None
     if fused is None:
         every = accelerate(procs)
         if do_sample:
             return lambda ids, scores: sample(torch.softmax(_run(every, ids, scores), dim=-1))
-        return lambda ids, scores: _run(every, ids, scores).argmax(dim=-1)
+        if not every:  # plain greedy: the argmax reads the logits, writes nothing
+            def argmax(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+                return _argmax(scores)
+            argmax.reads_only = True  # type: ignore[attr-defined]
+            return argmax
+        return lambda ids, scores: _argmax(_run(every, ids, scores))
     head_procs, tail = fused
     head, private = accelerate_tracked(head_procs)
     # the tail's own fast forms, for the rows the fused step leaves to the general path

@@ -51,7 +51,7 @@ static void quant_row(const float *x, int64_t K, int64_t nblk, int8_t *xq, float
     }
 }
 
-/* y[m, n0 .. n0+nv) from the fp32 sums r (bias, accumulate, one rounding); NV a
+/* y[m, n0 .. n0+nv) from the fp32 sums r (bias, residual or accumulate, one rounding); NV a
  * constant for whole panels, so that r (just stored by the tile) is read back by
  * whole-vector loads, which the store forwards to (masked loads of a variable count
  * waited for the stores to retire: two thirds of a small matmul's time) */
@@ -60,7 +60,9 @@ static inline __attribute__((always_inline)) void emit_n(const W4Args *a, int64_
     float v[W4_PANEL], bb[W4_PANEL], yy[W4_PANEL];
     const float *bi = a->bias ? atb_load(PTR(a->bias), (int)a->bias_dt, n0, NV, bb) : NULL;
     const int64_t off = m * a->y_stride + n0;
-    const float *acc = a->accumulate ? atb_load(PTR(a->y), (int)a->y_dt, off, NV, yy) : NULL;
+    /* the addend: the residual rows (which may be y itself), else y when accumulating */
+    const float *acc = a->res ? atb_load(PTR(a->res), (int)a->res_dt, m * a->res_stride + n0, NV, yy)
+                       : a->accumulate ? atb_load(PTR(a->y), (int)a->y_dt, off, NV, yy) : NULL;
     for (int64_t j = 0; j < NV; ++j) {
         float t = r[j];
         if (bi) t += bi[j];
@@ -134,6 +136,7 @@ ATB_API int64_t atb_linear_w4(const W4Args *a) {
     if (a->group < W4_BLOCK || a->group % W4_BLOCK) return ATB_ERR_ARGS;
     if (a->x_dt < 0 || a->x_dt > ATB_F16 || a->y_dt < 0 || a->y_dt > ATB_F16) return ATB_ERR_ARGS;
     if (a->bias && (a->bias_dt < 0 || a->bias_dt > ATB_F16)) return ATB_ERR_ARGS;
+    if (a->res && (a->res_dt < 0 || a->res_dt > ATB_F16 || a->res_stride < a->n)) return ATB_ERR_ARGS;
     if (a->m == 0) return 0;
     const int64_t M = a->m, K = a->k;
     const int64_t nblk = (K + a->group - 1) / a->group * (a->group / W4_BLOCK);

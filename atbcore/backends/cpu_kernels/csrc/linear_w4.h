@@ -18,6 +18,7 @@ typedef struct {
     int64_t norm, norm_w, norm_w_dt;   /* norm 1: RmsNorm x first (weight optional) */
     int64_t threads;
     double norm_eps;
+    int64_t res, res_dt, res_stride;   /* res 0: none; else y = x W^T + bias + res */
 } W4Args;
 
 typedef struct {

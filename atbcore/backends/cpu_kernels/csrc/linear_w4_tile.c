@@ -184,11 +184,13 @@ static void tile_avx2(const W4Job *job, const uint8_t *wp, const uint16_t *sp,
             h[3] = _mm256_add_epi16(h[3], _mm256_maddubs_epi16(
                                               _mm256_and_si256(_mm256_srli_epi16(v1, 4), low), xb));
         }
-        const __m256i xs = _mm256_set1_epi32(xsr[b]);
         const __m256 dx = _mm256_set1_ps(dxr[b]);
+        /* the zero term z xsum: one number when z = 8 everywhere (no VPMULLD, a slow
+         * multiply, per block) */
+        const __m256i xs = _mm256_set1_epi32(zp ? xsr[b] : 8 * xsr[b]);
         for (int u = 0; u < 4; ++u) {
             const __m256i d = _mm256_sub_epi32(_mm256_madd_epi16(h[u], ones),
-                                               _mm256_mullo_epi32(z[u], xs));
+                                               zp ? _mm256_mullo_epi32(z[u], xs) : xs);
             f[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(s[u], dx), f[u]);
         }
     }

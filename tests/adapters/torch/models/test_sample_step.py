@@ -215,3 +215,29 @@ def test_in_place_after_a_foreign_processor_clones():
     procs = accelerate([lambda ids, s: held, lp.TemperatureLogitsWarper(0.5)])
     out = procs[1](torch.zeros(1, 2, dtype=torch.long), procs[0](None, torch.zeros(1, 300)))
     assert torch.equal(held, kept) and torch.equal(out, kept / 0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_plain_greedy_picker_reads_the_logits_as_torch_argmax(dtype):
+    """Greedy without processors: the picker only reads (``reads_only``, so generate
+    passes the logits without an fp32 copy) and gives torch's argmax, first maximum on
+    ties and a NaN counting as the maximum, in every logits dtype."""
+    pick = sample_step.token_picker([], False)
+    assert getattr(pick, "reads_only", False)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 32003, generator=g).to(dtype)
+    x[1, 100] = x[1, 7] = 50.0          # a tie: the first
+    x[2, 9] = float("nan")              # a NaN wins
+    x[3, -1] = float("inf")
+    before = x.clone()
+    got = pick(None, x)
+    assert torch.equal(got, x.argmax(dim=-1)) and got.tolist()[1:] == [7, 9, 32002]
+    assert torch.equal(x.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                       before.view(torch.int16 if dtype != torch.float32 else torch.int32))
+    # with a processor the picker works on its private copy as before
+    procs = [lp.MinLengthLogitsProcessor(5, eos_token_id=7)]
+    pick2 = sample_step.token_picker(procs, False)
+    assert not getattr(pick2, "reads_only", False)
+    ids = torch.zeros(4, 2, dtype=torch.long)
+    ref = procs[0](ids, x.float().clone()).argmax(dim=-1)
+    assert torch.equal(pick2(ids, x.float().clone()), ref)

@@ -75,14 +75,14 @@ class AtbDecoder:
             cache.reset()
             t0 = time.perf_counter()
             logits = r.prefill(ids, cache)
-            nxt = logits.argmax(-1) if forced is None else forced[:, 0]
+            nxt = _argmax(logits) if forced is None else forced[:, 0]
             if record:
                 seen.append(logits.float().clone())
             toks = [nxt]
             t1 = time.perf_counter()
             for i in range(1, new_tokens):
                 logits = r.decode(nxt, cache)
-                nxt = logits.argmax(-1) if forced is None else forced[:, i]
+                nxt = _argmax(logits) if forced is None else forced[:, i]
                 if record:
                     seen.append(logits.float().clone())
                 toks.append(nxt)
@@ -108,6 +108,14 @@ class AtbDecoder:
         plans = getattr(self.cache, "plans", None) or {}
         counts = [p.launches for p in plans.values() if p is not None]
         return counts[-1] if counts else None
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The greedy token as atb's own ``generate`` picks it (one C call on CPU logits), as
+    llama.cpp's loop here picks with NumPy's argmax rather than a torch op."""
+    from ...models.sample_step import _argmax as pick
+
+    return pick(logits)
 
 
 def decode_weights(model: Any) -> list[torch.Tensor]:
