@@ -74,8 +74,8 @@ def layout_weights(graph: Graph, framework: str | None) -> tuple[Graph, list[str
         if not reads:
             continue
         opdef = get_op(n.op)
-        try:
-            ids = bind_ids(opdef, n, descs)
+        try:  # an input with no known descriptor (an undeclared shape): read as it is
+            ids = bind_ids(opdef, n, descs) if all(t in descs for t in n.inputs if t) else {}
         except AtbError:
             ids = {}
         named = {nm: descs.get(v) for nm, v in ids.items() if isinstance(v, str)}

@@ -57,8 +57,10 @@ def _weight_bytes(nbytes: int) -> np.ndarray:
     from ...memory.hugepages import _ARENA
 
     if _ARENA.get() is not None:
-        import torch
-
+        try:  # the arena is torch storage; a front-end without torch packs on its own
+            import torch
+        except ImportError:
+            return _huge_empty(nbytes)
         from ...memory.hugepages import weight_empty
 
         return weight_empty((nbytes,), torch.uint8).numpy()  # keeps the storage alive
