@@ -5,6 +5,7 @@ bound plan equals the unbound, node-by-node run bit for bit, and the model still
 matches Hugging Face (the oracle). Unpacking gives back the source (NumPy oracle)."""
 
 import gc
+import sys
 import weakref
 
 import numpy as np
@@ -46,7 +47,9 @@ def _held(r):
     (not views of the HF model's tensors), found through everything it references."""
     hf = [(p.untyped_storage().data_ptr(), p.untyped_storage().data_ptr()
            + p.untyped_storage().nbytes()) for p in r.hf_params]
-    packed, own, seen, todo = {}, {}, set(), [r.op]
+    # module namespaces (a function's globals) lead to other tests' models: not held
+    seen = {id(vars(m)) for m in list(sys.modules.values()) if hasattr(m, "__dict__")}
+    packed, own, todo = {}, {}, [r.op]
     while todo:
         o = todo.pop()
         if type(o) in weakref.ProxyTypes or id(o) in seen or isinstance(o, (type, str, bytes, int, float)):
