@@ -27,7 +27,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any, Mapping, Sequence
 
@@ -35,7 +34,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import UninitializedParameter, is_lazy
 
-from atbcore.errors import AtbError, GraphError, InputError, ParamsError
+from atbcore.errors import AtbError, InputError, ParamsError
 from atbcore.graph.graph_op import make_fusion_config
 from atbcore.graph.ir import Graph
 from atbcore.graph.layers import Layer as CoreLayer
@@ -46,6 +45,7 @@ from atbcore.tensor import TensorDesc
 from . import profiling
 from .devices import check_to_args
 from .graph_binding import GraphRunner, desc_of, host_array, real_mode
+from .graph_views import GraphOpViews
 from .graph_kv import KVSlotSpec, full_inputs, is_cache_object, pasts_of, run_guarded, store
 from .library_graph import no_alias, register_runner
 from .module_base import AtbModule
@@ -72,7 +72,7 @@ def _eager(xs: list[Tensor], weights: list[Tensor]) -> bool:
     return not any(t.requires_grad for t in (*xs, *weights))
 
 
-class GraphOp(nn.Module):
+class GraphOp(GraphOpViews, nn.Module):
     """A fused block of atb layers as a module; see the module docstring.
 
     ``GraphOp(layers_or_graph, name=None, fusion_config=None, backend=None, **kw)``
@@ -309,80 +309,6 @@ class GraphOp(nn.Module):
         if self._runner.core is not None:
             self._runner.core.register_plugin(point, plugin)
         return self
-
-    # ------------------------------------------------------------------ introspection
-    @property
-    def core(self) -> Any:
-        """The core GraphOp (None before the first call)."""
-        return self._runner.core
-
-    def _built(self) -> Any:
-        if self._runner.core is None:
-            raise GraphError(self.name, "graph not built yet", "a first call (or explain(x))",
-                             "no graph")
-        return self._runner.core
-
-    @property
-    def graph(self) -> Graph:
-        """The graph after fusion."""
-        return self._built().graph
-
-    @property
-    def graph_unfused(self) -> Graph:
-        return self._built().graph_unfused
-
-    @property
-    def last_launches(self) -> int | None:
-        return None if self.core is None else self.core.last_launches
-
-    @property
-    def memory_plan(self) -> Any:
-        return None if self.core is None else self.core.memory_plan
-
-    def explain(self, *inputs: Any) -> str:
-        """Nodes before/after fusion, kernels, launches, arena (see the core's)."""
-        if inputs:
-            self.infer_shape(list(inputs))
-        return self._built().explain()
-
-    def to_dot(self, which: str = "after") -> str:
-        return self._built().to_dot(which)
-
-    def to_mermaid(self, which: str = "after") -> str:
-        return self._built().to_mermaid(which)
-
-    def set_dynamic_shape(self, ranges: Mapping[str, Any]) -> None:
-        self.core_kwargs["dynamic_shape"] = dict(ranges)
-        if self.core is not None:
-            self.core.set_dynamic_shape(ranges)
-
-    def export_trace(self, path: str | os.PathLike) -> str:
-        """This GraphOp's per-node profile as Chrome trace JSON."""
-        return self.profiler.export_chrome_trace(path)
-
-    def save(self, directory: str | os.PathLike) -> str:
-        """Save the unfused graph with the current parameter values (core format)."""
-        from atbcore.graph.graph_op import GraphOp as CoreGraphOp
-
-        core = self._built()
-        g0 = core.graph_unfused
-        ids, params = self.weight_ids(), self.weight_tensors()
-        with real_mode():
-            src = self.core_source({t: host_array(p) for t, p in zip(ids, params)})
-            if not isinstance(src, Graph):
-                src = lower_sequential(src, [g0.desc_map[i] for i in g0.inputs], self.name)
-        return CoreGraphOp(src, name=self.name, fusion_config=self.fusion_config,
-                           backend=self.backend).save(directory)
-
-    @classmethod
-    def load(cls, directory: str | os.PathLike, **overrides: Any) -> "GraphOp":
-        """A GraphOp module from :meth:`save`'s directory."""
-        from atbcore.graph.graph_op import GraphOp as CoreGraphOp
-
-        c = CoreGraphOp.load(directory)
-        kw = {"name": c.name, "fusion_config": c.fusion_config, "backend": c.backend}
-        kw.update(overrides)
-        return cls(c.graph_unfused, **kw)
 
     # ------------------------------------------------------------------ lifetime
     def destroy(self) -> None:
