@@ -10,24 +10,25 @@ Which calls: a bound call marked ``call.native = True`` by its binder promises t
 a run of it is, besides writes of ``env`` slots, only C calls through the entry
 points (:func:`~atbcore.backends.cpu_kernels.bindings.entry`), whose arguments
 depend on nothing but the objects in the slots it is given (``reads``: its inputs'
-and outputs' slots) and the pool's thread count; any other path of it calls
-``not_native()`` first. Recording runs the call with the entry points appending
-their (address, block) instead of calling; its ``env`` writes are noted by
-comparing the slots before and after. Everything else (unmarked calls, a marked
-call that said ``not_native`` when recorded) runs through Python between the
-native runs.
+slots, and output slots the program fills before a run) and the pool's thread
+count; any other path of it calls ``not_native()`` first. Recording is the call run
+as usual, its entry points noting (address, block) as they go, and its ``env``
+writes noted by comparing the slots before and after. Everything else (unmarked
+calls, a marked call that said ``not_native``) runs through Python between the
+native runs. The first run (and the first after the thread count changed) records.
 
-Each run, before a native run: the noted ``env`` writes are made and every
-recorded call with slots is checked, by identity, against the objects it was
-recorded with (a decode step's token ids and fresh logits buffer change per run:
-those calls are recorded again, alone). A call whose recording changes shape, or
-that says ``not_native`` now, drops the recording: the rest of the run goes call
-by call and the next run records again. A C call returning a status other than 0
-stops the native run; that call then runs through its Python path (which reports
-the error or takes its fallback: the kernels check before they write) and the
-run goes on call by call. Frees are not made inside native runs (each slot has
-one writer, and the run's env is dropped at its end). A program counted by a
-LaunchCounter runs call by call (the counters see each call).
+Each later run, before and during a native run: the noted ``env`` writes are made,
+and every recorded call with slots is checked, by identity, against the objects it
+was recorded with; one that differs (a decode step's token ids, a fresh logits
+buffer) is recorded again where it stands (the calls before it made first, so it
+sees what it would see call by call). A call whose recording changes shape, or
+that says ``not_native`` now, drops the records: the run goes on call by call and
+the next run records again. A C call returning a status other than 0 stops the
+native run; that call then runs through its Python path (which reports the error
+or takes its fallback: the kernels check before they write) and the run goes on
+call by call. Frees are not made inside native runs (each slot has one writer,
+and the run's env is dropped at its end). A program counted by a LaunchCounter
+runs call by call (the counters see each call).
 """
 
 from __future__ import annotations
@@ -78,8 +79,6 @@ class _Segment:
     def add(self, k: int, reads: tuple[int, ...], before: list, rec: list, writes: list,
             needed: set[int]) -> None:
         writes = [w for w in writes if w[0] in needed]
-        # a slot empty when the call ran is one a call before it fills: not checked
-        reads = tuple(i for i in reads if before[i] is not None)
         self.items.append([k, reads, [before[i] for i in reads], len(self.pairs), len(rec),
                            writes])
         self.pairs.extend(rec)
@@ -87,26 +86,28 @@ class _Segment:
 
     def seal(self) -> None:
         n = len(self.pairs)
-        self.table = (ctypes.c_int64 * (2 + 2 * n))()
-        self.table[0] = n
-        self.table[1] = ctypes.addressof(self.failed)
+        self.table = (ctypes.c_int64 * (3 + 2 * n))()
+        self.table[2] = ctypes.addressof(self.failed)
         self.keep = [b for _, b in self.pairs]
         for p, (addr, args) in enumerate(self.pairs):
-            self._put(p, addr, args)
-        self._pre()
+            self.put(p, addr, args)
+        self.order()
 
-    def _put(self, p: int, addr: int, args: bytes) -> None:
-        self.table[2 + 2 * p] = addr
-        self.table[3 + 2 * p] = ctypes.cast(ctypes.c_char_p(args), ctypes.c_void_p).value or 0
+    def put(self, p: int, addr: int, args: bytes) -> None:
+        self.table[3 + 2 * p] = addr
+        self.table[4 + 2 * p] = ctypes.cast(ctypes.c_char_p(args), ctypes.c_void_p).value or 0
         self.keep[p] = args
 
-    def _pre(self) -> None:
-        """In step order: the env writes, and the calls to check (those with slots)."""
+    def order(self) -> None:
+        """In step order: the calls to check (those with slots: ``(False, item)``) and
+        their env writes (``(True, item)``: read from the item, which a call recorded
+        again updates)."""
         pre: list[tuple] = []
         for item in self.items:
             if item[1]:
-                pre.append((None, item))
-            pre.extend(item[5])
+                pre.append((False, item))
+            if item[5]:
+                pre.append((True, item))
         self.pre = pre
 
 
@@ -116,11 +117,14 @@ class NativeRun:
 
     def __init__(self, steps: Sequence[tuple[Callable[[list], None], tuple[int, ...]]],
                  given: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
-                 outputs: Sequence[int]) -> None:
+                 outputs: Sequence[int], filled: set[int]) -> None:
         from ..backends.cpu_kernels.bindings import SINKS, run_steps
 
         self.steps = steps
-        self.reads = [(*i, *o) for i, o in given]  # what a recorded call is checked on
+        # what a recorded call is checked on: its input slots, and its output slots the
+        # program fills before a run (a fresh output tensor); not the slots it fills
+        self.reads = [tuple(dict.fromkeys((*i, *(j for j in o if j in filled))))
+                      for i, o in given]
         # the slots read as slots (by a call's inputs, or as outputs): env writes of
         # other slots (views of fixed buffers the binders took as they are) are not
         # made in native runs
@@ -146,38 +150,50 @@ class NativeRun:
                 for i in frees:
                     env[i] = None
                 continue
-            for w in op.pre:
-                if w[0] is not None:
-                    env[w[0]] = w[1]
+            lo = 0
+            for writes, item in op.pre:
+                if writes:
+                    for i, v in item[5]:
+                        env[i] = v
                     continue
-                item = w[1]
                 objs = item[2]
                 for j, i in enumerate(item[1]):
                     if env[i] is not objs[j]:
-                        if not self._again(op, item, env):
+                        # the calls before it first: recording runs it, as Python would
+                        if item[3] > lo and not self._span(op, env, lo, item[3]):
+                            return
+                        lo = item[3] + item[4]
+                        resume = self._again(op, item, env)
+                        if resume is not None:
                             self.ops = None
-                            self._from(env, op.first)
+                            self._from(env, resume)
                             return
                         break
-            if op.pairs and self._run_steps(op.table):
-                self._failed(env, op.steps[op.failed.value])
-                return
+            if len(op.pairs) > lo:
+                self._span(op, env, lo, len(op.pairs))
 
     # ------------------------------------------------------------------ helpers
+    def _span(self, seg: _Segment, env: list, lo: int, hi: int) -> bool:
+        """Make pairs [lo, hi) of ``seg``; False when one returned a status (its call
+        then ran through Python, and the rest of the run call by call)."""
+        t = seg.table
+        t[0], t[1] = lo, hi
+        if self._run_steps(t):
+            k = seg.steps[seg.failed.value]
+            self.steps[k][0](env)
+            self._from(env, k + 1)
+            return False
+        return True
+
     def _from(self, env: list, k: int) -> None:
         for call, frees in self.steps[k:]:
             call(env)
             for i in frees:
                 env[i] = None
 
-    def _failed(self, env: list, k: int) -> None:
-        """Call ``k`` returned a status: its Python path, then call by call."""
-        self.steps[k][0](env)
-        self._from(env, k + 1)
-
     def _rec(self, k: int, env: list) -> tuple[list, list, list] | None:
-        """Record call ``k``: its C calls, env writes and the env it was given (None:
-        it said not_native)."""
+        """Run call ``k`` noting its C calls and env writes, and the env it was given
+        (None: it said not_native, and must run through Python)."""
         from ..backends.cpu_kernels.bindings import RECORDING, NotNative
 
         before = list(env)
@@ -192,55 +208,48 @@ class NativeRun:
             del RECORDING[tid]
         return rec, [(i, v) for i, v in enumerate(env) if v is not before[i]], before
 
-    def _again(self, seg: _Segment, item: list, env: list) -> bool:
-        """Record one call again for this run's objects; False when it cannot be."""
-        got = self._rec(item[0], env)
-        if got is None or len(got[0]) != item[4]:
-            return False
+    def _again(self, seg: _Segment, item: list, env: list) -> int | None:
+        """Run and record one call again for this run's objects; None when its record
+        fits, else the step from which the run goes on through Python."""
+        k = item[0]
+        got = self._rec(k, env)
+        if got is None:
+            return k
         rec, writes, before = got
+        if len(rec) != item[4]:
+            return k + 1
         writes = [w for w in writes if w[0] in self.needed]
         item[2] = [before[i] for i in item[1]]
         for j, (addr, args) in enumerate(rec):
-            seg._put(item[3] + j, addr, args)
-        if [(i, id(v)) for i, v in writes] != [(i, id(v)) for i, v in item[5]]:
+            seg.put(item[3] + j, addr, args)
+        if bool(writes) != bool(item[5]):
             item[5] = writes
-            seg._pre()
-        return True
+            seg.order()
+        item[5] = writes
+        return None
 
     def _record(self, env: list) -> None:
-        """Run the steps, recording the marked calls and making each native run as
-        soon as a Python call (or the end) follows it."""
+        """Run the steps through Python, noting the C calls of the marked ones."""
         ops: list[Any] = []
         seg = _Segment(0)
-        steps = self.steps
-        for k, (call, frees) in enumerate(steps):
+        for k, (call, frees) in enumerate(self.steps):
             if self.native[k]:
                 got = self._rec(k, env)
                 if got is not None:
                     seg.add(k, self.reads[k], got[2], got[0], got[1], self.needed)
                     continue
-            if not self._flush(seg, ops, env):
-                return
+            if seg.items:
+                seg.seal()
+                ops.append(seg)
             seg = _Segment(k + 1)
             ops.append(k)
             call(env)
             for i in frees:
                 env[i] = None
-        if self._flush(seg, ops, env):
-            self.ops = ops
-
-    def _flush(self, seg: _Segment, ops: list, env: list) -> bool:
-        """Make ``seg``'s recorded calls now; False when one failed (the run was then
-        finished call by call, and nothing is kept)."""
-        if not seg.items:
-            return True
-        seg.seal()
-        ops.append(seg)
-        if seg.pairs and self._run_steps(seg.table):
-            self.ops = None
-            self._failed(env, seg.steps[seg.failed.value])
-            return False
-        return True
+        if seg.items:
+            seg.seal()
+            ops.append(seg)
+        self.ops = ops
 
 
 def native_call(call: Callable[[list], None], ok: bool = True) -> Callable[[list], None]:

@@ -35,9 +35,9 @@ ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", 
 # counters may nest). Kernel wrappers append their name to the innermost one.
 SINKS: list[list[str]] = []
 
-# Threads recording their C calls instead of making them (thread id -> list of
-# (entry address, argument block)): a bound program records a run of bound calls
-# once and then makes them as one native call (runtime/native_run.py).
+# Threads recording the C calls they make (thread id -> list of (entry address,
+# argument block)): a bound program records a run of bound calls once and then
+# makes them as one native call (runtime/native_run.py).
 RECORDING: dict[int, list[tuple[int, bytes]]] = {}
 _ident = threading.get_ident
 
@@ -149,9 +149,8 @@ def entry(name: str) -> Callable[[bytes], int]:
             SINKS[-1].append(name)
         if RECORDING:
             rec = RECORDING.get(_ident())
-            if rec is not None:  # recorded, made later (as if it returned 0)
+            if rec is not None:  # noted for the program's native runs (and made now)
                 rec.append((addr, args))
-                return 0
         return fn(args)
 
     call.__name__ = f"atb_{name}"
