@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..dtypes import Dtype
 from ..errors import AtbError
 from ..tensor import TensorDesc, convert, copy_into
+from .native_run import NATIVE, NativeRun, slots_of
 
 __all__ = ["Slot", "BindContext", "BoundProgram", "bind_program", "resolve", "getter",
            "same_objects", "binder_of", "view_binder", "POOL_ROWS_MAX"]
@@ -109,6 +110,7 @@ class BoundProgram:
     allocs: list[tuple[int, Callable[[], Any]]]
     bound: dict[str, bool]
     park: bool = False
+    native: Any = None  # the NativeRun of its C calls (native_run.py), made on first run
 
     def run(self, inputs: Sequence[Any]) -> list:
         if self.park:
@@ -126,6 +128,11 @@ class BoundProgram:
             env[i] = x
         for i, alloc in self.allocs:
             env[i] = alloc()
+        if self.native is not None and NATIVE[0]:
+            from ..backends.cpu_kernels.threads import pool_threads
+
+            self.native.run(env, pool_threads())
+            return [env[i] for i in self.output_slots]
         for call, frees in self.steps:
             call(env)
             for i in frees:
@@ -241,6 +248,7 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
     fixed: dict[str, Any] = dict(plan.weights_env)
     allocs: list[tuple[int, Callable[[], Any]]] = []
     steps: list[tuple[Callable[[list], None], tuple[int, ...]]] = []
+    reads: list[tuple[int, ...]] = []
     bound: dict[str, bool] = {}
     pool_rows: list[int] = []
     unpacked: dict[int, Any] = {}  # packed weights a kernel reads as plain tensors
@@ -250,7 +258,7 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
             ins_fixed = _plain_weights(c, fixed, unpacked)
         else:
             ins_fixed = fixed
-        call = None
+        call, given = None, ()
         if binder is not None:
             outs: list[Any] = []
             views: dict[str, Any] = {}
@@ -268,6 +276,7 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
                 ws = convert(plan.arena_block.view(off, (nbytes,), Dtype.UINT8), c.native)
             call = binder(c.params, {**dict.fromkeys(c.names), **ins}, outs,
                           BindContext(c.node, ws, c.layouts, pool_rows, c.trusted))
+            given = (slots_of(ins.values()), slots_of(outs))
             if call is not None:
                 fixed.update(views)
                 # a view of a fixed buffer is fixed too: later binders get the tensor
@@ -283,16 +292,24 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
         bound[c.node] = call is not None
         if call is None:
             call = _generic(plan, c, _plain_weights(c, fixed, unpacked), slot, exact)
+            given = (slots_of(slots[t] for _, v, _ in c.ins for t in
+                              (v if isinstance(v, tuple) else (v,)) if t in slots), ())
         steps.append((call, tuple(slots[s] for s in c.frees if s in slots and s not in outputs)))
+        reads.append(given)
     # graph outputs that are graph inputs or weights pass straight through
     for o in graph.outputs:
         if o in fixed and o not in slots:
             v = fixed[o]
             steps.append((lambda env, i=slot(o), v=v: env.__setitem__(i, v), ()))
-    return BoundProgram(input_slots=tuple(slots[i] for i in graph.inputs),
+            reads.append(((), ()))
+    prog = BoundProgram(input_slots=tuple(slots[i] for i in graph.inputs),
                         output_slots=tuple(slots[o] for o in graph.outputs), size=len(slots),
                         steps=steps, allocs=allocs, bound=bound,
                         park=bool(pool_rows) and max(pool_rows) <= POOL_ROWS_MAX)
+    if any(getattr(call, "native", False) for call, _ in steps):
+        prog.native = NativeRun(steps, reads, prog.output_slots,
+                                {*prog.input_slots, *(i for i, _ in allocs)})
+    return prog
 
 
 def plain(v: Any, native: str) -> Any:

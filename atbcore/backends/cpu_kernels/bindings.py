@@ -22,7 +22,7 @@ from ..npu import kernel_device, stand_in_device
 from .build import BuildResult, build_library, check_private
 
 __all__ = ["library", "unavailable_reason", "build_info", "entry", "pool_stats", "SINKS",
-           "ENTRY_POINTS"]
+           "ENTRY_POINTS", "RECORDING", "NotNative", "not_native", "run_steps"]
 
 ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", "atb_softmax",
                 "atb_linear_rows", "atb_decode_attention", "atb_decode_attention_i8",
@@ -34,6 +34,26 @@ ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", 
 # Lists that record C kernel calls while a LaunchCounter is active (a stack:
 # counters may nest). Kernel wrappers append their name to the innermost one.
 SINKS: list[list[str]] = []
+
+# Threads recording the C calls they make (thread id -> list of (entry address,
+# argument block)): a bound program records a run of bound calls once and then
+# makes them as one native call (runtime/native_run.py).
+RECORDING: dict[int, list[tuple[int, bytes]]] = {}
+_ident = threading.get_ident
+
+
+class NotNative(Exception):
+    """Raised in a bound call that is being recorded when this run of it needs more
+    than its C calls (a torch fallback, a per-call value check): the program runs
+    that call through Python."""
+
+
+def not_native() -> None:
+    """Say, in a bound call's path that is not its recorded C calls alone, that this
+    run cannot be recorded (raises :class:`NotNative` while this thread records)."""
+    if RECORDING and _ident() in RECORDING:
+        raise NotNative()
+
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -66,6 +86,8 @@ def _load() -> None:
             fn = getattr(lib, name)
             fn.argtypes = [ctypes.c_char_p]
             fn.restype = ctypes.c_int64
+        lib.atb_run_steps.argtypes = [ctypes.c_void_p]
+        lib.atb_run_steps.restype = ctypes.c_int64
         lib.atb_pool_stats.argtypes = [ctypes.POINTER(ctypes.c_int64)]
         lib.atb_pool_stats.restype = ctypes.c_int64
     except (OSError, AttributeError) as e:
@@ -120,11 +142,21 @@ def entry(name: str) -> Callable[[bytes], int]:
     if lib is None:
         raise RuntimeError(f"CPU kernels unavailable: {unavailable_reason()}")
     fn = getattr(lib, f"atb_{name}")
+    addr = ctypes.cast(fn, ctypes.c_void_p).value
 
     def call(args: bytes) -> int:
         if SINKS:
             SINKS[-1].append(name)
+        if RECORDING:
+            rec = RECORDING.get(_ident())
+            if rec is not None:  # noted for the program's native runs (and made now)
+                rec.append((addr, args))
         return fn(args)
 
     call.__name__ = f"atb_{name}"
     return call
+
+
+def run_steps(table: object) -> int:
+    """``atb_run_steps(table)`` (csrc/program.c): recorded C calls made in one call."""
+    return library().atb_run_steps(table)  # type: ignore[union-attr]

@@ -101,4 +101,5 @@ def activation_bound(x: torch.Tensor, act: str, out: torch.Tensor, *,
     def call() -> None:
         _check(fn(head + _Q.pack(pool_threads())), "activation")
     call.keep = (keep, out)  # type: ignore[attr-defined]  # the buffers live with the call
+    call.native = True  # type: ignore[attr-defined]  # one C call (runtime/native_run.py)
     return call

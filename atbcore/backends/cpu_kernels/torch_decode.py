@@ -15,7 +15,7 @@ import torch
 
 from atbcore.errors import DtypeError, ShapeError
 
-from . import native
+from . import bindings, native
 from . import torch_checks as chk
 from .threads import pool_threads
 from .torch_cache_int8 import int8_scales as _int8_scales
@@ -201,8 +201,11 @@ def paged_decode_attention_bound(q: torch.Tensor, key_cache: torch.Tensor,
     # the packed addresses stay valid while the call lives
     keep = (q, kc, vc, bt, cl, extra[1] if quantized else None)
     packed: dict[int, bytes] = {}  # per thread count: the whole argument block
+    not_native = bindings.not_native
 
     def call() -> torch.Tensor:
+        if check_tables or y is not out:  # more than the C call
+            not_native()
         if check_tables:
             chk.check_block_tables(op, bt, cl, nb, bs)
         th = pool_threads()

@@ -233,6 +233,7 @@ def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     def call() -> None:
         _check(fn(head + _Q.pack(pool_threads()) + tail), "linear_rows")
     call.keep = keep  # type: ignore[attr-defined]  # the buffers live as long as the call
+    call.native = True  # type: ignore[attr-defined]  # one C call (runtime/native_run.py)
     return call
 
 
@@ -308,6 +309,7 @@ def linear_rows_bound_io(x_like: torch.Tensor, w: torch.Tensor, out_like: torch.
             _check(fn(q(x.data_ptr()) + mid + q(out.data_ptr()) + after + q(pool_threads())
                       + tail_pre + q(residual.data_ptr()) + tail_res), "linear_rows")
     call.keep = keep  # type: ignore[attr-defined]
+    call.native = True  # type: ignore[attr-defined]  # one C call (runtime/native_run.py)
     return call
 
 

@@ -244,6 +244,7 @@ def linear_w4_bound(x: torch.Tensor, w4: W4Weight, out: torch.Tensor, *,
             args = packed[n] = pre + _Q(n) + post
         _check(fn(args), "linear_w4")
     call.keep = (x, w4, out, bias, rms_norm_weight, residual)  # type: ignore[attr-defined]
+    call.native = True  # type: ignore[attr-defined]  # one C call (runtime/native_run.py)
     return call
 
 
@@ -281,4 +282,5 @@ def linear_w4_bound_io(x_like: torch.Tensor, w4: W4Weight, out_like: torch.Tenso
         fields[19] = pool_threads()
         _check(fn(_ARGS.pack(*fields)), "linear_w4")
     call.keep = (w4, bias, rms_norm_weight)  # type: ignore[attr-defined]
+    call.native = True  # type: ignore[attr-defined]  # one C call (runtime/native_run.py)
     return call

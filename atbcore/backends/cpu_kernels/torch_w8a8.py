@@ -110,6 +110,7 @@ def linear_w8a8_bound(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
 
     def call() -> None:
         _check(fn(head + _Q.pack(pool_threads()) + tail), "linear_w8a8")
+    call.native = True  # type: ignore[attr-defined]  # one C call (runtime/native_run.py)
     call.keep = (x, packed, scale, out, bias, rms_norm_weight)  # type: ignore[attr-defined]
     return call
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from ...ops import activation_fns as _acts
 from ...ops.activation import ActivationFn, get_activation
+from ...runtime.native_run import native_call
 from ..cpu_kernels import torch_ops as ck
 from . import kernel
 
@@ -94,7 +95,7 @@ def _binder(op: str) -> Callable[..., Any]:
         if why:
             return None
         call = ck.activation_bound(x, name, y, up=up, split=act.gated and up is None)
-        return None if call is None else (lambda env: call())
+        return None if call is None else native_call(lambda env: call())
     return bind
 
 

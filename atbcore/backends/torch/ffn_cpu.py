@@ -19,6 +19,7 @@ import torch
 
 from ...ops.ffn import ffn_layout
 from ...runtime.binding import Slot, resolve
+from ...runtime.native_run import native_call, not_native
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_act import activation_bound
 from ..cpu_kernels.torch_linear import linear_rows, linear_rows_bound, linear_rows_bound_io
@@ -142,7 +143,7 @@ class CpuFfn:
         if type(y) is not Slot and type(r) is not Slot:
             call = linear_rows_bound(hv, meta, y, residual=r, **kw)
             if call is not None:
-                return lambda env: call()
+                return native_call(lambda env: call())
 
         def like(t: Any) -> Any:
             return torch.empty(t.desc.shape, dtype=t.desc.dtype.torch) if type(t) is Slot else t
@@ -154,9 +155,10 @@ class CpuFfn:
             if io is not None and out.is_contiguous() and (res is None or res.is_contiguous()):
                 io(hv, out) if res is None else io(hv, out, res)
             else:
+                not_native()
                 linear_rows(h, meta, out=out.view(rows, hid), residual=None if res is None
                             else res.reshape(rows, hid).contiguous(), **kw)
-        return down
+        return native_call(down, io is not None)
 
     def bind(self, x: Any, residual: Any, y: Any, ws: torch.Tensor) -> Callable[[list], None]:
         """The steps of :meth:`run` bound once: a tensor argument is a fixed buffer (its
@@ -167,6 +169,7 @@ class CpuFfn:
             rows *= int(d)
         hid, bufs = self.lay.hidden, self._buffers(rows, ws)
         steps: list[Callable[[list], None]] = []
+        pure = type(x) is not Slot  # every step one bound C call: recordable
         for _, w, out in self._first(None, bufs):
             meta, kw = self._linear_args(w)
             if type(x) is Slot:
@@ -174,14 +177,18 @@ class CpuFfn:
                     resolve(x, env).reshape(rows, hid), meta, out=out, **kw))
             else:
                 x2 = x.reshape(rows, hid)
-                call = linear_rows_bound(x2, meta, out, **kw) or (
+                call = linear_rows_bound(x2, meta, out, **kw)
+                pure = pure and call is not None
+                call = call or (
                     lambda x2=x2, meta=meta, out=out, kw=kw: linear_rows(x2, meta, out=out, **kw))
                 steps.append(lambda env, call=call: call())
         g, kw = self._act_args(bufs)
-        act = activation_bound(g, self.act, **kw) or (
-            lambda: ck.activation(g, self.act, **kw))
+        act = activation_bound(g, self.act, **kw)
+        pure = pure and act is not None
+        act = act or (lambda: ck.activation(g, self.act, **kw))
         steps.append(lambda env: act())
         steps.append(self._bind_down(bufs[-1], residual, y, rows))
+        pure = pure and getattr(steps[-1], "native", False)
         if len(steps) == 3:
             s0, s1, s2 = steps
 
@@ -189,12 +196,12 @@ class CpuFfn:
                 s0(env)
                 s1(env)
                 s2(env)
-            return run3
+            return native_call(run3, pure)
 
         def run(env: list) -> None:
             for step in steps:
                 step(env)
-        return run
+        return native_call(run, pure)
 
 
 def shapes_of(ins: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from ...ops.gather import check_index_range
 from ...runtime.binding import Slot, getter
+from ...runtime.native_run import native_call, not_native
 from . import kernel
 
 __all__ = ["gather", "embedding"]
@@ -35,8 +36,9 @@ def _bind_gather(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
     def call(env: list) -> None:
         xv, iv = get_x(env), get_i(env)
         if rows is None or rows(xv, iv) != 0:  # not the C row gather's case
+            not_native()
             torch.index_select(xv, 0, iv, out=out)
-    return call
+    return native_call(call)
 
 
 def _c_rows(out: torch.Tensor, x: Any) -> Any:
@@ -75,6 +77,7 @@ def _bind_embedding(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
             status = c_rows(w, ids.reshape(-1))
             if status == 0:
                 return
+            not_native()
             if status < 0:  # an id outside the table: nothing written
                 n = int(w.shape[0])
                 check_index_range("Embedding", "ids", ids, n, f"the table has {n} rows")
@@ -84,7 +87,7 @@ def _bind_embedding(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
             n = int(w.shape[0])
             check_index_range("Embedding", "ids", ids, n, f"the table has {n} rows")
             raise
-    return call
+    return native_call(call, c_rows is not None)
 
 
 _bind_embedding.checks_values = True  # type: ignore[attr-defined]

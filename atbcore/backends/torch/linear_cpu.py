@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from ...runtime.binding import Slot, getter, resolve
+from ...runtime.native_run import native_call, not_native
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import LINEAR_WEIGHT_DTYPES, linear_rows, linear_rows_bound
 from ..cpu_kernels.torch_linear import linear_rows_bound_io
@@ -162,12 +163,13 @@ def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
     if Slot not in (type(x), type(y), type(r)):
         call = lin.bound(x, y, r)
         if call is not None:
-            return lambda env: call()
+            return native_call(lambda env: call(), getattr(call, "native", False))
     else:  # an input or output that changes per run: addresses packed per call
         io = lin.bound_io(x, y, r)
         if io is not None:
             gets = [getter(t) for t in ((x, y) if r is None else (x, y, r))]
-            return lambda env: _io_or_run(io, lin, *[g(env) for g in gets])
+            return native_call(lambda env: _io_or_run(io, lin, *[g(env) for g in gets]),
+                               getattr(io, "native", False))
     return lambda env: lin.run(resolve(x, env), resolve(y, env), resolve(r, env))
 
 
@@ -180,6 +182,7 @@ def _io_or_run(io: Callable[..., None], lin: "CpuLinear", x: torch.Tensor, y: to
     if x.is_contiguous() and y.is_contiguous() and (r is None or r.is_contiguous()):
         io(x, y) if r is None else io(x, y, r)
     else:
+        not_native()
         lin.run(x, y, r)
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime.binding import Slot, getter, resolve, same_objects
+from ...runtime.native_run import native_call, not_native
 from ...tensor import copy_into
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import paged_decode_attention as c_paged_decode_attention
@@ -146,11 +147,14 @@ def _bind_paged_attention(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) 
                     check_tables=not ctx.trusted)
             state[:] = [cur, bound]
         if state[1] is not None:
+            if not ctx.trusted:  # the tables' values checked per call: not recorded
+                not_native()
             state[1]()
             return
+        not_native()
         got = dict(zip(names, cur), q_seq_lens=resolve(qsl, env))
         copy_into(o, paged_attention(p, got)[0])
-    return call
+    return native_call(call)
 
 
 def _contiguous_prefill(p: Any, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,

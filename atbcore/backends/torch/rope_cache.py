@@ -18,6 +18,7 @@ import torch
 
 from ...errors import InputError
 from ...runtime.binding import Slot, getter, same_objects
+from ...runtime.native_run import native_call, not_native
 from ..cpu_kernels import torch_ops as ck
 from . import kernel
 from .rope import MAX_TABLE_LEN, _usable, c_unsupported, geometry, rope_c, rope_composite, \
@@ -83,6 +84,8 @@ def _bind_rope_kv_cache(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
         cur = tuple(g(env) for g in gets)
         if not same_objects(cur, state[0]):
             state[:] = [cur, pack(*cur)]
+        if state[1] is None:
+            not_native()
         try:
             need = 1 if state[1] is None else state[1]()
         except ValueError as e:  # the C kernel checked every row before writing anything
@@ -95,7 +98,7 @@ def _bind_rope_kv_cache(p: Any, ins: dict, outs: list, ctx: Any) -> Any:
             env[ok] = cur[3]
         if ov is not None:
             env[ov] = cur[4]
-    return call
+    return native_call(call)
 
 
 _bind_rope_kv_cache.fills_slots = True  # type: ignore[attr-defined]

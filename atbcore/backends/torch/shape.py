@@ -10,6 +10,7 @@ import torch
 
 from ...log import logger
 from ...runtime.binding import Slot
+from ...runtime.native_run import native_call
 from ...ops.shape import resolve_shape, slice_bounds, split_sizes
 from ...tensor import describe
 from . import kernel
@@ -61,7 +62,7 @@ def _bind_reshape(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
     def fixed(env: list) -> None:
         env[j] = v
     fixed.fixed_out = [v]  # type: ignore[attr-defined]  # readers bind to the view itself
-    return fixed
+    return native_call(fixed)
 
 
 _bind_reshape.fills_slots = True  # type: ignore[attr-defined]
@@ -90,7 +91,7 @@ def _bind_split(p: Any, ins: Mapping[str, Any], outs: list, ctx: Any) -> Any:
                 for j, v in pairs:
                     env[j] = v
             fixed_views.fixed_out = views  # type: ignore[attr-defined]  # readers bind to them
-            return fixed_views
+            return native_call(fixed_views)
         i = x.index
 
         def views_per_run(env: list) -> None:

@@ -1,0 +1,267 @@
+"""A bound program's consecutive C calls made as one native call.
+
+A decode step is ~60 bound C calls of 3-20 us each; the Python around each (the
+bound call's closure, its slot reads, the ctypes call) cost 0.5-0.9 ms per step,
+20-30% of a 4-bit step. :class:`NativeRun` records the calls once and then makes
+each run of consecutive ones with one ``atb_run_steps`` call (csrc/program.c)
+over a table of (entry point, argument block) pairs.
+
+Which calls: a bound call marked ``call.native = True`` by its binder promises that
+a run of it is, besides writes of ``env`` slots, only C calls through the entry
+points (:func:`~atbcore.backends.cpu_kernels.bindings.entry`), whose arguments
+depend on nothing but the objects in the slots it is given (``reads``: its inputs'
+slots, and output slots the program fills before a run) and the pool's thread
+count; any other path of it calls ``not_native()`` first. Recording is the call run
+as usual, its entry points noting (address, block) as they go, and its ``env``
+writes noted by comparing the slots before and after. Everything else (unmarked
+calls, a marked call that said ``not_native``) runs through Python between the
+native runs. The first run (and the first after the thread count changed) records.
+
+Each later run, before and during a native run: the noted ``env`` writes are made,
+and every recorded call with slots is checked, by identity, against the objects it
+was recorded with; one that differs (a decode step's token ids, a fresh logits
+buffer) is recorded again where it stands (the calls before it made first, so it
+sees what it would see call by call). A call whose recording changes shape, or
+that says ``not_native`` now, drops the records: the run goes on call by call and
+the next run records again. A C call returning a status other than 0 stops the
+native run; that call then runs through its Python path (which reports the error
+or takes its fallback: the kernels check before they write) and the run goes on
+call by call. Frees are not made inside native runs (each slot has one writer,
+and the run's env is dropped at its end). A program counted by a LaunchCounter
+runs call by call (the counters see each call).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any, Callable, Iterable, Sequence
+
+__all__ = ["NativeRun", "slots_of", "native_call", "not_native", "NATIVE"]
+
+# whether programs make their recorded C calls as native runs; ATB_NATIVE_RUN=0 (or
+# NATIVE[0] = False) runs every bound call through Python (the per-call path)
+NATIVE = [os.environ.get("ATB_NATIVE_RUN", "1").strip().lower() not in ("0", "off", "no")]
+
+_ident = threading.get_ident
+
+
+def slots_of(given: Iterable[Any]) -> tuple[int, ...]:
+    """The slot indices among what a binder was given (tensors, Slots, lists of them;
+    or slot indices)."""
+    got: list[int] = []
+    for v in given:
+        for t in (v if type(v) is list else (v,)):
+            if type(t) is int:
+                got.append(t)
+            elif type(t).__name__ == "Slot":
+                got.append(t.index)
+    return tuple(dict.fromkeys(got))
+
+
+class _Segment:
+    """Consecutive recorded calls: their table, and what a run does before it."""
+
+    __slots__ = ("first", "steps", "pairs", "items", "pre", "table", "failed", "keep")
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+        self.steps: list[int] = []       # the step of each pair
+        self.pairs: list[tuple[int, bytes]] = []
+        # per recorded call: [step, reads, objects read, first pair, pairs, env writes]
+        self.items: list[list] = []
+        self.pre: list[tuple] = []
+        self.table: Any = None
+        self.failed = ctypes.c_int64(0)
+        self.keep: list[bytes] = []
+
+    def add(self, k: int, reads: tuple[int, ...], before: list, rec: list, writes: list,
+            needed: set[int]) -> None:
+        writes = [w for w in writes if w[0] in needed]
+        self.items.append([k, reads, [before[i] for i in reads], len(self.pairs), len(rec),
+                           writes])
+        self.pairs.extend(rec)
+        self.steps.extend([k] * len(rec))
+
+    def seal(self) -> None:
+        n = len(self.pairs)
+        self.table = (ctypes.c_int64 * (3 + 2 * n))()
+        self.table[2] = ctypes.addressof(self.failed)
+        self.keep = [b for _, b in self.pairs]
+        for p, (addr, args) in enumerate(self.pairs):
+            self.put(p, addr, args)
+        self.order()
+
+    def put(self, p: int, addr: int, args: bytes) -> None:
+        self.table[3 + 2 * p] = addr
+        self.table[4 + 2 * p] = ctypes.cast(ctypes.c_char_p(args), ctypes.c_void_p).value or 0
+        self.keep[p] = args
+
+    def order(self) -> None:
+        """In step order: the calls to check (those with slots: ``(False, item)``) and
+        their env writes (``(True, item)``: read from the item, which a call recorded
+        again updates)."""
+        pre: list[tuple] = []
+        for item in self.items:
+            if item[1]:
+                pre.append((False, item))
+            if item[5]:
+                pre.append((True, item))
+        self.pre = pre
+
+
+class NativeRun:
+    """The recorded native runs of one :class:`~.binding.BoundProgram` (for one pool
+    thread count); ``run(env)`` runs the program's steps on a filled ``env``."""
+
+    def __init__(self, steps: Sequence[tuple[Callable[[list], None], tuple[int, ...]]],
+                 given: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
+                 outputs: Sequence[int], filled: set[int]) -> None:
+        from ..backends.cpu_kernels.bindings import SINKS, run_steps
+
+        self.steps = steps
+        # what a recorded call is checked on: its input slots, and its output slots the
+        # program fills before a run (a fresh output tensor); not the slots it fills
+        self.reads = [tuple(dict.fromkeys((*i, *(j for j in o if j in filled))))
+                      for i, o in given]
+        # the slots read as slots (by a call's inputs, or as outputs): env writes of
+        # other slots (views of fixed buffers the binders took as they are) are not
+        # made in native runs
+        self.needed = set(outputs).union(*(i for i, _ in given))
+        self.native = [bool(getattr(c, "native", False)) for c, _ in steps]
+        self.ops: list[Any] | None = None   # _Segment or a step index (run in Python)
+        self.threads = -1
+        self._sinks, self._run_steps = SINKS, run_steps
+
+    def run(self, env: list, threads: int) -> None:
+        if self._sinks:  # counted: call by call
+            self._from(env, 0)
+            return
+        if self.ops is None or threads != self.threads:
+            self.threads = threads
+            self._record(env)
+            return
+        steps = self.steps
+        for op in self.ops:
+            if type(op) is int:
+                call, frees = steps[op]
+                call(env)
+                for i in frees:
+                    env[i] = None
+                continue
+            lo = 0
+            for writes, item in op.pre:
+                if writes:
+                    for i, v in item[5]:
+                        env[i] = v
+                    continue
+                objs = item[2]
+                for j, i in enumerate(item[1]):
+                    if env[i] is not objs[j]:
+                        # the calls before it first: recording runs it, as Python would
+                        if item[3] > lo and not self._span(op, env, lo, item[3]):
+                            return
+                        lo = item[3] + item[4]
+                        resume = self._again(op, item, env)
+                        if resume is not None:
+                            self.ops = None
+                            self._from(env, resume)
+                            return
+                        break
+            if len(op.pairs) > lo:
+                self._span(op, env, lo, len(op.pairs))
+
+    # ------------------------------------------------------------------ helpers
+    def _span(self, seg: _Segment, env: list, lo: int, hi: int) -> bool:
+        """Make pairs [lo, hi) of ``seg``; False when one returned a status (its call
+        then ran through Python, and the rest of the run call by call)."""
+        t = seg.table
+        t[0], t[1] = lo, hi
+        if self._run_steps(t):
+            k = seg.steps[seg.failed.value]
+            self.steps[k][0](env)
+            self._from(env, k + 1)
+            return False
+        return True
+
+    def _from(self, env: list, k: int) -> None:
+        for call, frees in self.steps[k:]:
+            call(env)
+            for i in frees:
+                env[i] = None
+
+    def _rec(self, k: int, env: list) -> tuple[list, list, list] | None:
+        """Run call ``k`` noting its C calls and env writes, and the env it was given
+        (None: it said not_native, and must run through Python)."""
+        from ..backends.cpu_kernels.bindings import RECORDING, NotNative
+
+        before = list(env)
+        rec: list[tuple[int, bytes]] = []
+        tid = _ident()
+        RECORDING[tid] = rec
+        try:
+            self.steps[k][0](env)
+        except NotNative:
+            return None
+        finally:
+            del RECORDING[tid]
+        return rec, [(i, v) for i, v in enumerate(env) if v is not before[i]], before
+
+    def _again(self, seg: _Segment, item: list, env: list) -> int | None:
+        """Run and record one call again for this run's objects; None when its record
+        fits, else the step from which the run goes on through Python."""
+        k = item[0]
+        got = self._rec(k, env)
+        if got is None:
+            return k
+        rec, writes, before = got
+        if len(rec) != item[4]:
+            return k + 1
+        writes = [w for w in writes if w[0] in self.needed]
+        item[2] = [before[i] for i in item[1]]
+        for j, (addr, args) in enumerate(rec):
+            seg.put(item[3] + j, addr, args)
+        if bool(writes) != bool(item[5]):
+            item[5] = writes
+            seg.order()
+        item[5] = writes
+        return None
+
+    def _record(self, env: list) -> None:
+        """Run the steps through Python, noting the C calls of the marked ones."""
+        ops: list[Any] = []
+        seg = _Segment(0)
+        for k, (call, frees) in enumerate(self.steps):
+            if self.native[k]:
+                got = self._rec(k, env)
+                if got is not None:
+                    seg.add(k, self.reads[k], got[2], got[0], got[1], self.needed)
+                    continue
+            if seg.items:
+                seg.seal()
+                ops.append(seg)
+            seg = _Segment(k + 1)
+            ops.append(k)
+            call(env)
+            for i in frees:
+                env[i] = None
+        if seg.items:
+            seg.seal()
+            ops.append(seg)
+        self.ops = ops
+
+
+def native_call(call: Callable[[list], None], ok: bool = True) -> Callable[[list], None]:
+    """Mark bound call ``call`` as recordable (see the module doc) when ``ok``."""
+    if ok:
+        call.native = True  # type: ignore[attr-defined]
+    return call
+
+
+def not_native() -> None:
+    """In a recordable bound call, before a path that is more than its C calls: raises
+    while the call is recorded (it then runs through Python this run)."""
+    from ..backends.cpu_kernels.bindings import not_native as say
+
+    say()
