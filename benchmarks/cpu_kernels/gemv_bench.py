@@ -1,0 +1,58 @@
+"""Build and run the decode GEMV microbenchmark (gemv_bench.c) against this checkout's
+kernel sources, with the flags the library is built with (build.py).
+
+    python benchmarks/cpu_kernels/gemv_bench.py [--mode stream|l3] [--kinds read,fp32,bf16,w8,w4]
+                                                [--threads 1,2] [--reps 21]
+
+Each line: mode, kernel, shape, threads, median microseconds per call, megabytes read
+per call, GB/s. "stream" runs a decode step's weights (8 layers + head, more than the
+L3) in order; "l2" the fastest of many calls on one L2-resident weight (the kernel's own
+rate, robust to a shared machine); "l3" repeats the seed MLP's two fp32-sized matmuls (L3-resident). "read"
+is a streaming read of the fp32 bytes of each shape on the same thread pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from atbcore.backends.cpu_kernels import build  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ("linear.c", "panel.c", "pool.c", "linear_w4.c", "linear_w4_tile.c", "norm.c",
+           "gemm_bf16.c")
+
+
+def compile_bench(out: Path) -> Path:
+    """The benchmark binary, linked from the kernel sources with the library's flags."""
+    isa = build.isa_flags()[0][1]
+    flags = [f for f in build.BASE_FLAGS if f not in ("-shared", "-fvisibility=hidden")]
+    exe = out / "gemv_bench"
+    cmd = (["cc", *flags, *isa, "-I", str(build.CSRC), str(HERE / "gemv_bench.c")]
+           + [str(build.CSRC / s) for s in SOURCES] + ["-o", str(exe), "-lm", "-lpthread", "-ldl"])
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", default="stream", choices=("stream", "l3", "l2"))
+    ap.add_argument("--kinds", default="read,fp32,bf16,w8,w4")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--reps", type=int, default=21)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        exe = compile_bench(Path(d))
+        print(f"# load {os.getloadavg()[0]:.2f}  isa {build.isa_flags()[0][0]}", flush=True)
+        subprocess.run([str(exe), args.mode, args.kinds, args.threads, str(args.reps)], check=True)
+
+
+if __name__ == "__main__":
+    main()
