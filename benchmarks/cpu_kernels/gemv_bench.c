@@ -185,8 +185,8 @@ static void stream(int kind, int nth, int reps) {
         double med = v[reps / 2];
         step_bytes += bytes * cnt;
         step_ns += med * cnt;
-        printf("stream %-5s %-18s t%d %9.1f us %9.3f MB %6.1f GB/s\n", KNAME[kind], SHAPES[sh].name,
-               nth, med / 1e3, bytes / 1e6, bytes / med);
+        printf("stream %-5s %-18s t%d %9.1f us %9.3f MB %6.1f GB/s (fastest %5.1f)\n", KNAME[kind],
+               SHAPES[sh].name, nth, med / 1e3, bytes / 1e6, bytes / med, bytes / v[0]);
         free(v);
     }
     printf("stream %-5s %-18s t%d %9.1f us %9.3f MB %6.1f GB/s\n", KNAME[kind], "STEP", nth,
