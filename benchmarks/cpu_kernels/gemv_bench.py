@@ -30,13 +30,14 @@ SOURCES = ("linear.c", "panel.c", "pool.c", "linear_w4.c", "linear_w4_tile.c", "
            "gemm_bf16.c")
 
 
-def compile_bench(out: Path) -> Path:
-    """The benchmark binary, linked from the kernel sources with the library's flags."""
+def compile_bench(out: Path, csrc: Path = build.CSRC) -> Path:
+    """The benchmark binary, linked from the kernel sources in ``csrc`` (this checkout's
+    by default) with the library's flags."""
     isa = build.isa_flags()[0][1]
     flags = [f for f in build.BASE_FLAGS if f not in ("-shared", "-fvisibility=hidden")]
     exe = out / "gemv_bench"
-    cmd = (["cc", *flags, *isa, "-I", str(build.CSRC), str(HERE / "gemv_bench.c")]
-           + [str(build.CSRC / s) for s in SOURCES] + ["-o", str(exe), "-lm", "-lpthread", "-ldl"])
+    cmd = (["cc", *flags, *isa, "-I", str(csrc), str(HERE / "gemv_bench.c")]
+           + [str(csrc / s) for s in SOURCES] + ["-o", str(exe), "-lm", "-lpthread", "-ldl"])
     subprocess.run(cmd, check=True)
     return exe
 
@@ -47,11 +48,21 @@ def main() -> None:
     ap.add_argument("--kinds", default="read,fp32,bf16,w8,w4")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=21)
+    ap.add_argument("--against", type=Path, default=None,
+                    help="another csrc/ (e.g. an older commit's): both run, taking turns")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        exe = compile_bench(Path(d))
-        print(f"# load {os.getloadavg()[0]:.2f}  isa {build.isa_flags()[0][0]}", flush=True)
-        subprocess.run([str(exe), args.mode, args.kinds, args.threads, str(args.reps)], check=True)
+        exes = [("this", compile_bench(Path(d)))]
+        if args.against is not None:
+            (Path(d) / "other").mkdir()
+            exes.append(("other", compile_bench(Path(d) / "other", args.against)))
+        for r in range(args.rounds):
+            for name, exe in exes:
+                print(f"# {name} round {r}: load {os.getloadavg()[0]:.2f}  "
+                      f"isa {build.isa_flags()[0][0]}", flush=True)
+                subprocess.run([str(exe), args.mode, args.kinds, args.threads, str(args.reps)],
+                               check=True)
 
 
 if __name__ == "__main__":
