@@ -21,6 +21,7 @@
 
 int64_t atb_linear_rows(const LinArgs *a);
 int64_t atb_linear_w4(const W4Args *a);
+int64_t atb_linear_w8a8(const LinArgs *a);
 
 static double now_ns(void) {
     struct timespec t;
@@ -40,8 +41,8 @@ static void *alloc(size_t n) {
     return p;
 }
 
-enum { K_F32, K_BF16, K_I8, K_W4, K_READ, NKIND };
-static const char *KNAME[] = {"fp32", "bf16", "w8", "w4", "read"};
+enum { K_F32, K_BF16, K_I8, K_W4, K_READ, K_W8A8, NKIND };
+static const char *KNAME[] = {"fp32", "bf16", "w8", "w4", "read", "w8a8"};
 
 typedef struct { int64_t n, k; const char *name; } Shape;
 
@@ -71,7 +72,7 @@ static void make(Mat *m, int kind, Shape s) {
         m->bytes = cb + sb;
         return;
     }
-    const int64_t cnt = P * K * 32;
+    const int64_t cnt = kind == K_W8A8 ? P * ((K + 3) / 4 + 1) * 128 : P * K * 32;
     if (kind == K_F32 || kind == K_READ) {
         float *w = alloc(cnt * 4);
         for (int64_t i = 0; i < cnt; ++i) w[i] = frand() * 0.1f;
@@ -90,7 +91,8 @@ static void make(Mat *m, int kind, Shape s) {
     } else {
         int8_t *w = alloc(cnt);
         float *sc = alloc(P * 32 * 4);
-        for (int64_t i = 0; i < cnt; ++i) w[i] = (int8_t)(frand() * 254);
+        for (int64_t i = 0; i < cnt; ++i) w[i] = (int8_t)(frand() * 254); /* (w8a8: the column
+                                                 sums row is noise too: read, not used on AVX2) */
         for (int64_t i = 0; i < P * 32; ++i) sc[i] = 0.001f;
         m->w = w;
         m->scale = sc;
@@ -139,6 +141,11 @@ static void run(const Mat *m, int nth) {
     a.w_dt = m->kind == K_F32 ? W_F32 : m->kind == K_BF16 ? W_BF16 : W_I8;
     a.m = 1; a.k = s.k; a.n = s.n; a.x_stride = s.k; a.w_stride = s.k; a.y_stride = s.n;
     a.threads = nth; a.packed = 1;
+    if (m->kind == K_W8A8) {
+        a.w_dt = W_I8;
+        if (atb_linear_w8a8(&a)) abort();
+        return;
+    }
     if (atb_linear_rows(&a)) abort();
 }
 

@@ -1,7 +1,7 @@
 """Build and run the decode GEMV microbenchmark (gemv_bench.c) against this checkout's
 kernel sources, with the flags the library is built with (build.py).
 
-    python benchmarks/cpu_kernels/gemv_bench.py [--mode stream|l3] [--kinds read,fp32,bf16,w8,w4]
+    python benchmarks/cpu_kernels/gemv_bench.py [--mode stream|l3] [--kinds read,fp32,bf16,w8,w8a8,w4]
                                                 [--threads 1,2] [--reps 21]
 
 Each line: mode, kernel, shape, threads, median microseconds per call, megabytes read
@@ -27,7 +27,7 @@ from atbcore.backends.cpu_kernels import build  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("linear.c", "panel.c", "pool.c", "linear_w4.c", "linear_w4_tile.c", "norm.c",
-           "gemm_bf16.c")
+           "gemm_bf16.c", "gemm_i8.c")
 
 
 def compile_bench(out: Path, csrc: Path = build.CSRC) -> Path:
