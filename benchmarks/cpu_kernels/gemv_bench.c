@@ -1,5 +1,5 @@
 /* Decode GEMV microbenchmark: the C matmuls atb binds (atb_linear_rows on 32-output
- * panels for fp32 / bf16 / int8 weights, atb_linear_w4 for 4-bit) at one activation
+ * panels for fp32 / bf16 / int8 weights, atb_linear_w8a8, atb_linear_w4) at one activation
  * row, on the default model's shapes, against a streaming read of the same bytes.
  *
  * "stream" mode runs a whole model's weights (LAYERS x {qkv, o, gate|up, down} + head,
