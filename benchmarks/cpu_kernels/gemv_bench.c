@@ -118,6 +118,7 @@ static void read_chunk(void *ctx, int64_t c) {
 }
 
 static float xbuf[32768], ybuf[65536];
+static int64_t rows = 1; /* x rows (l2 mode: GEMV_M) */
 
 static void run(const Mat *m, int nth) {
     const Shape s = m->s;
@@ -128,7 +129,7 @@ static void run(const Mat *m, int nth) {
     }
     if (m->kind == K_W4) {
         W4Args a = {0};
-        a.x = (int64_t)(intptr_t)xbuf; a.x_dt = ATB_F32; a.x_stride = s.k; a.m = 1; a.k = s.k;
+        a.x = (int64_t)(intptr_t)xbuf; a.x_dt = ATB_F32; a.x_stride = s.k; a.m = rows; a.k = s.k;
         a.n = s.n; a.w = (int64_t)(intptr_t)m->w; a.scales = (int64_t)(intptr_t)m->scale;
         a.group = 32; a.y = (int64_t)(intptr_t)ybuf; a.y_dt = ATB_F32; a.y_stride = s.n;
         a.threads = nth;
@@ -139,7 +140,7 @@ static void run(const Mat *m, int nth) {
     a.x = (int64_t)(intptr_t)xbuf; a.w = (int64_t)(intptr_t)m->w;
     a.scale = (int64_t)(intptr_t)m->scale; a.y = (int64_t)(intptr_t)ybuf;
     a.w_dt = m->kind == K_F32 ? W_F32 : m->kind == K_BF16 ? W_BF16 : W_I8;
-    a.m = 1; a.k = s.k; a.n = s.n; a.x_stride = s.k; a.w_stride = s.k; a.y_stride = s.n;
+    a.m = rows; a.k = s.k; a.n = s.n; a.x_stride = s.k; a.w_stride = s.k; a.y_stride = s.n;
     a.threads = nth; a.packed = 1;
     if (m->kind == K_W8A8) {
         a.w_dt = W_I8;
@@ -234,6 +235,12 @@ static void l2(int kind, int reps) {
     static char name[32];
     snprintf(name, sizeof name, "l2 512->%lld", (long long)n);
     const Shape sh = {n, 512, name};
+    const char *em = getenv("GEMV_M");
+    rows = em ? atoll(em) : 1;
+    if (rows < 1 || rows * 512 > 32768 || rows * n > 65536) {
+        fprintf(stderr, "GEMV_M x 512 and GEMV_M x GEMV_L2_N must fit the buffers\n");
+        exit(2);
+    }
     Mat m;
     make(&m, kind == K_READ ? K_F32 : kind, sh);
     if (kind == K_READ) m.kind = K_READ;
@@ -244,8 +251,9 @@ static void l2(int kind, int reps) {
         double t = now_ns() - t0;
         if (r >= 0 && t < best) best = t;
     }
-    printf("l2     %-5s %-18s t1 %9.2f us %9.3f MB %6.1f GB/s (fastest)\n", KNAME[kind], sh.name,
-           best / 1e3, m.bytes / 1e6, m.bytes / best);
+    printf("l2     %-5s %-18s t1 %9.2f us %9.3f MB %6.1f GB/s (fastest) m=%lld %.1f GFLOP/s\n",
+           KNAME[kind], sh.name, best / 1e3, m.bytes / 1e6, m.bytes / best, (long long)rows,
+           2.0 * rows * n * 512 / best);
     free(m.w);
     free(m.scale);
 }
