@@ -261,7 +261,7 @@ static void l2(int kind, int reps) {
 int main(int argc, char **argv) {
     /* argv: mode (stream|l3) kinds (comma list) threads (comma list) reps */
     const char *mode = argc > 1 ? argv[1] : "stream";
-    const char *kinds = argc > 2 ? argv[2] : "read,fp32,bf16,w8,w4";
+    const char *kinds = argc > 2 ? argv[2] : "read,fp32,bf16,w8,w8a8,w4";
     const char *ths = argc > 3 ? argv[3] : "1,2";
     int reps = argc > 4 ? atoi(argv[4]) : 21;
     for (int i = 0; i < 32768; ++i) xbuf[i] = frand();

@@ -1,14 +1,17 @@
 """Build and run the decode GEMV microbenchmark (gemv_bench.c) against this checkout's
 kernel sources, with the flags the library is built with (build.py).
 
-    python benchmarks/cpu_kernels/gemv_bench.py [--mode stream|l3] [--kinds read,fp32,bf16,w8,w8a8,w4]
-                                                [--threads 1,2] [--reps 21]
+    python benchmarks/cpu_kernels/gemv_bench.py [--mode stream|l3|l2]
+        [--kinds read,fp32,bf16,w8,w8a8,w4] [--threads 1,2] [--reps 21]
+        [--against OTHER/csrc --rounds 2]
 
 Each line: mode, kernel, shape, threads, median microseconds per call, megabytes read
 per call, GB/s. "stream" runs a decode step's weights (8 layers + head, more than the
-L3) in order; "l2" the fastest of many calls on one L2-resident weight (the kernel's own
-rate, robust to a shared machine); "l3" repeats the seed MLP's two fp32-sized matmuls (L3-resident). "read"
-is a streaming read of the fp32 bytes of each shape on the same thread pool.
+L3) in order; "l3" repeats the seed MLP's two fp32-sized matmuls (5.6 MB, L3-resident);
+"l2" is the fastest of many calls on one weight (GEMV_L2_N outputs, default 128, x 512;
+GEMV_M rows, default 1): the kernel's own rate, robust to a shared machine. "read" is a
+streaming read of the fp32 bytes of each shape on the same thread pool. --against builds
+a second binary from another csrc/ (an older commit's) and the two take turns.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def compile_bench(out: Path, csrc: Path = build.CSRC) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", default="stream", choices=("stream", "l3", "l2"))
-    ap.add_argument("--kinds", default="read,fp32,bf16,w8,w4")
+    ap.add_argument("--kinds", default="read,fp32,bf16,w8,w8a8,w4")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--against", type=Path, default=None,
