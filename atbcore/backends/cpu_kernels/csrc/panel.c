@@ -96,6 +96,111 @@ static inline __attribute__((always_inline)) void panel_pair(int MB, int WDT, co
     }
 }
 
+/* panel_pair for bf16 weights: a 32-bit lane of a bf16 panel row holds outputs 2i and
+ * 2i + 1, so a shift (even outputs) and a mask (odd ones) widen 16 weights in two
+ * single-uop ops (VPMOVZXWD + VPSLLD took four, two of them on the shuffle ports); the
+ * sums, in k order per output, are panel_pair's to the bit, put back in output order
+ * once per block of K */
+static inline __attribute__((always_inline)) void panel_pair_bf16(int MB, const float *x,
+                                                                  int64_t xs, const uint8_t *w,
+                                                                  int64_t k0, int64_t k1,
+                                                                  float *res) {
+    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+    __m256 acc[8];
+    for (int i = 0; i < 4 * MB; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; ++k) {
+        const uint8_t *wk = w + k * ATB_PANEL * 2;
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)wk);
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wk + 32));
+        const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+        const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
+        const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+        const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
+        for (int i = 0; i < MB; ++i) {
+            const __m256 xb = _mm256_broadcast_ss(x + i * xs + k);
+            acc[4 * i] = _mm256_fmadd_ps(xb, e0, acc[4 * i]);
+            acc[4 * i + 1] = _mm256_fmadd_ps(xb, o0, acc[4 * i + 1]);
+            acc[4 * i + 2] = _mm256_fmadd_ps(xb, e1, acc[4 * i + 2]);
+            acc[4 * i + 3] = _mm256_fmadd_ps(xb, o1, acc[4 * i + 3]);
+        }
+    }
+    for (int i = 0; i < MB; ++i)
+        for (int h = 0; h < 2; ++h) {
+            const __m256 e = acc[4 * i + 2 * h], o = acc[4 * i + 2 * h + 1];
+            /* lanes (e0 o0 e1 o1 | e4 o4 e5 o5) and (e2 o2 e3 o3 | e6 o6 e7 o7) */
+            const __m256 lo = _mm256_unpacklo_ps(e, o), up = _mm256_unpackhi_ps(e, o);
+            float *r = res + i * ATB_PANEL + 16 * h;
+            __m256 a = _mm256_permute2f128_ps(lo, up, 0x20), b = _mm256_permute2f128_ps(lo, up, 0x31);
+            if (k0) {
+                a = _mm256_add_ps(a, _mm256_loadu_ps(r));
+                b = _mm256_add_ps(b, _mm256_loadu_ps(r + 8));
+            }
+            _mm256_storeu_ps(r, a);
+            _mm256_storeu_ps(r + 8, b);
+        }
+}
+
+/* one row against two panels (w and w + ps bytes) over panel rows [k0, k1): 8
+ * accumulators where one panel has 4, so two FMAs a cycle rather than one FMA chain's
+ * latency set the pace (one row, one panel: 4 FMAs per 4-cycle FMA latency); each
+ * output's sum is panel_pair's (panel_pair_bf16's) to the bit; res: 64 sums */
+static inline __attribute__((always_inline)) void panel_row2(int WDT, const float *x,
+                                                             const uint8_t *w, int64_t ps,
+                                                             int64_t k0, int64_t k1, float *res) {
+    const int64_t es = wsize(WDT);
+    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; ++k) {
+        const __m256 xb = _mm256_broadcast_ss(x + k);
+        for (int q = 0; q < 2; ++q) {
+            const uint8_t *wk = w + q * ps + k * ATB_PANEL * es;
+            __m256 v[4];
+            if (WDT == W_BF16) { /* even outputs, odd outputs of each half */
+                const __m256i h0 = _mm256_loadu_si256((const __m256i *)wk);
+                const __m256i h1 = _mm256_loadu_si256((const __m256i *)(wk + 32));
+                v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(h0, 16));
+                v[1] = _mm256_castsi256_ps(_mm256_and_si256(h0, hi));
+                v[2] = _mm256_castsi256_ps(_mm256_slli_epi32(h1, 16));
+                v[3] = _mm256_castsi256_ps(_mm256_and_si256(h1, hi));
+            } else {
+                for (int u = 0; u < 4; ++u) v[u] = loadw8(WDT, wk + 8 * u * es);
+            }
+            for (int u = 0; u < 4; ++u) acc[4 * q + u] = _mm256_fmadd_ps(xb, v[u], acc[4 * q + u]);
+        }
+    }
+    for (int q = 0; q < 2; ++q)
+        for (int h = 0; h < 2; ++h) {
+            float *r = res + q * ATB_PANEL + 16 * h;
+            __m256 a = acc[4 * q + 2 * h], b = acc[4 * q + 2 * h + 1];
+            if (WDT == W_BF16) { /* back to output order, as panel_pair_bf16 */
+                const __m256 lo = _mm256_unpacklo_ps(a, b), up = _mm256_unpackhi_ps(a, b);
+                a = _mm256_permute2f128_ps(lo, up, 0x20);
+                b = _mm256_permute2f128_ps(lo, up, 0x31);
+            }
+            if (k0) {
+                a = _mm256_add_ps(a, _mm256_loadu_ps(r));
+                b = _mm256_add_ps(b, _mm256_loadu_ps(r + 8));
+            }
+            _mm256_storeu_ps(r, a);
+            _mm256_storeu_ps(r + 8, b);
+        }
+}
+
+static void panel_row2_rt(int wdt, const float *x, const uint8_t *w, int64_t ps, int64_t K,
+                          float *res) {
+    for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
+        const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
+        switch (wdt) {
+        case W_F32: panel_row2(W_F32, x, w, ps, k0, k1, res); break;
+        case W_BF16: panel_row2(W_BF16, x, w, ps, k0, k1, res); break;
+        case W_F16: panel_row2(W_F16, x, w, ps, k0, k1, res); break;
+        default: panel_row2(W_I8, x, w, ps, k0, k1, res); break;
+        }
+    }
+}
+#define ATB_PANEL_ROW2 1
+
 /* six rows against one half (16 outputs) of the panel rows [k0, k1): the many-row
  * tile, 12 accumulators, each weight vector (widened once) feeding six FMAs; the same
  * sums in the same order as panel_pair's */
@@ -137,6 +242,11 @@ static inline __attribute__((always_inline)) void panel_rows(int WDT, int mb, co
         for (; i + 6 <= mb; i += 6)
             for (int h = 0; h < 2; ++h)
                 panel_six(WDT, x + i * xs, xs, w + 16 * h * es, k0, k1, res + i * ATB_PANEL + 16 * h);
+        if (WDT == W_BF16) {
+            for (; i + 2 <= mb; i += 2) panel_pair_bf16(2, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
+            if (i < mb) panel_pair_bf16(1, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
+            continue;
+        }
         for (; i + 2 <= mb; i += 2) panel_pair(2, WDT, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
         if (i < mb) panel_pair(1, WDT, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
     }
@@ -221,8 +331,19 @@ static void run_panels(void *ctx, int64_t chunk) {
     const int64_t M = m0 + job->mblock < a->m ? m0 + job->mblock : a->m;
     const int64_t p0 = pc * job->chunk_rows, p1 = p0 + job->chunk_rows < np ? p0 + job->chunk_rows : np;
     const uint8_t *w = (const uint8_t *)P(a->w);
+    const int64_t ps = K * ATB_PANEL * wsize(wdt); /* bytes per panel */
     for (int64_t p = p0; p < p1; ++p) {
-        const uint8_t *wp = w + p * K * ATB_PANEL * wsize(wdt);
+        const uint8_t *wp = w + p * ps;
+#ifdef ATB_PANEL_ROW2
+        if (M - m0 == 1 && p + 1 < p1) { /* one row: two panels at a time */
+            float res2[2 * ATB_PANEL];
+            panel_row2_rt(wdt, job->xf + m0 * job->xs, wp, ps, K, res2);
+            atb_panel_emit(a, m0, p * ATB_PANEL, 1, res2);
+            atb_panel_emit(a, m0, (p + 1) * ATB_PANEL, 1, res2 + ATB_PANEL);
+            ++p;
+            continue;
+        }
+#endif
         for (int64_t m = m0; m < M; m += ATB_PANEL_MT) {
             const int mb = M - m < ATB_PANEL_MT ? (int)(M - m) : ATB_PANEL_MT;
             float res[ATB_PANEL_MT * ATB_PANEL];
@@ -245,6 +366,8 @@ void atb_linear_panels(Job *job, int nth) {
     const int64_t nmb = (a->m + job->mblock - 1) / job->mblock;
     const int64_t per_block = (8 * nth + nmb - 1) / nmb;   /* panel chunks a block needs */
     job->chunk_rows = (np + per_block - 1) / per_block;
+    if (a->m == 1 && job->chunk_rows % 2 && job->chunk_rows < np)
+        ++job->chunk_rows; /* whole pairs of panels (panel_row2) */
     job->pchunks = (np + job->chunk_rows - 1) / job->chunk_rows;
     if (big)
         atb_parallel_chunks_big(run_panels, job, nmb * job->pchunks, nth);
