@@ -1,10 +1,10 @@
 """Memory and decode speed of the weight-layout pass (atbcore.passes.layout).
 
-    python benchmarks/weight_layout.py [--modes fp32,bf16,w8,w4] [--rounds 7]
+    python benchmarks/weight_layout.py [--modes fp32,bf16,w8,w8a8,w4] [--rounds 7]
 
 Memory: per mode, in a fresh subprocess with the pass on and off (``ATB_LAYOUT_PASS``),
-the resident-memory growth of ``atb.compile`` + a short ``generate`` on the default
-``atb bench`` model (8 layers, hidden 512) over the process with the HF model built,
+the resident-memory growth (after ``malloc_trim``) of ``atb.compile`` + a short
+``generate`` on the default ``atb bench`` model (8 layers, hidden 512) over the process with the HF model built,
 and the weight bytes the compiled graph holds per layout (``explain()``'s table).
 Speed: pass off and on, interleaved in one process: blocks of decode steps of two
 runners on the same weights; the median of the per-block time ratios.
@@ -22,7 +22,20 @@ import sys
 import time
 
 
+def _trim() -> None:
+    """Hand freed heap back to the OS (glibc keeps tens of MiB of freed packing
+    temporaries otherwise, which made one-off RSS differ by +-40 MiB between runs)."""
+    import ctypes
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: RSS as it is
+        pass
+
+
 def _rss_mib() -> float:
+    _trim()
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmRSS"):
@@ -99,7 +112,7 @@ def speed(mode: str, rounds: int, steps: int = 24) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--modes", default="fp32,bf16,w8,w4")
+    ap.add_argument("--modes", default="fp32,bf16,w8,w8a8,w4")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()

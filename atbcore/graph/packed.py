@@ -111,14 +111,19 @@ class PackedWeight:
         return a if dtype is None else a.astype(dtype)
 
     def native(self, framework: str) -> "PackedWeight":
-        """The same weight with ``data`` as ``framework``'s tensor (same memory)."""
+        """The same weight with ``data`` as ``framework``'s tensor (same memory): a torch
+        tensor for torch's kernels, NumPy for every other front-end (its packed layouts
+        are read by the framework-free C kernels, :mod:`atbcore.backends.cpu_kernels.
+        native_layout`)."""
         data = self.data
         if framework == "torch" and isinstance(data, np.ndarray):
             # raw unsigned elements -> the logical dtype (same width), same memory
             signed = data.view({1: np.int8, 2: np.int16, 4: np.int32}[data.dtype.itemsize])
             data = convert(signed, "torch").view(self.desc.dtype.torch)
-        elif framework != "numpy" or not isinstance(data, np.ndarray):
-            data = convert(data, framework)
+        elif not isinstance(data, np.ndarray):  # the framework-free C kernels read NumPy
+            data = self.numpy_data()
+        else:
+            return self
         return PackedWeight(data, self.desc, self.layout)
 
     def numpy_data(self) -> np.ndarray:

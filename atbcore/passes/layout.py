@@ -44,12 +44,17 @@ from .rewrite import packed_once
 
 __all__ = ["layout_weights", "CHOOSERS", "weight_table"]
 
-# framework -> "module:function" answering (op, params, input name, descs) -> Layout | None
-CHOOSERS: dict[str, str] = {"torch": "atbcore.backends.torch.weight_layout:preferred_layout"}
+# backend -> "module:function" answering (op, params, input name, descs) -> Layout | None
+CHOOSERS: dict[str, str] = {
+    "torch": "atbcore.backends.torch.weight_layout:preferred_layout",
+    "numpy_c": "atbcore.backends.cpu_kernels.native_layout:preferred_layout",
+    "mindspore": "atb_mindspore.backend.layout:preferred_layout",
+    "paddle": "atb_paddle.backend.layout:preferred_layout",
+}
 
 
-def _chooser(framework: str | None) -> Callable[..., Any] | None:
-    spec = CHOOSERS.get(framework or "")
+def _chooser(backend: str) -> Callable[..., Any] | None:
+    spec = CHOOSERS.get(backend)
     if spec is None:
         return None
     mod, fn = spec.split(":")
@@ -59,13 +64,29 @@ def _chooser(framework: str | None) -> Callable[..., Any] | None:
         return None
 
 
-def layout_weights(graph: Graph, framework: str | None) -> tuple[Graph, list[str]]:
+def _ask(opdef: Any, n: Any, named: dict, framework: str, backend: str | None
+         ) -> Callable[..., Any] | None:
+    """The chooser of the backend that runs node ``n`` for ``framework``'s tensors (as
+    the plan will select it: ``backend`` where the GraphOp names one), or None (a
+    backend with no packed layouts)."""
+    from ..backends import select_backend
+
+    try:
+        b, _ = select_backend(opdef, n.params, named, prefer=backend, framework=framework)
+    except AtbError:
+        return None
+    return _chooser(b.name)
+
+
+def layout_weights(graph: Graph, framework: str | None, backend: str | None = None
+                   ) -> tuple[Graph, list[str]]:
     """``graph`` with every weight its readers all read in one packed layout packed
-    into it; and one line per packed weight. Nothing changes without a chooser for
-    ``framework`` (NumPy, MindSpore, Paddle today: their kernels pack at binding)."""
-    choose = _chooser(framework) if os.environ.get("ATB_LAYOUT_PASS", "1") != "0" else None
+    into it; and one line per packed weight. Each reader's layout is asked of the
+    backend that runs it for ``framework``'s tensors (torch; the C kernels of NumPy,
+    MindSpore and Paddle tensors; ``backend``: the one the GraphOp names); nothing
+    changes without a framework."""
     wm = graph.weight_map
-    if choose is None or not wm:
+    if framework is None or os.environ.get("ATB_LAYOUT_PASS", "1") == "0" or not wm:
         return graph, []
     try:
         descs = infer_descs(graph, partial=True)
@@ -83,11 +104,12 @@ def layout_weights(graph: Graph, framework: str | None) -> tuple[Graph, list[str
         except AtbError:
             ids = {}
         named = {nm: descs.get(v) for nm, v in ids.items() if isinstance(v, str)}
+        choose = _ask(opdef, n, named, framework, backend) if ids else None
         parts: dict[str, str] = {}
         for nm, v in ids.items():
             if not isinstance(v, str) or v not in wm:
                 continue
-            lay = choose(canonical_op(n.op), n.params, nm, named)
+            lay = choose(canonical_op(n.op), n.params, nm, named) if choose else None
             if v in wanted and wanted[v] != lay:
                 lay = None  # readers disagree: leave it as it is
             wanted[v] = lay
