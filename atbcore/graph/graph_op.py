@@ -162,7 +162,8 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
         with weight_memo(self._weight_memo), arena_scope(self._weight_arena):
             self.graph, self.pass_reports = run_pipeline(self.graph_unfused,
                                                          self._fusion_for_plugins(descs),
-                                                         framework=self._framework)
+                                                         framework=self._framework,
+                                                         backend=self.backend)
             if self._layers is not None:  # layers and unfused graph keep the packed form
                 from ..passes.layout import share_with_layers
                 self.graph_unfused = share_with_layers(self._layers, self.graph,

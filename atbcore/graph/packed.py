@@ -28,7 +28,8 @@ from ..dtypes import Dtype
 from ..errors import ShapeError
 from ..tensor import TensorDesc, _Bridge, convert, register_bridge
 
-__all__ = ["PackedWeight", "Layout", "PANELS", "PANEL", "pack", "unpack", "is_packed"]
+__all__ = ["PackedWeight", "Layout", "PANELS", "PANEL", "W4", "W8A8", "pack", "pack_joint",
+           "unpack", "is_packed"]
 
 PANEL = 32
 
@@ -36,16 +37,30 @@ PANEL = 32
 @dataclass(frozen=True)
 class Layout:
     """A weight layout: ``name`` (shown by ``explain()``) and whether the packed
-    matrix is the transpose of the stored one (a weight kept ``[K, N]``)."""
+    matrix is the transpose of the stored one (a weight kept ``[K, N]``). A layout of
+    several tensors packed together (w4: codes, group scales, zero points) names the
+    node input each packed tensor stands for (``part``; see :func:`pack_joint`) and
+    its ``group`` size."""
 
     name: str
     transposed: bool = False
+    part: str = ""
+    group: int = 0
 
     def describe(self) -> str:
+        if self.part:
+            what = {"weight": "codes", "scale": "group scales", "zeros": "zero points"}
+            return f"{self.name}, group {self.group}: {what.get(self.part, self.part)}"
         return self.name + (" (of the transposed [K, N] weight)" if self.transposed else "")
 
 
 PANELS = "32-output panels"
+W8A8 = "w8a8 VNNI panels"  # int8 [P, K/4 + 1, 32, 4], last row the column sums
+W4 = "w4 32-output panels"  # parts: weight (4-bit codes), scale, zeros
+# layout name -> "module:function" packing it (``fn(arrays by part, layout) -> raw
+# packed arrays by part``), imported when first used: the packers are the kernels' own
+PACKERS = {W8A8: "atbcore.backends.torch.linear_quant:pack_w8a8_layout",
+           W4: "atbcore.backends.torch.linear_quant:pack_w4_layout"}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 
@@ -96,14 +111,19 @@ class PackedWeight:
         return a if dtype is None else a.astype(dtype)
 
     def native(self, framework: str) -> "PackedWeight":
-        """The same weight with ``data`` as ``framework``'s tensor (same memory)."""
+        """The same weight with ``data`` as ``framework``'s tensor (same memory): a torch
+        tensor for torch's kernels, NumPy for every other front-end (its packed layouts
+        are read by the framework-free C kernels, :mod:`atbcore.backends.cpu_kernels.
+        native_layout`)."""
         data = self.data
         if framework == "torch" and isinstance(data, np.ndarray):
             # raw unsigned elements -> the logical dtype (same width), same memory
             signed = data.view({1: np.int8, 2: np.int16, 4: np.int32}[data.dtype.itemsize])
             data = convert(signed, "torch").view(self.desc.dtype.torch)
-        elif framework != "numpy" or not isinstance(data, np.ndarray):
-            data = convert(data, framework)
+        elif not isinstance(data, np.ndarray):  # the framework-free C kernels read NumPy
+            data = self.numpy_data()
+        else:
+            return self
         return PackedWeight(data, self.desc, self.layout)
 
     def numpy_data(self) -> np.ndarray:
@@ -124,16 +144,44 @@ def is_packed(x: Any) -> bool:
     return type(x) is PackedWeight
 
 
+def _packer(name: str) -> Any:
+    import importlib
+
+    spec = PACKERS.get(name)
+    if spec is None:
+        raise ShapeError("pack", "layout", f"{PANELS} or one of {sorted(PACKERS)}", name)
+    mod, fn = spec.split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
 def pack(arr: Any, layout: Layout) -> PackedWeight:
-    """``arr`` (any framework's 2-D CPU tensor) packed into ``layout``."""
+    """``arr`` (any framework's 2-D CPU tensor) packed into ``layout`` (a layout of
+    one tensor: 32-output panels or w8a8's)."""
     a = np.ascontiguousarray(convert(arr, "numpy"))
     if a.ndim != 2:
         raise ShapeError("pack", "weight rank", 2, list(a.shape))
-    if layout.name != PANELS:
-        raise ShapeError("pack", "layout", PANELS, layout.name)
     desc = TensorDesc(a.shape, Dtype.of(a.dtype))
+    if layout.name != PANELS:
+        return pack_joint({"weight": a}, {"weight": layout})["weight"]
     src = np.ascontiguousarray(a.T) if layout.transposed else a
     return PackedWeight(_pack_panels(src), desc, layout)
+
+
+def pack_joint(arrays: dict[str, Any], layouts: dict[str, Layout]) -> dict[str, PackedWeight]:
+    """The node inputs ``arrays`` (by input name) packed together into one layout of
+    several tensors (``layouts``: each input's part of it): a :class:`PackedWeight`
+    per input, each holding its own packed tensor (their bytes add up to the
+    layout's), made by the layout's packer in one go (w4's padding codes are the
+    zero points)."""
+    names = {lay.name for lay in layouts.values()}
+    if len(names) != 1 or set(arrays) != set(layouts):
+        raise ShapeError("pack_joint", "layouts", "one layout for every given input",
+                         f"{sorted(names)} for {sorted(layouts)} of {sorted(arrays)}")
+    lay = next(iter(layouts.values()))
+    arrs = {k: np.ascontiguousarray(convert(a, "numpy")) for k, a in arrays.items()}
+    raw = _packer(lay.name)(arrs, lay)
+    return {k: PackedWeight(raw[k], TensorDesc(a.shape, Dtype.of(a.dtype)), layouts[k])
+            for k, a in arrs.items()}
 
 
 def unpack(w: PackedWeight) -> np.ndarray:
@@ -141,7 +189,9 @@ def unpack(w: PackedWeight) -> np.ndarray:
     p = w.numpy_data()
     dt = w.desc.dtype.numpy
     if w.layout.name != PANELS:
-        raise ShapeError("unpack", "layout", PANELS, w.layout.name)
+        from .packed_quant import unpack_quant
+
+        return unpack_quant(p, w.layout, tuple(w.desc.shape)).view(dt)
     n = w.desc.shape[1] if w.layout.transposed else w.desc.shape[0]
     m = _unpack_panels(p, n).view(dt)
     return np.ascontiguousarray(m.T) if w.layout.transposed else m

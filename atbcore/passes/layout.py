@@ -4,10 +4,13 @@ After fusion, the pipeline asks the backend of the caller's framework, for every
 node that reads a weight constant, in which layout its kernel reads that input at
 every row count (:func:`atbcore.backends.torch.weight_layout.preferred_layout` for
 torch: 32-output panels for the C matmul of Linear / RmsNormLinear and of
-FusedFeedForward's projections, in fp32/bf16/fp16 and int8 ``w8``). A weight whose
-readers all agree is rewritten into that layout (an
-:class:`~atbcore.graph.packed.PackedWeight`): the graph's ``weight_map`` then holds
-the packed form only, and the binders take it as it is. A weight some reader takes
+FusedFeedForward's projections, in fp32/bf16/fp16 and int8 ``w8``; w8a8's VNNI
+panels; w4's codes, group scales and zero points, one layout of several parts). A
+weight whose readers all agree is rewritten into that layout (an
+:class:`~atbcore.graph.packed.PackedWeight`; the parts of a layout of several tensors
+are packed together, each input holding its own part, and are packed all or none):
+the graph's ``weight_map`` then holds the packed form only, and the binders take it
+as it is. A weight some reader takes
 as it is (an fp32 Linear that oneDNN runs for many rows; a kernel with no packed
 layout) stays as it is, and so does a weight held as a framework's own tensor (an
 ``nn.Parameter`` of an atb_torch module: the user may update it in place, and its
@@ -41,12 +44,17 @@ from .rewrite import packed_once
 
 __all__ = ["layout_weights", "CHOOSERS", "weight_table"]
 
-# framework -> "module:function" answering (op, params, input name, descs) -> Layout | None
-CHOOSERS: dict[str, str] = {"torch": "atbcore.backends.torch.weight_layout:preferred_layout"}
+# backend -> "module:function" answering (op, params, input name, descs) -> Layout | None
+CHOOSERS: dict[str, str] = {
+    "torch": "atbcore.backends.torch.weight_layout:preferred_layout",
+    "numpy_c": "atbcore.backends.cpu_kernels.native_layout:preferred_layout",
+    "mindspore": "atb_mindspore.backend.layout:preferred_layout",
+    "paddle": "atb_paddle.backend.layout:preferred_layout",
+}
 
 
-def _chooser(framework: str | None) -> Callable[..., Any] | None:
-    spec = CHOOSERS.get(framework or "")
+def _chooser(backend: str) -> Callable[..., Any] | None:
+    spec = CHOOSERS.get(backend)
     if spec is None:
         return None
     mod, fn = spec.split(":")
@@ -56,19 +64,36 @@ def _chooser(framework: str | None) -> Callable[..., Any] | None:
         return None
 
 
-def layout_weights(graph: Graph, framework: str | None) -> tuple[Graph, list[str]]:
+def _ask(opdef: Any, n: Any, named: dict, framework: str, backend: str | None
+         ) -> Callable[..., Any] | None:
+    """The chooser of the backend that runs node ``n`` for ``framework``'s tensors (as
+    the plan will select it: ``backend`` where the GraphOp names one), or None (a
+    backend with no packed layouts)."""
+    from ..backends import select_backend
+
+    try:
+        b, _ = select_backend(opdef, n.params, named, prefer=backend, framework=framework)
+    except AtbError:
+        return None
+    return _chooser(b.name)
+
+
+def layout_weights(graph: Graph, framework: str | None, backend: str | None = None
+                   ) -> tuple[Graph, list[str]]:
     """``graph`` with every weight its readers all read in one packed layout packed
-    into it; and one line per packed weight. Nothing changes without a chooser for
-    ``framework`` (NumPy, MindSpore, Paddle today: their kernels pack at binding)."""
-    choose = _chooser(framework) if os.environ.get("ATB_LAYOUT_PASS", "1") != "0" else None
+    into it; and one line per packed weight. Each reader's layout is asked of the
+    backend that runs it for ``framework``'s tensors (torch; the C kernels of NumPy,
+    MindSpore and Paddle tensors; ``backend``: the one the GraphOp names); nothing
+    changes without a framework."""
     wm = graph.weight_map
-    if choose is None or not wm:
+    if framework is None or os.environ.get("ATB_LAYOUT_PASS", "1") == "0" or not wm:
         return graph, []
     try:
         descs = infer_descs(graph, partial=True)
     except AtbError:
         return graph, []
     wanted: dict[str, Layout | None] = {}
+    joint: list[dict[str, str]] = []  # per node reading a layout of several parts: part -> tid
     for n in graph.nodes:
         reads = [t for t in n.inputs if t in wm]
         if not reads:
@@ -79,23 +104,66 @@ def layout_weights(graph: Graph, framework: str | None) -> tuple[Graph, list[str
         except AtbError:
             ids = {}
         named = {nm: descs.get(v) for nm, v in ids.items() if isinstance(v, str)}
+        choose = _ask(opdef, n, named, framework, backend) if ids else None
+        parts: dict[str, str] = {}
         for nm, v in ids.items():
             if not isinstance(v, str) or v not in wm:
                 continue
-            lay = choose(canonical_op(n.op), n.params, nm, named)
+            lay = choose(canonical_op(n.op), n.params, nm, named) if choose else None
             if v in wanted and wanted[v] != lay:
                 lay = None  # readers disagree: leave it as it is
             wanted[v] = lay
+            if lay is not None and lay.part:
+                parts[lay.part] = v
+        if parts:
+            joint.append(parts)
         for t in reads:  # read where the binder names no input: as it is
             if t not in ids.values():
                 wanted[t] = None
+    for parts in joint:  # a layout of several parts: all of them packed, or none
+        if any(wanted.get(t) is None for t in parts.values()) or "weight" not in parts:
+            for t in parts.values():
+                wanted[t] = None
+    return _packed(graph, framework, wanted, joint)
+
+
+def _packed(graph: Graph, framework: str | None, wanted: dict[str, Layout | None],
+            joint: list[dict[str, str]]) -> tuple[Graph, list[str]]:
+    """``graph`` with its weights packed as ``wanted`` says (``joint``: the tids packed
+    together, by part), and one line per packed weight."""
+    from ..graph.packed import pack_joint
+    from ..tensor import to_numpy
+    from .rewrite import identity
+
+    wm = graph.weight_map
+    new: dict[str, Any] = {}
+    for parts in joint:
+        lays = {p: wanted[t] for p, t in parts.items()}
+        if lays["weight"] is None or parts["weight"] in new:
+            continue
+        arrs = {p: wm[t] for p, t in parts.items()}
+        if all(type(a) is PackedWeight and a.layout == lays[p] for p, a in arrs.items()):
+            continue
+        if any(type(a) is PackedWeight or framework_of(a) != "numpy" for a in arrs.values()):
+            continue  # a live framework tensor (packed at binding) or a part packed otherwise
+
+        def together(_a: Any, _lay: Any, arrs: dict = arrs, lays: dict = lays) -> dict:
+            done = pack_joint(arrs, lays)
+            return {identity(to_numpy(arrs[p])): w for p, w in done.items()}
+        got = packed_once(arrs["weight"], tuple(sorted(lays.items())), together)
+        for p, t in parts.items():
+            new[t] = got[identity(to_numpy(arrs[p]))]
     lines: list[str] = []
     weights = []
     for tid, arr in graph.weights:
         lay = wanted.get(tid)
         if lay is not None and framework_of(arr) not in ("numpy", "packed"):
             lay = None  # a framework's live tensor (a Parameter): packed at binding, by version
-        if lay is not None and not (type(arr) is PackedWeight and arr.layout == lay):
+        if tid in new:
+            arr = new[tid]
+            lines.append(f"{tid}: {arr.layout.describe()}, {arr.nbytes} B")
+        elif lay is not None and not lay.part and \
+                not (type(arr) is PackedWeight and arr.layout == lay):
             arr = packed_once(arr, lay, pack)
             lines.append(f"{tid}: {lay.describe()}, {arr.nbytes} B")
         weights.append((tid, arr))
@@ -138,7 +206,10 @@ def share_with_layers(layers: Any, graph: Graph, memo: dict, unfused: Graph) -> 
         if key[0] == "layout" and type(key[2][0]) is int:  # packed by the source's memory
             w, alive = entry
             if alive is not None and alive() is not None:
-                packed[key[2]] = w
+                if isinstance(w, dict):  # a layout of several parts: by each part's source
+                    packed.update(w)
+                else:
+                    packed[key[2]] = w
     plain = {identity(v) for v in graph.weight_map.values() if isinstance(v, np.ndarray)}
     swap: dict[tuple, PackedWeight] = {}
     for layer in flat_layers(list(layers)):

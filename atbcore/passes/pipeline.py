@@ -180,7 +180,8 @@ def _hook(name: str, graph: Graph, reports: list[PassReport]) -> Graph:
 
 
 def run_pipeline(graph: Graph, config: FusionConfig | None = None,
-                 framework: str | None = None) -> tuple[Graph, list[PassReport]]:
+                 framework: str | None = None, backend: str | None = None
+                 ) -> tuple[Graph, list[PassReport]]:
     """Run :data:`PIPELINE` on ``graph``; returns the new graph (with descriptors
     of every tensor attached when the inputs have them) and one report per pass
     (one per fusion rule). With the caller's ``framework`` the last pass puts each
@@ -213,7 +214,7 @@ def run_pipeline(graph: Graph, config: FusionConfig | None = None,
     if framework is not None:
         from .layout import layout_weights
 
-        g, lines = layout_weights(g, framework)
+        g, lines = layout_weights(g, framework, backend)
         reports.append(PassReport("layout:weights", bool(lines), f"{len(lines)} weights packed "
                                   "for the kernels that read them" if lines else
                                   "every weight as stored"))

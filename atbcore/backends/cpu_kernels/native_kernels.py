@@ -31,6 +31,7 @@ from ...errors import InputError
 from ...log import logger
 from ..base import Kernel
 from .bindings import unavailable_reason
+from .native_layout import is_packed, packed_view, plain_ins
 from .native import NativeView, array_view, contiguous_strides, view_of
 from .native_ops import Ref, TableTooShort, compile_steps
 
@@ -186,14 +187,18 @@ def _wrap(io: TensorIO, op: str, spec: Any, k: Kernel) -> Kernel:
     fallback = k.fn
 
     def fn(p: Any, ins: Mapping[str, Any]) -> list:
-        why = why_not_native(io, ins)
+        packed = {n: packed_view(t) for n, t in ins.items() if is_packed(t)}
+        why = why_not_native(io, {n: t for n, t in ins.items() if n not in packed})
         views: dict[str, NativeView] = {}
+        if not why and None in packed.values():
+            why = "a weight packed in a layout the C kernel does not read"
         if not why:
-            views = {n: io.view(t) for n, t in ins.items() if t is not None}
+            views = {n: packed[n] if n in packed else io.view(t) for n, t in ins.items()
+                     if t is not None}
             why = spec.why_not(p, views)
         if why:
             _fallback(io, op, why)
-            return fallback(p, ins)
+            return fallback(p, plain_ins(ins, io.name) if packed else ins)
         io.note(op, path)
         inplace = getattr(spec, "inplace", ())
         # an output named by a string is that input, written in place
@@ -217,6 +222,7 @@ def _wrap(io: TensorIO, op: str, spec: Any, k: Kernel) -> Kernel:
 
     path = f"C kernel atb_{spec.entry} ({io.name} tensors in place)"
     fn.__qualname__ = f"native_{op}"
+    fn.takes_packed = True  # type: ignore[attr-defined]  # a layout pass's panels, as they are
     bind = _binder(io, op, spec)
     workspace = None
     if spec.has_workspace:
@@ -252,6 +258,11 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
                     return None
                 views[name] = _slot_view(name, v.desc)
                 dyn_in.append((name, v.index))
+            elif is_packed(v):
+                pv = packed_view(v)
+                if pv is None:
+                    return None
+                views[name] = pv
             elif type(v) is list or why_not_native(io, {name: v}):
                 return None
             else:
@@ -301,6 +312,7 @@ def _binder(io: TensorIO, op: str, spec: Any) -> Callable[..., Any]:
                            tuple(aliases))
 
     bind.fills_slots = True  # type: ignore[attr-defined]  # it allocates its slot outputs
+    bind.takes_packed = True  # type: ignore[attr-defined]  # None where it cannot read them
     return bind
 
 

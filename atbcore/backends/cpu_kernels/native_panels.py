@@ -95,7 +95,12 @@ def pack_panels_np(w: NativeView) -> np.ndarray:
 def panel_view(w: NativeView) -> NativeView | None:
     """The panels of weight ``w`` (a fixed, contiguous ``[N, K]`` view of a C matmul
     dtype), packed once and kept while ``w``'s owner lives; None when ``w`` is not
-    such a weight or panels are off."""
+    such a weight or panels are off. A layout pass's packed weight
+    (:func:`.native_layout.packed_view`) gives its own panels."""
+    from .native_layout import packed_panels
+
+    if w.owner is not None and type(w.owner).__name__ == "PackedWeight":
+        return packed_panels(w)
     if (type(w.address) is Ref or not _enabled() or len(w.shape) != 2 or not w.contiguous
             or w.dtype not in WEIGHT_CODES or w.owner is None or 0 in w.shape):
         return None

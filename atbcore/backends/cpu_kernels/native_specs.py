@@ -25,8 +25,10 @@ from .native_rope import RopeSpec
 
 __all__ = ["SPECS", "MAX_ROWS", "c_activation"]
 
-# The C matmul reads row-major [N, K] weights here (no panels outside torch): its
-# tiles suit few rows; more rows keep the framework's GEMM. ATB_NATIVE_MAX_ROWS moves it.
+# The C matmul packs panels at binding beside the stored [N, K] weight; calls of more
+# rows keep the framework's GEMM on the stored weight (a weight the layout pass packed
+# has no stored twin: the C matmul reads its panels at every row count).
+# ATB_NATIVE_MAX_ROWS moves it.
 MAX_ROWS = int(os.environ.get("ATB_NATIVE_MAX_ROWS", "256"))
 
 _BUILTIN = "atbcore.ops.activation_fns"
@@ -120,6 +122,12 @@ class NormSpec(_Spec):
                                 outs[0], s)
 
 
+def _packed(w: NativeView) -> bool:
+    """A weight the layout pass packed in panels: the C matmul reads it at any row
+    count (the framework's GEMM would need it unpacked)."""
+    return type(w.owner).__name__ == "PackedWeight"
+
+
 def _weight_why(w: NativeView, k: int) -> str | None:
     if len(w.shape) != 2 or w.shape[1] != k:
         return f"weight {list(w.shape)} is not [N, {k}]"
@@ -149,7 +157,7 @@ class LinearSpec(_Spec):
             return f"weight dtype {w.dtype.value}"
         if s is not None and (s.dtype != Dtype.FP32 or not s.contiguous):
             return "the C matmul takes a contiguous fp32 w8 scale"
-        if not x.shape or _rows(x) > MAX_ROWS:
+        if not x.shape or (_rows(x) > MAX_ROWS and not _packed(w)):
             return f"{_rows(x)} rows > {MAX_ROWS} (the framework's GEMM)"
         return _weight_why(w, x.shape[-1])
 
@@ -250,7 +258,7 @@ class FfnSpec(_Spec):
             return "[in, out] weights (the C matmul reads [out, in] rows)"
         if r is not None and (r.shape != x.shape or r.dtype != x.dtype):
             return "residual shape or dtype differs from x's"
-        if _rows(x) > MAX_ROWS:
+        if _rows(x) > MAX_ROWS and not all(_packed(views[n]) for n in views if n.endswith("_w")):
             return f"{_rows(x)} rows > {MAX_ROWS} (the framework's GEMMs)"
         return None
 

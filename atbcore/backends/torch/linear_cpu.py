@@ -57,7 +57,7 @@ def why_not_cpu_linear(p: Any, x_dtype: torch.dtype, device: str, w: Any, b: Any
     if p.quant in ("w4", "w8a8"):
         if x_dtype not in ck.DTYPE_CODES:
             return f"x {x_dtype}: not a C matmul dtype"
-        return "a packed weight of another layout" if packed else why_not_cpu_quant(p, w, s, z)
+        return why_not_cpu_quant(p, w, s, z)
     if not panels_enabled():
         return "ATB_PANELS=0"
     wd = w.desc.dtype.torch if type(w) is Slot or packed else w.dtype

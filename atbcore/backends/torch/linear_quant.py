@@ -52,21 +52,28 @@ def _arena_copy(t: torch.Tensor) -> torch.Tensor:
     return out.copy_(t)
 
 
-def w4_packed(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, group: int) -> Any:
+def _w4(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, group: int) -> Any:
     """The :class:`~atbcore.backends.cpu_kernels.torch_linear_w4.W4Weight` of codes ``w``
-    uint8 [N, K], fp16 scales ``s`` and zero points ``z`` [N, G], in the arena."""
-    from ..cpu_kernels.torch_linear_w4 import W4Weight, pack_w4
+    uint8 [N, K], fp16 scales ``s`` and zero points ``z`` [N, G] (padding codes past K
+    are the zero point: zero weights)."""
+    from ..cpu_kernels.torch_linear_w4 import pack_w4
+
+    n, k = w.shape
+    codes = torch.full((n, s.shape[1] * group), 8, dtype=torch.uint8)
+    if z is not None:
+        codes[:, k:] = z[:, -1:]                       # the last group's zero point
+    codes[:, :k] = w
+    return pack_w4(codes, s, z, group, k=k)
+
+
+def w4_packed(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, group: int) -> Any:
+    """:func:`_w4` made once per codes tensor and version, in the arena."""
+    from ..cpu_kernels.torch_linear_w4 import W4Weight
 
     def make() -> Any:
-        n, k = w.shape
-        kg = s.shape[1] * group
-        codes = torch.full((n, kg), 8, dtype=torch.uint8)  # padding: zero weights (z = 8)
-        if z is not None:
-            codes[:, k:] = z[:, -1:]                       # the last group's zero point
-        codes[:, :k] = w
-        p = pack_w4(codes, s, z, group, k=k)
+        p = _w4(w, s, z, group)
         return W4Weight(_arena_copy(p.codes), _arena_copy(p.scales),
-                        None if p.zeros is None else _arena_copy(p.zeros), n, k, group)
+                        None if p.zeros is None else _arena_copy(p.zeros), p.n, p.k, group)
     return _cached(w, "w4", make)
 
 
@@ -79,13 +86,62 @@ def w8a8_packed(w: torch.Tensor) -> torch.Tensor:
         w.contiguous(), out=hugepages.weight_empty(w8a8_shape(*w.shape), torch.int8)))
 
 
+def _raw(t: torch.Tensor) -> Any:
+    """``t`` copied into weight bytes (the binding GraphOp's arena when in scope) as raw
+    unsigned NumPy elements of its width (what a PackedWeight holds)."""
+    import numpy as np
+
+    from ..cpu_kernels.native_panels import _weight_bytes
+
+    size = t.element_size()
+    u = {1: np.uint8, 2: np.uint16}[size]
+    out = _weight_bytes(t.numel() * size).view(u).reshape(tuple(t.shape))
+    np.copyto(out, t.contiguous().view({1: torch.int8, 2: torch.int16}[size]).numpy().view(u))
+    return out
+
+
+def pack_w8a8_layout(arrays: dict[str, Any], layout: Any) -> dict[str, Any]:
+    """The layout pass's packer of ``w8a8 VNNI panels`` (:mod:`atbcore.graph.packed`):
+    the int8 ``weight`` by the kernel's own :func:`pack_w8a8`."""
+    from ..cpu_kernels.torch_w8a8 import pack_w8a8
+
+    return {"weight": _raw(pack_w8a8(torch.from_numpy(arrays["weight"])))}
+
+
+def pack_w4_layout(arrays: dict[str, Any], layout: Any) -> dict[str, Any]:
+    """The layout pass's packer of ``w4 32-output panels``: codes (``weight``), fp16
+    group scales (``scale``) and zero points (``zeros``, if any) by :func:`pack_w4`."""
+    z = arrays.get("zeros")
+    p = _w4(torch.from_numpy(arrays["weight"]), torch.from_numpy(arrays["scale"]),
+            None if z is None else torch.from_numpy(z), layout.group)
+    out = {"weight": _raw(p.codes), "scale": _raw(p.scales)}
+    if p.zeros is not None:
+        out["zeros"] = _raw(p.zeros)
+    return out
+
+
+def _from_layout(w: Any, s: Any, z: Any, group: int) -> Any:
+    """The W4Weight of the layout pass's packed parts (torch data: the same memory)."""
+    from ..cpu_kernels.torch_linear_w4 import W4Weight
+
+    n, k = w.desc.shape
+    return W4Weight(w.data, s.data, None if z is None else z.data, int(n), int(k), group)
+
+
 def why_not_cpu_quant(p: Any, w: Any, s: Any, z: Any) -> str | None:
     """Why the C w4 / w8a8 kernel cannot run this Linear's weights (None = it can);
     the caller has checked the device, x's dtype and the bias."""
+    from ...graph.packed import W4, W8A8
     from ...runtime.binding import Slot
 
     if Slot in (type(w), type(s), type(z)):
         return "the weight changes per run"
+    if type(w).__name__ == "PackedWeight":  # the layout pass's: checked by its chooser
+        want = W4 if p.quant == "w4" else W8A8
+        parts = (w, s, z) if p.quant == "w4" else (w,)
+        ok = all(t is None or (type(t).__name__ == "PackedWeight" and t.layout.name == want)
+                 for t in parts)
+        return None if ok else "a packed weight of another layout"
     if p.quant == "w4":
         if s.dtype != torch.float16:
             return f"the C w4 matmul takes fp16 group scales, given {s.dtype}"
@@ -106,12 +162,15 @@ class CpuQuantLinear:
                  ) -> None:
         self.quant, self.bias = p.quant, b
         self.eps, self.norm_weight = norm if norm is not None else (None, None)
+        packed = type(w).__name__ == "PackedWeight"  # the layout pass's: taken as it is
         if p.quant == "w4":
-            self.w4 = w4_packed(w, s, z, p.group_size)
+            self.w4 = _from_layout(w, s, z, p.group_size) if packed else \
+                w4_packed(w, s, z, p.group_size)
             self.layout = W4_LAYOUT.format(group=p.group_size,
                                            zeros="" if z is None else ", zero points")
         else:
-            self.packed, self.scale = w8a8_packed(w), s.contiguous()
+            self.packed = w.data if packed else w8a8_packed(w)
+            self.scale = s.contiguous()
             self.layout = W8A8_LAYOUT
 
     def _kw(self) -> dict[str, Any]:

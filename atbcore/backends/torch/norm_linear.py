@@ -28,8 +28,9 @@ def rms_norm_linear(p, ins, out=None):
         lin = cpu_linear(p, w, b, s, (float(p.eps), nw), z)
         return [lin.run(x, None if out is None else out[0], r)]
     ck.log_fallback("RmsNormLinear", why)
-    if is_packed(w):
-        w = plain_ins({"weight": w})["weight"]
+    if any(is_packed(t) for t in (w, s, z)):
+        w, s, z = (plain_ins({"weight": w, "scale": s, "zeros": z})[k]
+                   for k in ("weight", "scale", "zeros"))
     norm_p = _rms_params(p)
     n, = TORCH_KERNELS["RmsNorm"].fn(norm_p, {"x": x, "weight": nw})
     y, = TORCH_KERNELS["Linear"].fn(p.linear(), {"x": n, "weight": w, "bias": b, "scale": s,

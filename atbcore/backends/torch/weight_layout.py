@@ -87,7 +87,7 @@ def preferred_layout(op: str, p: Any, name: str, descs: dict[str, Any]) -> Any:
     row count (an :class:`atbcore.graph.packed.Layout`), or None when it reads the
     weight as it is (or may: then the layout pass leaves it alone). ``descs``: the
     node's input descriptors by name. Asked by :mod:`atbcore.passes.layout`."""
-    from ...graph.packed import PANELS, Layout
+    from ...graph.packed import PANELS, W4, W8A8, Layout
     from ..cpu_kernels import torch_ops as ck
     from ..cpu_kernels.torch_decode import LINEAR_WEIGHT_DTYPES
 
@@ -99,6 +99,8 @@ def preferred_layout(op: str, p: Any, name: str, descs: dict[str, Any]) -> Any:
     xd, wd = x.dtype.torch, w.dtype.torch
     if xd not in ck.DTYPE_CODES:
         return None
+    if op in ("Linear", "RmsNormLinear") and p.quant in ("w4", "w8a8"):
+        return _quant_layout(p, name, descs, W4 if p.quant == "w4" else W8A8, Layout)
     if op in ("Linear", "RmsNormLinear") and name == "weight":
         if p.quant not in (None, "w8") or wd not in LINEAR_WEIGHT_DTYPES:
             return None
@@ -123,3 +125,24 @@ def preferred_layout(op: str, p: Any, name: str, descs: dict[str, Any]) -> Any:
         shapes = {k: tuple(d.shape) for k, d in descs.items() if d is not None}
         return Layout(PANELS, transposed=bool(ffn_layout(op, p, shapes).transposed[name]))
     return None
+
+
+def _quant_layout(p: Any, name: str, descs: dict[str, Any], kind: str, layout: Any) -> Any:
+    """w4 / w8a8 Linears (their C kernels run at every row count): w8a8 reads its int8
+    ``weight`` in VNNI panels (its fp32 ``scale`` as stored); w4 reads codes, fp16
+    group scales and zero points packed together (one layout of three parts)."""
+    from ..cpu_kernels import torch_ops as ck
+
+    b, s, w = descs.get("bias"), descs.get("scale"), descs.get("weight")
+    if b is not None and b.dtype.torch not in ck.DTYPE_CODES:
+        return None
+    if s is None or w is None or len(s.shape) != (2 if p.quant == "w4" else 1):
+        return None
+    if p.quant == "w8a8":
+        ok = name == "weight" and w.dtype.torch == torch.int8 and s.dtype.torch == torch.float32
+        return layout(kind) if ok else None
+    z = descs.get("zeros")
+    if name not in ("weight", "scale", "zeros") or w.dtype.torch != torch.uint8 or \
+            s.dtype.torch != torch.float16 or (z is not None and z.dtype.torch != torch.uint8):
+        return None
+    return layout(kind, part=name, group=int(p.group_size))

@@ -89,11 +89,16 @@ class Block:
         for fn in self._replay:
             fn(core)
         self._descs = list(descs)
+        if core._framework is None:  # the layout pass packs for MindSpore's kernels
+            core._framework = "mindspore"
         core._ensure_graph(self._descs)
         prefix = self._prefix()
         for slot in self._slots():
             if slot.get() is None:
                 arr = self._pull(core).get(slot.key)
+                if type(arr).__name__ == "PackedWeight":  # the graph holds it packed only
+                    from atbcore.graph.packed import unpack
+                    arr = unpack(arr)
                 if arr is not None:
                     slot.set(new_parameter(arr, slot.name or f"{prefix}{slot.key}"))
         # new Parameters share the layers' NumPy weights (no copy): nothing to rebuild

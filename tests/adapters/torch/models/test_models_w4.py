@@ -4,6 +4,7 @@ checkpoint's exact codes reaching the kernel, greedy agreement reported."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -170,7 +171,8 @@ def test_llm_loads_gptq_checkpoint(tmp_path):
     spec.loader.exec_module(mod)
     mod.build_tokenizer().save_pretrained(d)
     llm = LLM(str(d), quantize="w4", max_model_len=64)
-    w = dict(llm.decoder.graph.weights)  # the core decoder's: the stored codes themselves
+    # the core decoder's (packed by the layout pass; unpacked, the stored codes themselves)
+    w = {k: np.asarray(v) for k, v in llm.decoder.graph.weights}
     codes, scales, zeros = exact["model.layers.0.self_attn.q_proj"]
     assert (w["l0.qkv.weight"][:64] == codes.numpy()).all()
     assert (w["l0.qkv.scale"][:64] == scales.numpy()).all()
