@@ -6,8 +6,8 @@ eager, interleaved in one process, per precision (sentence-transformers' own
                                       [--onnxruntime] [--profile]
 
 Prints per precision: each engine's median seconds and median process CPU seconds
-(all threads: a thread pool spinning while another pool works shows up here as CPU
-time beyond twice the wall time on 2 cores), atb's speedup over HF eager and the
+(all threads: a thread pool spinning while another pool works adds CPU seconds, not
+work, so engines doing the same work compare here too), atb's speedup over HF eager and the
 embeddings' minimum cosine to HF fp32. ``--profile`` adds atb's per-node times over
 one more pass of the same sentences, summed per node kind across the layers
 (``qkv``, ``attn``, ``o``, ``act``, ``mlp``, the norms) with the first clause of
