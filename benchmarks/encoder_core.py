@@ -3,10 +3,16 @@ eager, interleaved in one process, per precision (sentence-transformers' own
 ``encode``: length sorting, batch 32, 1,000 sentences).
 
     python benchmarks/encoder_core.py [--precisions fp32,bf16,w8a8] [--repeats 5]
-                                      [--onnxruntime]
+                                      [--onnxruntime] [--profile]
 
-Prints per precision: each engine's median seconds, atb's speedup over HF eager and
-the embeddings' minimum cosine to HF fp32. ``--onnxruntime`` adds ONNX Runtime's
+Prints per precision: each engine's median seconds and median process CPU seconds
+(all threads: a thread pool spinning while another pool works adds CPU seconds, not
+work, so engines doing the same work compare here too), atb's speedup over HF eager and the
+embeddings' minimum cosine to HF fp32. ``--profile`` adds atb's per-node times over
+one more pass of the same sentences, summed per node kind across the layers
+(``qkv``, ``attn``, ``o``, ``act``, ``mlp``, the norms) with the first clause of
+their kernel's description: run it for two precisions to see which nodes one of
+them loses time in. ``--onnxruntime`` adds ONNX Runtime's
 transformer-optimized export in the same rounds (its dynamic int8 quantization beside
 w8a8, the fp32 model beside fp32 and bf16) when onnxruntime is installed.
 """
@@ -16,7 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+import time
+from collections import defaultdict
 
 import torch
 
@@ -39,6 +48,8 @@ def main() -> int:
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--onnxruntime", action="store_true",
                     help="add ONNX Runtime (int8 beside w8a8) to the rounds")
+    ap.add_argument("--profile", action="store_true",
+                    help="add atb's per-node times (summed per node kind)")
     args = ap.parse_args()
     path = minilm_path()
     if path is None:
@@ -52,13 +63,18 @@ def main() -> int:
         dtype, quant = PRECISIONS[label]
         core = atb_compile(st, dtype=dtype, quantize=quant)
 
-        def enc(model):
+        cpu: dict[str, list[float]] = defaultdict(list)
+
+        def enc(model, name):
             def run():
+                c0 = time.process_time()
                 with torch.inference_mode():
-                    return model.encode(sents, batch_size=32, convert_to_tensor=True,
-                                        show_progress_bar=False).float()
+                    out = model.encode(sents, batch_size=32, convert_to_tensor=True,
+                                       show_progress_bar=False).float()
+                cpu[name].append(time.process_time() - c0)
+                return out
             return run
-        engines = {"hf": enc(st), "core": enc(core)}
+        engines = {"hf": enc(st, "hf"), "core": enc(core, "core")}
         if args.onnxruntime:
             ort = OrtEncoder.create(st, str(path), int8=quant is not None)
             if isinstance(ort, dict):
@@ -72,11 +88,38 @@ def main() -> int:
                                                                 dim=-1).min())
                for k, v in timed.items() if k != "hf"}
         out[label] = {"median_s": med, "core_speedup_vs_hf": med["hf"] / med["core"],
+                      "median_cpu_s": {k: median(v[1:]) for k, v in cpu.items()},
                       "cosine_min_to_hf": cos}
+        if args.profile:
+            out[label]["profile_ms"] = profile(core, sents)
         if "onnxruntime" in med:
             out[label]["core_speedup_vs_onnxruntime"] = med["onnxruntime"] / med["core"]
         print(label, json.dumps(out[label], indent=1), flush=True)
     return 0
+
+
+def profile(model, sents: list[str]) -> dict[str, dict[str, object]]:
+    """atb's node times over one pass of ``sents`` (each plan's first run excluded:
+    planning), summed per node kind: ``{kind: {"ms", "share", "impl"}}``."""
+    op = next(m.atb_runner for m in model.modules() if hasattr(m, "atb_runner")).graph_op
+    with torch.inference_mode():
+        model.encode(sents, batch_size=32, show_progress_bar=False)      # plans built
+        op.profile = True
+        op.profiler.clear()
+        try:
+            model.encode(sents, batch_size=32, show_progress_bar=False)
+        finally:
+            op.profile = False
+    ms: dict[str, float] = defaultdict(float)
+    impl: dict[str, str] = {}
+    for e in op.profiler.events:
+        kind = re.sub(r"^l\d+\.", "", e.name)                             # l3.qkv -> qkv
+        ms[kind] += e.dur_ns / 1e6
+        impl.setdefault(kind, e.impl.split(";")[0][:60])
+    total = sum(ms.values()) or 1.0
+    rows = sorted(ms.items(), key=lambda kv: -kv[1])
+    return {k: {"ms": round(v, 1), "share": round(v / total, 3), "impl": impl[k]}
+            for k, v in rows}
 
 
 if __name__ == "__main__":
