@@ -199,8 +199,8 @@ def bench_numpy(samples: int) -> dict[str, Any]:
     for n in mlp.graph.nodes:  # the fused graph: LayerNorm, FusedFeedForward
         names = ("x", "weight", "bias") if n.op == "LayerNorm" else ffn_input_names(n.params)
         for name, t in zip(names, n.inputs):
-            if t in wm:
-                w[f"{n.op}.{name}"] = wm[t]
+            if t in wm:  # the layout pass may hold a packed form: read it as logical
+                w[f"{n.op}.{name}"] = np.asarray(wm[t])
     ln_w, ln_b = w["LayerNorm.weight"], w["LayerNorm.bias"]
     w1t = np.ascontiguousarray(w["FusedFeedForward.up_w"].T)      # [H, I]
     w2t = np.ascontiguousarray(w["FusedFeedForward.down_w"].T)    # [I, H]
