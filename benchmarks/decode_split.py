@@ -7,6 +7,11 @@ native tables made back to back), so ``step - C alone`` is everything else (Pyth
 the feeder, argmax, and the kernels' in-step slowdown).
 
     python benchmarks/decode_split.py [--precision w4] [--threads 2] [--repeats 5]
+                                      [--per-kernel]
+
+``--per-kernel``: each recorded C call's time inside decode steps against its time in
+the same tables made back to back (``atb_run_steps_timed``), per entry point: the
+in-step slowdown that is neither Python nor the pool's hand-off.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import torch  # noqa: E402
 
 from atb_torch.llm.bench.decoder import AtbDecoder, DecoderSettings, _argmax  # noqa: E402
 from atb_torch.llm.bench.models import build_default_model  # noqa: E402
-from atbcore.backends.cpu_kernels.bindings import run_steps  # noqa: E402
+from atbcore.backends.cpu_kernels.bindings import (entry_names, run_steps,  # noqa: E402
+                                                   run_steps_timed)
 from atbcore.backends.cpu_kernels.threads import parked_torch_threads  # noqa: E402
 from atbcore.runtime import native_run  # noqa: E402
 
@@ -34,6 +40,7 @@ def main() -> None:
     ap.add_argument("--precision", default="w4", choices=("fp32", "bf16", "w8", "w4"))
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--per-kernel", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
@@ -79,6 +86,59 @@ def main() -> None:
           f"C calls alone {c:.3f}; everything else: native {med['native'] - c:.3f}, "
           f"per-call {med['per-call'] - c:.3f}; python steps between native runs: "
           f"{sum(type(o) is int for o in prog.native.ops)}")
+    if a.per_kernel:
+        per_kernel(prog.native, segs, steps)
+
+
+def per_kernel(native: object, segs: list, steps: object) -> None:
+    """Median time per C call inside decode steps vs back to back, summed per entry."""
+    import ctypes
+
+    import numpy as np
+
+    ns = {id(s): (ctypes.c_int64 * len(s.pairs))() for s in segs}
+    got: dict[int, list[list[int]]] = {id(s): [] for s in segs}
+
+    def timed(table: object) -> int:
+        seg = next(s for s in segs if s.table is table)
+        buf = ns[id(seg)]
+        for i in range(len(seg.pairs)):
+            buf[i] = -1
+        rc = run_steps_timed(table, buf)
+        got[id(seg)].append(list(buf))
+        return rc
+
+    native._run_steps = timed
+    for _ in range(3):
+        steps()
+    native._run_steps = run_steps
+    alone: dict[int, list[list[int]]] = {id(s): [] for s in segs}
+    with parked_torch_threads():
+        for _ in range(60):
+            for s in segs:
+                s.table[0], s.table[1] = 0, len(s.pairs)
+                run_steps_timed(s.table, ns[id(s)])
+                alone[id(s)].append(list(ns[id(s)]))
+    names = entry_names()
+    rows: dict[str, list[float]] = {}
+    for s in segs:
+        a = np.array(got[id(s)], dtype=float)
+        a[a < 0] = np.nan  # pairs a run did not make (recorded again through Python)
+        step = np.full(a.shape[1], np.nan)
+        made = ~np.isnan(a).all(axis=0)
+        step[made] = np.nanmedian(a[:, made], axis=0)
+        back = np.median(np.array(alone[id(s)], dtype=float), axis=0)
+        for p, (addr, _) in enumerate(s.pairs):
+            name = names.get(addr, hex(addr))
+            if np.isnan(step[p]):
+                name += " (recorded again)"
+            r = rows.setdefault(name, [0, 0.0, 0.0])
+            r[0] += 1
+            r[1] += 0.0 if np.isnan(step[p]) else step[p]
+            r[2] += back[p]
+    print(f"{'entry':28s} calls  in-step us  back-to-back us  diff us")
+    for name, (n, st, bk) in sorted(rows.items(), key=lambda kv: kv[1][1] - kv[1][2], reverse=True):
+        print(f"{name:28s} {n:5d}  {st / 1e3:10.1f}  {bk / 1e3:15.1f}  {(st - bk) / 1e3:7.1f}")
 
 
 if __name__ == "__main__":

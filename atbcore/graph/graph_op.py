@@ -292,11 +292,11 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
                 copy_into(slot, r)
         return outputs
 
-    def _run_hot(self, inputs: list, raw_now: tuple | None = None) -> list | None:
+    def _run_hot(self, inputs: list, raw_now: tuple | None = None, keep: bool = False) -> Any:
         """The last call's bound program again, when this call has its signature and
         nothing else could change what runs (no plugins, profiling or CUDA graphs, the
         plan still cached): no descriptors, lookups or conversions of same-framework
-        tensors. None when the general path must run."""
+        tensors (``keep``: into the program's own output buffers). None: general path."""
         hot = self._hot
         if hot is None or self._destroyed:
             return None
@@ -308,7 +308,7 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
             return None
         entry = plan.entry_native
         xs = inputs if framework == entry else [convert(x, entry) for x in inputs]
-        outs = plan.run_program(key, None, xs)
+        outs = plan.run_program(key, None, xs, keep)
         if outs is None:  # released or evicted meanwhile: the general path
             return None
         if self._cache is not None:

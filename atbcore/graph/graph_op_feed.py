@@ -175,6 +175,10 @@ class CacheFeeder:
         # the last plain call's state (cache, version, x shape, index set, layer slice,
         # pairs, shape): a decode loop's next step skips the checks it passed
         self._steady: tuple | None = None
+        # the last steady step's block input and its token-major view: a caller that
+        # feeds the same tensor each step (its own buffer) gets the same view, so the
+        # bound program's native run sees the input it was recorded with
+        self._x_view: tuple = (None, None)
         if len(self.slots) != len(layers.slots):
             raise InputError(graph.name, "attention layers with a KV cache", len(layers.slots),
                              len(self.slots))
@@ -286,8 +290,11 @@ class CacheFeeder:
             pos = np.asarray(positions).reshape(-1)
             if pos.size != b * s or pos.dtype.kind not in "iu" or int(pos.min()) < 0:
                 return None
-        inputs = self._assemble(got.at(p, pos), pairs, x.reshape([b * s, *shape[2:]]))
-        return inputs, info
+        seen, xt = self._x_view
+        if seen is not x:
+            xt = x.reshape([b * s, *shape[2:]])
+            self._x_view = (x, xt)
+        return self._assemble(got.at(p, pos), pairs, xt), info
 
     def _assemble(self, idx: list, pairs: list, xt: Any) -> list:
         """The graph inputs: index tensors ``idx`` (slots, tables, context lengths,

@@ -247,7 +247,8 @@ def run_in_place(op: Any, x: Any, cache: Any, q_lens: Any = None, rows: Any = No
     cache row of each batch row; ``positions``: the tokens' RoPE positions (default:
     their cache slots); ``keep``: the tokens a LastToken keeps (packed indices; the
     output is then ``[len(keep), ...]``); ``raw``: the output as the plan gives it
-    (token-major, or one row per sequence after a LastToken) (:mod:`.graph_op_feed`)."""
+    (token-major, or one row per sequence after a LastToken), in the plan's own buffer
+    that the next raw run overwrites (:mod:`.graph_op_feed`)."""
     if x is None or getattr(x, "ndim", 0) < (1 if q_lens is not None else 2):
         return None
     x3 = x if q_lens is None else x[None]
@@ -258,7 +259,7 @@ def run_in_place(op: Any, x: Any, cache: Any, q_lens: Any = None, rows: Any = No
         return None
     feeder = form._feeder
     inputs, shape = feeder.prepare(x, cache, q_lens, rows, positions, keep)
-    hot = form._run_hot(inputs, feeder.raw) if feeder.raw is not None else None
+    hot = form._run_hot(inputs, feeder.raw, raw) if feeder.raw is not None else None
     out = (hot if hot is not None else form.execute(inputs))[0]
     return form._feeder.finish(out, cache, shape, packed=q_lens is not None, raw=raw)
 

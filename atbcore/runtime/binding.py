@@ -9,26 +9,21 @@
 * everything else — graph inputs, graph outputs, tensors of kernels that return fresh
   tensors — a :class:`Slot`: an index into the list ``env`` that one run fills.
 
-A kernel with a binder (``Kernel.bind``) is called once here::
-
-    call = kernel.bind(params, ins, outs, ctx)  # ins: name -> tensor | Slot | list | None
-    call(env)                                   # each run: reads/writes env[slot.index]
-
-and must write every output it is given (fixed views and slots alike; the program puts
-a fresh tensor of the exact shape in an output slot before the run). A binder returns
-``None`` for a call it cannot bind (the plan then wraps the kernel's ``fn``). So a run
-is ``for step in steps: step(env)`` — no per-node dispatch, dict building or shape
-logic — and the arena views are made once, not per call.
-
-A program writes the plan's arena, so one plan runs one program at a time: the plan's
-lock is held for the run (:meth:`ExecPlan.run`), and concurrent calls of one GraphOp
-give exactly the serial results.
+A kernel with a binder is bound once here, ``call = kernel.bind(params, ins, outs,
+ctx)`` (ins: name -> tensor | Slot | list | None), then ``call(env)`` each run, and must
+write every output it is given (fixed views and slots alike; the program puts a fresh
+tensor of the exact shape in an output slot before the run). A binder returns ``None``
+for a call it cannot bind (the plan then wraps the kernel's ``fn``). So a run is ``for
+step in steps: step(env)``: no per-node dispatch, dict building or shape logic, and the
+arena views are made once. A program writes the plan's arena, so one plan runs one
+program at a time: the plan's lock is held for the run (:meth:`ExecPlan.run`), and
+concurrent calls of one GraphOp give exactly the serial results.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..dtypes import Dtype
@@ -100,8 +95,8 @@ class BoundProgram:
 
     ``steps``: per node ``(call, frees)``; ``allocs``: output slots the program fills
     with fresh tensors before a run; ``bound``: node name -> True when its kernel's
-    binder took it (else its ``fn`` is wrapped).
-    """
+    binder took it (else its ``fn`` is wrapped); ``kept``: graph output slot -> the
+    buffer of ``keep_outputs`` runs."""
 
     input_slots: tuple[int, ...]
     output_slots: tuple[int, ...]
@@ -111,23 +106,29 @@ class BoundProgram:
     bound: dict[str, bool]
     park: bool = False
     native: Any = None  # the NativeRun of its C calls (native_run.py), made on first run
+    kept: dict[int, Any] = field(default_factory=dict)
 
-    def run(self, inputs: Sequence[Any]) -> list:
+    def run(self, inputs: Sequence[Any], keep_outputs: bool = False) -> list:
+        """Outputs for graph inputs ``inputs``: fresh tensors, or (``keep_outputs``) the
+        program's own buffers, which its next such run overwrites (a decode loop's
+        logits: its native run then needs no recording again)."""
         if self.park:
             # torch's OpenMP workers spin after each parallel op and would hold the cores
             # the C matmuls' pool needs (see cpu_kernels.threads)
             from ..backends.cpu_kernels.threads import parked_torch_threads
 
             with parked_torch_threads():
-                return self._run(inputs)
-        return self._run(inputs)
+                return self._run(inputs, keep_outputs)
+        return self._run(inputs, keep_outputs)
 
-    def _run(self, inputs: Sequence[Any]) -> list:
+    def _run(self, inputs: Sequence[Any], keep_outputs: bool = False) -> list:
         env: list[Any] = [None] * self.size
         for i, x in zip(self.input_slots, inputs):
             env[i] = x
+        kept = self.kept if keep_outputs else None
         for i, alloc in self.allocs:
-            env[i] = alloc()
+            env[i] = alloc() if kept is None or i not in self.output_slots else \
+                kept[i] if i in kept else kept.setdefault(i, alloc())
         if self.native is not None and NATIVE[0]:
             from ..backends.cpu_kernels.threads import pool_threads
 

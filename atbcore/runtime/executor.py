@@ -224,11 +224,12 @@ class ExecPlan:
         return ProgramKey(tuple(descs[i] for i in self.graph.inputs))
 
     def run_program(self, key: tuple, descs: Mapping[str, TensorDesc] | None,
-                    xs: Sequence[Any]) -> list | None:
+                    xs: Sequence[Any], keep_outputs: bool = False) -> list | None:
         """Run the bound program ``key`` (built from ``descs`` when missing) on the
         graph inputs ``xs`` (backend-native, in graph order), holding the plan's lock.
         None, running nothing, when the program is gone (plan released, or program
-        evicted) and no ``descs`` were given to build it again."""
+        evicted) and no ``descs`` were given to build it again. ``keep_outputs``: the
+        outputs are the program's own buffers (:meth:`.BoundProgram.run`)."""
         with self.lock:
             prog = None if self.released else self.programs.get(key)
             if prog is None:
@@ -238,8 +239,8 @@ class ExecPlan:
             self.runs += 1
             if self.uses_torch and _grad_enabled():
                 with _no_grad():
-                    return prog.run(xs)
-            return prog.run(xs)
+                    return prog.run(xs, keep_outputs)
+            return prog.run(xs, keep_outputs)
 
     def _run(self, inputs: Mapping[str, Any], descs: Mapping[str, TensorDesc] | None,
              profiler: Profiler | None, hook: PointHook | None) -> list:

@@ -22,7 +22,8 @@ from ..npu import kernel_device, stand_in_device
 from .build import BuildResult, build_library, check_private
 
 __all__ = ["library", "unavailable_reason", "build_info", "entry", "pool_stats", "SINKS",
-           "ENTRY_POINTS", "RECORDING", "NotNative", "not_native", "run_steps"]
+           "ENTRY_POINTS", "RECORDING", "NotNative", "not_native", "run_steps",
+           "run_steps_timed", "entry_names"]
 
 ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", "atb_softmax",
                 "atb_linear_rows", "atb_decode_attention", "atb_decode_attention_i8",
@@ -86,8 +87,9 @@ def _load() -> None:
             fn = getattr(lib, name)
             fn.argtypes = [ctypes.c_char_p]
             fn.restype = ctypes.c_int64
-        lib.atb_run_steps.argtypes = [ctypes.c_void_p]
-        lib.atb_run_steps.restype = ctypes.c_int64
+        for name in ("atb_run_steps", "atb_run_steps_timed"):
+            getattr(lib, name).argtypes = [ctypes.c_void_p] * (1 + name.endswith("timed"))
+            getattr(lib, name).restype = ctypes.c_int64
         lib.atb_pool_stats.argtypes = [ctypes.POINTER(ctypes.c_int64)]
         lib.atb_pool_stats.restype = ctypes.c_int64
     except (OSError, AttributeError) as e:
@@ -160,3 +162,17 @@ def entry(name: str) -> Callable[[bytes], int]:
 def run_steps(table: object) -> int:
     """``atb_run_steps(table)`` (csrc/program.c): recorded C calls made in one call."""
     return library().atb_run_steps(table)  # type: ignore[union-attr]
+
+
+def run_steps_timed(table: object, ns: object) -> int:
+    """:func:`run_steps` that writes each step's wall time in ns to ``ns[step]`` (a
+    ``c_int64`` array as long as the table's steps; a diagnostic)."""
+    return library().atb_run_steps_timed(table, ns)  # type: ignore[union-attr]
+
+
+def entry_names() -> dict[int, str]:
+    """Entry point address -> name (``atb_...``), to read a recorded table."""
+    lib = library()
+    if lib is None:
+        return {}
+    return {ctypes.cast(getattr(lib, n), ctypes.c_void_p).value or 0: n for n in ENTRY_POINTS}

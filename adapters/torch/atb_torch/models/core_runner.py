@@ -122,6 +122,7 @@ class CoreRunner:
         self.lm_head = True if w.lm_head is not None else None
         self.vocab_size = int(w.embed.shape[0])
         self.stats = {"plans_built": 0, "plan_steps": 0, "general_steps": 0}
+        self._ids: torch.Tensor | None = None  # decode steps' token ids (_step_ids)
 
     @classmethod
     def from_hf(cls, model: Any, **kw: Any) -> "CoreRunner":
@@ -263,10 +264,22 @@ class CoreRunner:
         pos = lens if positions is None else _host_ints(positions, b)
         self._check_positions(int(pos.max()))
         cache.reserve(int(lens.max()) + 1)
-        out = run_in_place(self.op, ids[:, None], cache, positions=pos, raw=True)  # [B, V]
+        out = run_in_place(self.op, self._step_ids(ids), cache, positions=pos, raw=True)
         cache.extend(None, 1)
         self.stats["plan_steps"] += 1
         return out
+
+    def _step_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` [B] copied into the runner's own [B, 1] buffer: the plan then reads
+        the same tensor every step (its native run is not recorded again)."""
+        buf = self._ids
+        if buf is None or buf.shape[0] != ids.shape[0] or buf.dtype != ids.dtype \
+                or buf.device != ids.device:
+            with torch.inference_mode(False):  # writable inside and outside inference mode
+                buf = self._ids = torch.empty(ids.shape[0], 1, dtype=ids.dtype,
+                                              device=ids.device)
+        buf.view(-1).copy_(ids)
+        return buf
 
     def _check_positions(self, top: int) -> None:
         """A RoPE whose frequencies change with the length (dynamic) past it: refused."""

@@ -79,9 +79,9 @@ def test_native_steps_equal_per_call_and_unbound(llama, precision):
     xs = {}
     orig = type(prog)._run
 
-    def spy(self, inputs):
+    def spy(self, inputs, keep_outputs=False):
         xs["in"] = list(inputs)
-        return orig(self, inputs)
+        return orig(self, inputs, keep_outputs)
     type(prog)._run = spy
     try:
         logits, cache = _decode(r, ids, 3, True)
@@ -98,6 +98,38 @@ def test_native_steps_equal_per_call_and_unbound(llama, precision):
                 if step:
                     assert torch.equal(nxt, logits[step - 1].argmax(-1))
                 seq = torch.cat([seq, nxt[:, None]], 1)
+
+
+def test_steady_steps_record_nothing_again(llama):
+    """The token ids go through the runner's buffer and the logits into the program's
+    own: after the first steps a step's native run records no call again (one table
+    walk), and every step's logits are the same buffer (read before the next step)."""
+    r, _ = _runner(llama, "w4")
+    ids = torch.randint(3, 200, (1, 5), generator=torch.Generator().manual_seed(4))
+    ref, _ = _decode(r, ids, 6, False)
+    cache = r.new_cache(1, 16)
+    tok = r.prefill(ids, cache).argmax(-1)
+    _, prog = _program(r)
+    again, orig = [], type(prog.native)._again
+
+    def spy(self, seg, item, env):
+        again.append(item[0])
+        return orig(self, seg, item, env)
+    type(prog.native)._again = spy
+    try:
+        outs = []
+        for step in range(6):
+            logits = r.decode(tok, cache)
+            outs.append(logits.data_ptr())
+            assert torch.equal(logits, ref[step]), step
+            tok = logits.argmax(-1)
+            if step == 2:
+                again.clear()
+    finally:
+        type(prog.native)._again = orig
+    _, prog = _program(r)
+    assert again == [] and len(prog.native.ops) == 1
+    assert len(set(outs[2:])) == 1
 
 
 def test_error_status_raises_and_next_step_runs_natively(llama):
