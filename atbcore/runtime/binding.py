@@ -308,8 +308,8 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
                         steps=steps, allocs=allocs, bound=bound,
                         park=bool(pool_rows) and max(pool_rows) <= POOL_ROWS_MAX)
     if any(getattr(call, "native", False) for call, _ in steps):
-        prog.native = NativeRun(steps, reads, prog.output_slots,
-                                {*prog.input_slots, *(i for i, _ in allocs)})
+        fresh = [i for i, _ in allocs]
+        prog.native = NativeRun(steps, reads, prog.output_slots, {*prog.input_slots, *fresh}, fresh)
     return prog
 
 

@@ -19,9 +19,13 @@ native runs. The first run (and the first after the thread count changed) record
 
 Each later run, before and during a native run: the noted ``env`` writes are made,
 and every recorded call with slots is checked, by identity, against the objects it
-was recorded with; one that differs (a decode step's token ids, a fresh logits
-buffer) is recorded again where it stands (the calls before it made first, so it
-sees what it would see call by call). A call whose recording changes shape, or
+was recorded with. A differing object in a slot the program fills with a fresh
+tensor before each run (a GraphOp's output) is relocated: its contents mean nothing
+before the run, so only its address can matter, and when the recorded argument
+blocks held the old address only as whole 8-byte fields (no address inside it) those
+fields are patched to the new one. Any other differing object (a caller's new
+token ids) has its call recorded again where it stands (the calls before it made
+first, so it sees what it would see call by call). A call whose recording changes shape, or
 that says ``not_native`` now, drops the records: the run goes on call by call and
 the next run records again. A C call returning a status other than 0 stops the
 native run; that call then runs through its Python path (which reports the error
@@ -35,10 +39,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["NativeRun", "slots_of", "native_call", "not_native", "NATIVE"]
+__all__ = ["NativeRun", "slots_of", "native_call", "not_native", "NATIVE", "address_span"]
 
 # whether programs make their recorded C calls as native runs; ATB_NATIVE_RUN=0 (or
 # NATIVE[0] = False) runs every bound call through Python (the per-call path)
@@ -60,6 +65,43 @@ def slots_of(given: Iterable[Any]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(got))
 
 
+def address_span(x: Any) -> tuple[int, int] | None:
+    """``(address, bytes)`` of a contiguous torch tensor or NumPy array (None: another
+    kind, whose address a native run does not read)."""
+    if hasattr(x, "data_ptr") and type(x).__module__.startswith("torch"):
+        return (x.data_ptr(), x.numel() * x.element_size()) if x.is_contiguous() else None
+    if type(x).__name__ == "ndarray" and x.flags.c_contiguous:
+        return x.__array_interface__["data"][0], x.nbytes
+    return None
+
+
+def _relocations(slots: tuple[int, ...], before: list, rec: list) -> dict:
+    """For each of ``slots`` (fresh per run) whose object's address the recorded blocks
+    ``rec`` hold only as whole fields: slot -> [(pair, byte offset)] of those fields."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for i in slots:
+        span = address_span(before[i])
+        if span is None or span[1] == 0:
+            continue
+        lo, hi = span[0], span[0] + span[1]
+        at: list[tuple[int, int]] | None = []
+        for p, (_, args) in enumerate(rec):
+            if len(args) % 8:
+                at = None
+                break
+            for k, v in enumerate(memoryview(args).cast("q")):
+                if lo <= v < hi:
+                    if v != lo:  # an address inside it: not a plain field
+                        at = None
+                        break
+                    at.append((p, 8 * k))
+            if at is None:
+                break
+        if at is not None:
+            out[i] = at
+    return out
+
+
 class _Segment:
     """Consecutive recorded calls: their table, and what a run does before it."""
 
@@ -69,18 +111,20 @@ class _Segment:
         self.first = first
         self.steps: list[int] = []       # the step of each pair
         self.pairs: list[tuple[int, bytes]] = []
-        # per recorded call: [step, reads, objects read, first pair, pairs, env writes]
+        # per recorded call: [step, reads, objects read, first pair, pairs, env writes,
+        # relocations (slot -> [(pair, offset)], see _relocations)]
         self.items: list[list] = []
         self.pre: list[tuple] = []
         self.table: Any = None
         self.failed = ctypes.c_int64(0)
-        self.keep: list[bytes] = []
+        self.keep: list[Any] = []  # the argument blocks (ctypes buffers) the table holds
 
     def add(self, k: int, reads: tuple[int, ...], before: list, rec: list, writes: list,
-            needed: set[int]) -> None:
+            needed: set[int], fresh: set[int]) -> None:
         writes = [w for w in writes if w[0] in needed]
         self.items.append([k, reads, [before[i] for i in reads], len(self.pairs), len(rec),
-                           writes])
+                           writes, _relocations(tuple(i for i in reads if i in fresh),
+                                                before, rec)])
         self.pairs.extend(rec)
         self.steps.extend([k] * len(rec))
 
@@ -94,9 +138,27 @@ class _Segment:
         self.order()
 
     def put(self, p: int, addr: int, args: bytes) -> None:
+        block = ctypes.create_string_buffer(args, len(args))  # writable: relocations
         self.table[3 + 2 * p] = addr
-        self.table[4 + 2 * p] = ctypes.cast(ctypes.c_char_p(args), ctypes.c_void_p).value or 0
-        self.keep[p] = args
+        self.table[4 + 2 * p] = ctypes.addressof(block)
+        self.keep[p] = block
+
+    def relocate(self, item: list, env: list) -> bool:
+        """Patch ``item``'s blocks for this run's objects in its fresh slots; False
+        when a differing object is not relocatable (the call is then recorded again)."""
+        objs, rel = item[2], item[6]
+        for j, i in enumerate(item[1]):
+            x = env[i]
+            if x is objs[j]:
+                continue
+            at = rel.get(i)
+            span = address_span(x) if at is not None else None
+            if span is None:
+                return False
+            for p, off in at:
+                struct.pack_into("q", self.keep[item[3] + p], off, span[0])
+            objs[j] = x
+        return True
 
     def order(self) -> None:
         """In step order: the calls to check (those with slots: ``(False, item)``) and
@@ -117,7 +179,8 @@ class NativeRun:
 
     def __init__(self, steps: Sequence[tuple[Callable[[list], None], tuple[int, ...]]],
                  given: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
-                 outputs: Sequence[int], filled: set[int]) -> None:
+                 outputs: Sequence[int], filled: set[int], fresh: Iterable[int] = ()
+                 ) -> None:
         from ..backends.cpu_kernels.bindings import SINKS, run_steps
 
         self.steps = steps
@@ -130,6 +193,10 @@ class NativeRun:
         # made in native runs
         self.needed = set(outputs).union(*(i for i, _ in given))
         self.native = [bool(getattr(c, "native", False)) for c, _ in steps]
+        # per step: the slots whose objects a native run may relocate (see the doc): those
+        # the program fills with a fresh tensor per run, and those the call reads by address
+        fresh = set(fresh)
+        self.movable = [fresh.union(getattr(c, "addresses", ())) for c, _ in steps]
         self.ops: list[Any] | None = None   # _Segment or a step index (run in Python)
         self.threads = -1
         self._sinks, self._run_steps = SINKS, run_steps
@@ -159,6 +226,8 @@ class NativeRun:
                 objs = item[2]
                 for j, i in enumerate(item[1]):
                     if env[i] is not objs[j]:
+                        if item[6] and op.relocate(item, env):
+                            break
                         # the calls before it first: recording runs it, as Python would
                         if item[3] > lo and not self._span(op, env, lo, item[3]):
                             return
@@ -220,6 +289,7 @@ class NativeRun:
             return k + 1
         writes = [w for w in writes if w[0] in self.needed]
         item[2] = [before[i] for i in item[1]]
+        item[6] = _relocations(tuple(i for i in item[1] if i in self.movable[k]), before, rec)
         for j, (addr, args) in enumerate(rec):
             seg.put(item[3] + j, addr, args)
         if bool(writes) != bool(item[5]):
@@ -236,7 +306,8 @@ class NativeRun:
             if self.native[k]:
                 got = self._rec(k, env)
                 if got is not None:
-                    seg.add(k, self.reads[k], got[2], got[0], got[1], self.needed)
+                    seg.add(k, self.reads[k], got[2], got[0], got[1], self.needed,
+                            self.movable[k])
                     continue
             if seg.items:
                 seg.seal()
@@ -252,10 +323,16 @@ class NativeRun:
         self.ops = ops
 
 
-def native_call(call: Callable[[list], None], ok: bool = True) -> Callable[[list], None]:
-    """Mark bound call ``call`` as recordable (see the module doc) when ``ok``."""
+def native_call(call: Callable[[list], None], ok: bool = True,
+                addresses: Iterable[int] = ()) -> Callable[[list], None]:
+    """Mark bound call ``call`` as recordable (see the module doc) when ``ok``.
+    ``addresses``: input slots whose tensors its C calls read through their address
+    alone (its Python reads no value of them, and runs through ``not_native`` for one
+    that is not contiguous): a native run relocates a new contiguous tensor there as
+    it does a fresh output."""
     if ok:
         call.native = True  # type: ignore[attr-defined]
+        call.addresses = tuple(addresses)  # type: ignore[attr-defined]
     return call
 
 

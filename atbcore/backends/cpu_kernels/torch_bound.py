@@ -11,6 +11,7 @@ import torch
 from atbcore.errors import ShapeError
 
 from . import torch_checks as chk
+from .bindings import not_native
 from .threads import pool_threads
 from .torch_ops import (_NORM, _ROPE, DTYPE_CODES, MAX_ROTARY_DIM, _check, _fn, _out,
                         _rope_fields, _rope_status, _rows, _vec)
@@ -42,6 +43,8 @@ def norm_bound(name: str, w: torch.Tensor | None, b: torch.Tensor | None, n: int
     keep = (wk, bk, out, sum_out)  # the packed addresses stay valid while the call lives
 
     def call(x: torch.Tensor, residual: torch.Tensor | None = None) -> None:
+        if not x.is_contiguous() or (residual is not None and not residual.is_contiguous()):
+            not_native()  # a copy's address: recorded, it would outlive the copy
         x2, rows, xs = _rows(x, n)
         rp = rs = 0
         if sp:

@@ -19,7 +19,7 @@ import torch
 
 from ...ops.ffn import ffn_layout
 from ...runtime.binding import Slot, resolve
-from ...runtime.native_run import native_call, not_native
+from ...runtime.native_run import native_call, not_native, slots_of
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_act import activation_bound
 from ..cpu_kernels.torch_linear import linear_rows, linear_rows_bound, linear_rows_bound_io
@@ -189,6 +189,8 @@ class CpuFfn:
         steps.append(lambda env: act())
         steps.append(self._bind_down(bufs[-1], residual, y, rows))
         pure = pure and getattr(steps[-1], "native", False)
+        # the down step reads the residual by address alone (its io path: contiguous)
+        by_address = slots_of([residual])
         if len(steps) == 3:
             s0, s1, s2 = steps
 
@@ -196,12 +198,12 @@ class CpuFfn:
                 s0(env)
                 s1(env)
                 s2(env)
-            return native_call(run3, pure)
+            return native_call(run3, pure, by_address)
 
         def run(env: list) -> None:
             for step in steps:
                 step(env)
-        return native_call(run, pure)
+        return native_call(run, pure, by_address)
 
 
 def shapes_of(ins: dict[str, Any]) -> dict[str, Any]:

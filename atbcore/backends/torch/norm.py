@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime.binding import Slot
+from ...runtime.native_run import native_call, slots_of
 from ...tensor import describe
 from ..cpu_kernels import torch_ops as ck
 from . import kernel
@@ -75,10 +76,11 @@ def _bind_norm(name: str) -> Callable[..., Any]:
         n = _numel(_shape(p, o, w))
         run = ck.norm_bound(name, w, b, n, p.eps, getattr(p, "weight_offset", 0.0), o, s)
         gx = (lambda env, i=x.index: env[i]) if type(x) is Slot else (lambda env: x)
+        by_address = slots_of([x, r])  # its C call reads them by address alone
         if r is None:
-            return lambda env: run(gx(env))
+            return native_call(lambda env: run(gx(env)), addresses=by_address)
         gr = (lambda env, i=r.index: env[i]) if type(r) is Slot else (lambda env: r)
-        return lambda env: run(gx(env), gr(env))
+        return native_call(lambda env: run(gx(env), gr(env)), addresses=by_address)
     return bind
 
 
