@@ -41,6 +41,7 @@ import ctypes
 import os
 import struct
 import threading
+from operator import is_
 from typing import Any, Callable, Iterable, Sequence
 
 __all__ = ["NativeRun", "slots_of", "native_call", "not_native", "NATIVE", "address_span"]
@@ -105,7 +106,7 @@ def _relocations(slots: tuple[int, ...], before: list, rec: list) -> dict:
 class _Segment:
     """Consecutive recorded calls: their table, and what a run does before it."""
 
-    __slots__ = ("first", "steps", "pairs", "items", "pre", "table", "failed", "keep")
+    __slots__ = ("first", "steps", "pairs", "items", "pre", "flat", "table", "failed", "keep")
 
     def __init__(self, first: int) -> None:
         self.first = first
@@ -115,6 +116,7 @@ class _Segment:
         # relocations (slot -> [(pair, offset)], see _relocations)]
         self.items: list[list] = []
         self.pre: list[tuple] = []
+        self.flat: tuple | None = None  # see flatten()
         self.table: Any = None
         self.failed = ctypes.c_int64(0)
         self.keep: list[Any] = []  # the argument blocks (ctypes buffers) the table holds
@@ -170,7 +172,18 @@ class _Segment:
                 pre.append((False, item))
             if item[5]:
                 pre.append((True, item))
-        self.pre = pre
+        self.pre, self.flat = pre, None
+
+    def flatten(self) -> tuple:
+        """``(env writes, slots, objects)`` of every item at once: a run whose slots all
+        hold what was recorded (a decode loop's steps) checks them in one pass. (Writes
+        first is safe: a slot's one writer comes before its readers.) Dropped when an
+        item changes."""
+        writes = [w for item in self.items for w in item[5]]
+        slots = [i for item in self.items for i in item[1]]
+        objs = [o for item in self.items for o in item[2]]
+        self.flat = (writes, slots, objs)
+        return self.flat
 
 
 class NativeRun:
@@ -217,6 +230,13 @@ class NativeRun:
                 for i in frees:
                     env[i] = None
                 continue
+            writes, slots, objs = op.flat or op.flatten()
+            for i, v in writes:
+                env[i] = v
+            if all(map(is_, map(env.__getitem__, slots), objs)):
+                self._span(op, env, 0, len(op.pairs))
+                continue
+            op.flat = None  # relocated or recorded again below
             lo = 0
             for writes, item in op.pre:
                 if writes:
