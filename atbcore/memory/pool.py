@@ -14,6 +14,14 @@ caches pin their storage); slices of a view do not hold the lease, so keep the v
 itself while using them. Misuse (double free, a handle of another pool, use after
 free) raises :class:`MemoryError_` and leaves the pool as it was.
 
+Giving memory back: the pool keeps free space inside arenas that still hold a block
+(it is reused by best fit), but an arena that a free leaves empty goes back to the
+device -- on the CPU its pages back to the OS -- once the empty arenas together
+exceed ``config.release_threshold`` (default 0: at once; ``None``: only on
+:meth:`MemoryPool.trim` or :meth:`MemoryPool.release`). ``stats()`` counts what went
+back (``released_bytes``, ``release_count``). Plans take one block per GraphOp
+(:mod:`atbcore.memory.plan_arena`), so a GraphOp destroyed or grown frees whole arenas.
+
 Thread safety: every method of the pool and of its blocks takes the pool's lock, and
 a defragmentation (explicit, or the one ``enable_defrag`` runs inside a failing
 ``alloc``) moves only blocks with no live view, under that lock. So threads may
