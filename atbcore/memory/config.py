@@ -20,6 +20,12 @@ class MemoryPoolConfig:
     ``device``: ``"cpu"``, ``"cuda[:i]"``, ``"npu[:i]"`` (torch tensors) or ``"numpy"``.
     ``alignment``: block alignment in bytes, a power of two >= 64.
     ``initial_size``: bytes of the first arena (default ``min(max_size, 16 MiB)``).
+    ``release_threshold``: bytes of *empty* arenas (no live block) the pool keeps for
+    reuse. When a free leaves an arena empty and the empty arenas together exceed
+    this, the largest go back to the device (on the CPU, the memory to the OS) until
+    they do not. ``0`` (default) keeps none; ``None`` keeps all until
+    :meth:`~atbcore.memory.pool.MemoryPool.trim`. Arenas that still hold a block are
+    never given back, however little of them is used.
 
         MemoryPoolConfig(max_size=16 * 1024**3, growth_factor=1.5, enable_defrag=True)
     """
@@ -30,6 +36,7 @@ class MemoryPoolConfig:
     device: str = "cpu"
     alignment: int = 64
     initial_size: int | None = None
+    release_threshold: int | None = 0
 
     DEFAULT_INITIAL: ClassVar[int] = 16 << 20
 
@@ -50,5 +57,8 @@ class MemoryPoolConfig:
         if init is not None and (isinstance(init, bool) or not isinstance(init, int)
                                  or not 0 < init <= self.max_size):
             bad("initial_size", f"an int in (0, max_size={self.max_size}]", init)
+        keep = self.release_threshold
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
+            bad("release_threshold", "an int >= 0 (bytes) or None", keep)
         if not isinstance(self.device, str) or not self.device:
             bad("device", "a device string such as 'cpu', 'cuda:0' or 'numpy'", self.device)

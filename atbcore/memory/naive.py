@@ -44,4 +44,7 @@ class NaiveAllocator(MemoryPool):
     def _after_free(self, arena: _Arena) -> None:
         # The block's buffer goes back to the device right away: nothing is cached.
         self._arenas.remove(arena)
+        arena.buf = None  # the freed block still names its arena
         self._reserved -= arena.size
+        self._released += arena.size
+        self._n_released += 1

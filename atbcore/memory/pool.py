@@ -14,6 +14,14 @@ caches pin their storage); slices of a view do not hold the lease, so keep the v
 itself while using them. Misuse (double free, a handle of another pool, use after
 free) raises :class:`MemoryError_` and leaves the pool as it was.
 
+Giving memory back: the pool keeps free space inside arenas that still hold a block
+(it is reused by best fit), but an arena that a free leaves empty goes back to the
+device -- on the CPU its pages back to the OS -- once the empty arenas together
+exceed ``config.release_threshold`` (default 0: at once; ``None``: only on
+:meth:`MemoryPool.trim` or :meth:`MemoryPool.release`). ``stats()`` counts what went
+back (``released_bytes``, ``release_count``). Plans take one block per GraphOp
+(:mod:`atbcore.memory.plan_arena`), so a GraphOp destroyed or grown frees whole arenas.
+
 Thread safety: every method of the pool and of its blocks takes the pool's lock, and
 a defragmentation (explicit, or the one ``enable_defrag`` runs inside a failing
 ``alloc``) moves only blocks with no live view, under that lock. So threads may
@@ -47,7 +55,8 @@ class MemoryPool:
     """Best-fit pool over growable arenas; see the module docstring.
 
     ``alloc(nbytes, pinned=False) -> Block``, ``free(block)``, ``defragment()``,
-    ``reserve(nbytes)`` (grow ahead of time), ``release()`` (give unused arenas back),
+    ``reserve(nbytes)`` (grow ahead of time), ``release()`` / ``trim(keep)`` (give
+    empty arenas back; ``config.release_threshold`` does it on every free),
     ``stats()``, ``layout()`` (arenas with their live and free segments).
     """
 
@@ -70,6 +79,7 @@ class MemoryPool:
         self._reserved = self._allocated = self._requested = 0
         self._peak = self._peak_reserved = 0
         self._n_alloc = self._n_free = self._n_failed = self._n_defrag = 0
+        self._released = self._n_released = 0  # arenas given back to the device
 
     # ------------------------------------------------------------------ allocation
     def alloc(self, nbytes: int, pinned: bool = False) -> Block:
@@ -192,7 +202,11 @@ class MemoryPool:
             self._after_free(arena)
 
     def _after_free(self, arena: _Arena) -> None:
-        """Hook: the naive allocator gives each arena back as soon as it is empty."""
+        """An arena the free left empty goes back beyond ``release_threshold`` (the
+        naive allocator overrides this: each of its arenas goes back at once)."""
+        keep = self.config.release_threshold
+        if keep is not None and not arena.live:
+            self._release_empty(keep)
 
     def release(self) -> int:
         """Give arenas that hold no live block back to the device; returns bytes released."""
@@ -201,12 +215,27 @@ class MemoryPool:
 
     empty_cache = release
 
-    def _release_empty(self) -> int:
-        gone = [a for a in self._arenas if not a.live]
-        for a in gone:
+    def trim(self, keep: int = 0) -> int:
+        """Give empty arenas back, largest first, until at most ``keep`` bytes of them
+        remain; returns bytes released. Blocks in use never move or go."""
+        with self._lock:
+            return self._release_empty(int(keep))
+
+    def _release_empty(self, keep: int = 0) -> int:
+        empty = sorted((a for a in self._arenas if not a.live), key=lambda a: -a.size)
+        idle = sum(a.size for a in empty)
+        gone = 0
+        for a in empty:
+            if idle <= keep:
+                break
             self._arenas.remove(a)
+            a.buf = None  # freed blocks still name their arena: drop the memory itself
             self._reserved -= a.size
-        return sum(a.size for a in gone)
+            idle -= a.size
+            gone += a.size
+            self._n_released += 1
+        self._released += gone
+        return gone
 
     # ------------------------------------------------------------------ growth & defrag
     def reserve(self, nbytes: int) -> None:
@@ -301,6 +330,8 @@ class MemoryPool:
                 "num_arenas": len(self._arenas), "num_blocks": len(self._live),
                 "alloc_count": self._n_alloc, "free_count": self._n_free,
                 "failed_allocs": self._n_failed, "defrag_count": self._n_defrag,
+                "release_threshold": self.config.release_threshold,
+                "released_bytes": self._released, "release_count": self._n_released,
             }
 
     def layout(self) -> list[dict[str, Any]]:

@@ -167,9 +167,12 @@ def capture_or_none(op: Any, plan: Any, exact: Mapping[str, TensorDesc],
             return None
     sig = tuple(sorted((k, exact[k]) for k in native))
     cap = op._captured.get(sig)
-    out = None if cap is None else cap.replay(native)
+    # a graph captured before the GraphOp's shared arena grew writes the old block
+    fresh = cap is not None and getattr(cap, "arena_block", None) is plan.arena_block
+    out = cap.replay(native) if fresh else None
     if out is None:
         op._captured[sig] = cap = CapturedPlan(plan, native, exact, by_reference=op._trusted)
+        cap.arena_block = plan.arena_block
         out = cap.replay(native)
     op.last_launches = cap.launches
     return out

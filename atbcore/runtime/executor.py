@@ -18,9 +18,10 @@ Buffers:
   and each such intermediate is dropped at its last use;
 * graph outputs are never in the arena: each run allocates them, so callers own them.
 
-Threads: a run holds the plan's lock (the arena is one per plan), so one GraphOp
-called from several threads gives the serial results; independent GraphOps run in
-parallel.
+Threads: a run holds the plan's lock. The plans of one GraphOp share one arena and
+that arena's one lock (:mod:`atbcore.memory.plan_arena`), so one GraphOp called from
+several threads, with any mix of shapes, gives the serial results; independent
+GraphOps run in parallel.
 """
 
 from __future__ import annotations

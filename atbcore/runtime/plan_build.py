@@ -33,7 +33,7 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
                backend: str | None = None, levels: list[list[Node]] | None = None,
                weights: Callable[[str, str, str], Any] | None = None,
                points: Mapping[str, tuple[str | None, str | None]] | None = None,
-               num_streams: int = 1, arena: str = "auto",
+               num_streams: int = 1, arena: Any = "auto",
                framework: str | None = None, trusted: frozenset[str] = frozenset()
                ) -> ExecPlan:
     """Compile ``graph`` for ``input_descs`` (graph input id -> descriptor).
@@ -43,7 +43,9 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
     (GraphOp caches them so plans share one copy); ``points`` maps node name to its
     plugin points ``(pre, post)``; ``num_streams > 1`` runs independent branches on
     separate CUDA streams (CUDA only; ignored elsewhere); ``arena`` is
-    ``"auto" | "always" | "never"`` (see the module docstring); ``framework`` is the
+    ``"auto" | "always" | "never"`` (see the module docstring) or a
+    :class:`~atbcore.memory.plan_arena.PlanArena` the plan joins (one arena for the
+    plans of a GraphOp, under one lock); ``framework`` is the
     caller's (framework backends of that framework are asked first). ``trusted``:
     graph inputs whose values atb itself made and checked (a KV cache's index
     tensors): a node reading graph inputs only from this set skips its per-call
@@ -162,7 +164,7 @@ def native_weight(arr: Any, native: str, device: str) -> Any:
     return t
 
 
-def _reserve_arena(plan: ExecPlan, arena: str) -> None:
+def _reserve_arena(plan: ExecPlan, arena: Any) -> None:
     if arena == "never" or plan.memory.arena_bytes == 0:
         plan.arena_note = "not reserved" if arena == "never" else "no planned buffers"
         return
@@ -177,6 +179,9 @@ def _reserve_arena(plan: ExecPlan, arena: str) -> None:
         plan.arena_note = f"not reserved: pool on {pool.device}, plan on {plan.device}"
         for c in plan.calls:
             c.writes_out = False
+        return
+    if not isinstance(arena, str):  # a PlanArena: shared with the GraphOp's other plans
+        arena.attach(plan, pool)  # PoolExhaustedError when it cannot grow
         return
     block = pool.alloc(plan.memory.arena_bytes)  # PoolExhaustedError when it cannot
     plan.arena_block = block.pin() if hasattr(block, "pin") else block

@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..backends import select_backend
 from ..dtypes import Dtype
 from ..errors import AtbError, ParamsError, PoolExhaustedError, ShapeError
+from ..memory.plan_arena import PlanArena
 from ..tensor import TensorDesc
 from .executor import ExecPlan, _descs_of, infer_descs
 
@@ -60,9 +61,12 @@ def _convention(d: TensorDesc) -> tuple[str | None, ...]:
 class PlanCache:
     """Plans of one graph keyed by (bucketed) input signature.
 
-    ``build(input_descs, framework) -> ExecPlan`` compiles a plan;
+    ``build(input_descs, framework) -> ExecPlan`` compiles a plan (a builder that
+    passes :attr:`arena` to ``build_plan`` gives all plans one arena, sized for the
+    largest, and one lock: see :mod:`atbcore.memory.plan_arena`);
     ``get(input_descs, framework=None)`` returns ``(plan, exact_descs)``; the
-    caller's framework is part of the key (it can change which backend runs). ``stats()`` reports hits, misses and plans held.
+    caller's framework is part of the key (it can change which backend runs).
+    ``stats()`` reports hits, misses and plans held; ``arena.stats()`` the arena.
     """
 
     def __init__(self, build: Callable[[Mapping[str, TensorDesc], str | None], ExecPlan], *,
@@ -83,6 +87,7 @@ class PlanCache:
         self._unbucketable: set[Any] = set()
         self._raw: dict[tuple, tuple] = {}  # raw tensor signature -> exact signature
         self.hits = self.misses = self.evictions = 0
+        self.arena = PlanArena(name)
         if dynamic_shape:
             self.set_dynamic_shape(dynamic_shape)
 

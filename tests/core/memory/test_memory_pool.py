@@ -111,7 +111,7 @@ def test_best_fit_picks_the_smallest_hole_and_splits_it():
 
 
 def test_freeing_neighbours_coalesces():
-    pool = make(initial_size=4096)
+    pool = make(initial_size=4096, release_threshold=None)  # the emptied arena stays
     blocks = [pool.alloc(512) for _ in range(8)]
     for i in (1, 3, 2):
         blocks[i].free()
@@ -204,7 +204,7 @@ def test_enable_defrag_compacts_before_failing():
 
 
 def test_defragment_empties_later_arenas_and_release():
-    pool = make(max_size=1 << 16, initial_size=4096, growth_factor=1.0)
+    pool = make(max_size=1 << 16, initial_size=4096, growth_factor=1.0, release_threshold=None)
     a = [pool.alloc(2048) for _ in range(4)]  # arena A: a0 a1, arena B: a2 a3
     data = {b: fill(b, i) for i, b in enumerate(a)}
     arena_a = a[0].location[0]
@@ -264,7 +264,7 @@ def test_views_outside_the_block_are_refused():
 
 
 def test_stats_track_counts_peak_and_fragmentation():
-    pool = make(initial_size=4096)
+    pool = make(initial_size=4096, release_threshold=None)  # holes in a kept arena
     a, b, c = pool.alloc(1024), pool.alloc(1000), pool.alloc(2048)
     s = pool.stats()
     assert (s["allocated"], s["requested"], s["reserved"]) == (4096, 4072, 4096)
