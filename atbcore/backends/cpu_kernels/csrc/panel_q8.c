@@ -119,6 +119,63 @@ static void q8_panel(const int8_t *w, int64_t K, const int8_t *xq, const float *
     _mm256_storeu_ps(res + 16, _mm256_permute2f128_ps(f0, f1, 0x31));
     _mm256_storeu_ps(res + 24, _mm256_permute2f128_ps(f2, f3, 0x31));
 }
+
+/* rows 0 and 1 (xq0/dx0, xq1/dx1) against one panel: q8_panel's sums for each, bit for bit,
+ * with the weight interleave and |w| made once for both rows (the many-row case: prefill
+ * and batched decode); the fp32 sums live in res0/res1 (L1), one FMA per block each */
+static void q8_panel2(const int8_t *w, int64_t K, const int8_t *xq0, const float *dx0,
+                      const int8_t *xq1, const float *dx1, int64_t nblk, float *res0,
+                      float *res1) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    float f[2][32] = {{0}};
+    for (int64_t b = 0; b < nblk; ++b) {
+        __m256i a[2][4];
+        for (int r = 0; r < 2; ++r)
+            for (int u = 0; u < 4; ++u) a[r][u] = _mm256_setzero_si256();
+        const int64_t k1 = (b + 1) * Q8_BLOCK < K ? (b + 1) * Q8_BLOCK : K;
+        for (int64_t k = b * Q8_BLOCK; k < k1; k += 4) {
+            const __m256i r0 = q8_row(w, k, K), r1 = q8_row(w, k + 1, K);
+            const __m256i r2 = q8_row(w, k + 2, K), r3 = q8_row(w, k + 3, K);
+            __m256i xa[2], xb[2];
+            for (int r = 0; r < 2; ++r) {
+                int16_t x01, x23;
+                memcpy(&x01, (r ? xq1 : xq0) + k, 2);
+                memcpy(&x23, (r ? xq1 : xq0) + k + 2, 2);
+                xa[r] = _mm256_set1_epi16(x01);
+                xb[r] = _mm256_set1_epi16(x23);
+            }
+            for (int h = 0; h < 2; ++h) { /* outputs [0-7 | 16-23], then [8-15 | 24-31] */
+                const __m256i p = h ? _mm256_unpackhi_epi8(r0, r1) : _mm256_unpacklo_epi8(r0, r1);
+                const __m256i q = h ? _mm256_unpackhi_epi8(r2, r3) : _mm256_unpacklo_epi8(r2, r3);
+                const __m256i pa = _mm256_abs_epi8(p), qa = _mm256_abs_epi8(q);
+                for (int r = 0; r < 2; ++r) {
+                    const __m256i ps = _mm256_maddubs_epi16(pa, _mm256_sign_epi8(xa[r], p));
+                    const __m256i qs = _mm256_maddubs_epi16(qa, _mm256_sign_epi8(xb[r], q));
+                    a[r][2 * h] = _mm256_add_epi32(
+                        a[r][2 * h], _mm256_madd_epi16(_mm256_unpacklo_epi16(ps, qs), ones));
+                    a[r][2 * h + 1] = _mm256_add_epi32(
+                        a[r][2 * h + 1], _mm256_madd_epi16(_mm256_unpackhi_epi16(ps, qs), ones));
+                }
+            }
+        }
+        for (int r = 0; r < 2; ++r) {
+            const __m256 d = _mm256_set1_ps((r ? dx1 : dx0)[b]);
+            for (int u = 0; u < 4; ++u)
+                _mm256_storeu_ps(f[r] + 8 * u, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][u]), d,
+                                                               _mm256_loadu_ps(f[r] + 8 * u)));
+        }
+    }
+    for (int r = 0; r < 2; ++r) { /* back to output order, as q8_panel */
+        float *res = r ? res1 : res0;
+        const __m256 f0 = _mm256_loadu_ps(f[r]), f1 = _mm256_loadu_ps(f[r] + 8);
+        const __m256 f2 = _mm256_loadu_ps(f[r] + 16), f3 = _mm256_loadu_ps(f[r] + 24);
+        _mm256_storeu_ps(res, _mm256_permute2f128_ps(f0, f1, 0x20));
+        _mm256_storeu_ps(res + 8, _mm256_permute2f128_ps(f2, f3, 0x20));
+        _mm256_storeu_ps(res + 16, _mm256_permute2f128_ps(f0, f1, 0x31));
+        _mm256_storeu_ps(res + 24, _mm256_permute2f128_ps(f2, f3, 0x31));
+    }
+}
+#define Q8_PANEL2 1
 #else
 /* the same sums in plain C: exact integers per block, the same fp32 FMAs in block order */
 static void q8_panel(const int8_t *w, int64_t K, const int8_t *xq, const float *dx, int64_t nblk,
@@ -143,12 +200,23 @@ static void run_q8(void *ctx, int64_t chunk) {
     const int64_t p0 = chunk * job->chunk_panels;
     const int64_t p1 = p0 + job->chunk_panels < np ? p0 + job->chunk_panels : np;
     const int8_t *w = (const int8_t *)P(a->w);
-    for (int64_t p = p0; p < p1; ++p)
-        for (int64_t m = 0; m < a->m; ++m) {
+    for (int64_t p = p0; p < p1; ++p) {
+        const int8_t *wp = w + p * K * 32;
+        int64_t m = 0;
+#ifdef Q8_PANEL2
+        for (; m + 2 <= a->m; m += 2) {
+            float res[64];
+            q8_panel2(wp, K, job->xq + m * kp, job->dx + m * job->nblk, job->xq + (m + 1) * kp,
+                      job->dx + (m + 1) * job->nblk, job->nblk, res, res + 32);
+            atb_panel_emit(a, m, p * 32, 2, res);
+        }
+#endif
+        for (; m < a->m; ++m) {
             float res[32];
-            q8_panel(w + p * K * 32, K, job->xq + m * kp, job->dx + m * job->nblk, job->nblk, res);
+            q8_panel(wp, K, job->xq + m * kp, job->dx + m * job->nblk, job->nblk, res);
             atb_panel_emit(a, m, p * 32, 1, res);
         }
+    }
 }
 
 int atb_linear_panels_q8(const LinArgs *a, const float *x, int64_t xs, int nth) {
