@@ -1,7 +1,7 @@
 """Quantized Linears of a lowered model (``decoder_layers(..., quantize=...)``): every
 projection (merged QKV, output, gate|up, down, LM head) becomes a core ``Linear`` with
-``quant="w8"`` (int8 weights, a scale per output channel), ``"w8a8"`` (the same weights,
-int8 activations per row) or ``"w4"`` (4-bit codes, fp16 scales per group of 32
+``quant="w8"`` (int8 weights, a scale per output channel; activations read as int8 blocks
+of 32 inputs, as llama.cpp's Q8_0), ``"w8a8"`` (the same weights, int8 activations per row) or ``"w4"`` (4-bit codes, fp16 scales per group of 32
 inputs): :mod:`atbcore.ops.linear_quant`. The one pass pipeline then fuses the norms
 into them and the residual adds into their epilogues as it does for float Linears, and
 the CPU binders pack each into its kernel's layout once.

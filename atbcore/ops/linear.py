@@ -3,8 +3,10 @@
 ``Linear(x, weight, bias?, scale?, residual?, zeros?)``: ``y = x @ W.T + bias`` with
 ``W`` [out, in] (``transpose_weight=False``: W given as [in, out]). With
 ``quant="w8"`` the weight is int8 and ``scale`` holds one float per output channel:
-``W = weight * scale[:, None]`` (see :func:`quantize_w8`). ``quant="w8a8"``: the same
-weights times int8 activations quantized per row; ``quant="w4"``: uint8 4-bit codes
+``W = weight * scale[:, None]`` (see :func:`quantize_w8`), and x is read as int8 blocks
+of 32 inputs per row, one fp32 scale each (``rint(x * 127 / max|x|)``, llama.cpp's Q8_0
+activations; :func:`.linear_quant.act_q8`). ``quant="w8a8"``: the same weights times
+int8 activations quantized per row; ``quant="w4"``: uint8 4-bit codes
 ``[out, in]`` with a scale (and optional zero point, ``zeros``) per output and group of
 ``group_size`` inputs (:mod:`.linear_quant`). x is ``[..., in]``.
 
@@ -24,7 +26,7 @@ from ..errors import DtypeError, InputError, ShapeError
 from ..tensor import TensorDesc
 from .base import (FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_param_dtype, expect_same_dtype,
                    f64)
-from .linear_quant import W4_GROUP, _check_group, ref_w4, ref_w8a8, w4_groups
+from .linear_quant import W4_GROUP, _check_group, act_q8, ref_w4, ref_w8a8, w4_groups
 from .registry import register_op
 
 __all__ = ["LinearParams", "MatMulParams", "Linear", "MatMul", "quantize_w8", "dequantize_w8",
@@ -186,16 +188,18 @@ def _check_linear(op: str, p: LinearParams, ins) -> TensorDesc:
 def ref_linear(p: LinearParams, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                s: np.ndarray | None, r: np.ndarray | None = None,
                z: np.ndarray | None = None) -> np.ndarray:
-    """float64 ``x @ W.T + b [+ r]`` (W dequantized for w8; w4 and w8a8 also quantize
-    x as their kernels do: :mod:`.linear_quant`)."""
+    """float64 ``x @ W.T + b [+ r]`` (W dequantized for w8; w8, w4 and w8a8 also
+    quantize x as their kernels do: :mod:`.linear_quant`)."""
     if p.quant in ("w4", "w8a8"):
         y = ref_w4(x, w, s, z, p.group_size) if p.quant == "w4" else ref_w8a8(x, w, s)
         return y + (0.0 if b is None else f64(b)) + (0.0 if r is None else f64(r))
+    xf = f64(x)
     if p.quant == "w8":   # one scale per output channel: rows of [out, in], columns of [in, out]
         wf = dequantize_w8(w, s) if p.transpose_weight else dequantize_w8(w.T, s)
+        xf = act_q8(x)    # x in int8 blocks of 32, as the kernels read it
     else:
         wf = f64(w) if p.transpose_weight else f64(w).T
-    y = f64(x) @ wf.T
+    y = xf @ wf.T
     if b is not None:
         y = y + f64(b)
     if r is not None:

@@ -28,7 +28,7 @@ from ..errors import InputError, ShapeError
 from .base import f64
 
 __all__ = ["quantize_w4", "dequantize_w4", "w4_groups", "ACT_BLOCK", "W4_GROUP",
-           "quantize_act_rows", "ref_w4", "ref_w8a8", "dense_or_w8_only"]
+           "quantize_act_rows", "act_q8", "ref_w4", "ref_w8a8", "dense_or_w8_only"]
 
 ACT_BLOCK = 32  # inputs per int8 activation block of w4 (a group is a multiple of it)
 W4_GROUP = 32   # the default group size of w4 weights
@@ -115,6 +115,16 @@ def quantize_act_rows(x: Any, block: int | None = None) -> tuple[np.ndarray, np.
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     q = np.clip(np.rint((blocks * inv[..., None]).astype(np.float32)), -127, 127)
     return q.reshape(m, kp).astype(np.int8), (amax / np.float32(127)).astype(np.float32)
+
+
+def act_q8(x: Any) -> np.ndarray:
+    """float64 ``x`` [..., K] as the w8 kernels read it: each row in int8 blocks of
+    :data:`ACT_BLOCK` inputs (:func:`quantize_act_rows`), dequantized."""
+    xa = np.asarray(x)
+    k = xa.shape[-1]
+    q, dx = quantize_act_rows(xa.reshape(-1, k), ACT_BLOCK)        # [M, K'], [M, K'/32]
+    xq = (f64(q).reshape(q.shape[0], -1, ACT_BLOCK) * f64(dx)[..., None]).reshape(q.shape)
+    return xq[:, :k].reshape(xa.shape)
 
 
 def ref_w4(x: Any, codes: Any, scales: Any, zeros: Any, group: int) -> np.ndarray:

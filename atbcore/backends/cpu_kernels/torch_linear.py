@@ -93,7 +93,9 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
     ``w`` packed by :func:`pack_panels`, which the kernel then reads instead of ``w``
     (x broadcast against 32-output panel rows, K summed in blocks of 128), at any
     row count: more than 64 rows run in 64-row blocks on torch's OpenMP team.
-    An int8 ``w`` needs ``scale`` (fp32 [N]); ``bias`` is [N]."""
+    An int8 ``w`` needs ``scale`` (fp32 [N]) and reads each row of ``x`` as int8 blocks of
+    32 inputs (one fp32 scale each, :func:`atbcore.ops.linear_quant.act_q8`: integer dot
+    products, as llama.cpp's Q8_0); ``bias`` is [N]."""
     _linear_check("linear_rows", x, w, scale, bias, out, accumulate, rms_norm_eps,
                   rms_norm_weight, panels, residual)
     if threads is not None:

@@ -11,6 +11,10 @@ fp16/bf16 model quantizes them (:func:`atbcore.models.quant.linear_layer`). The
 converted scales are made once per scale tensor (and version) and reused. The bias
 goes into the op (fp16/fp32 documented; a bf16 bias is widened to fp32, exactly), so
 the output is rounded once.
+
+The op is W8A16: x is read as given, not as the int8 blocks of 32 that the CPU kernels
+and the op's reference quantize it to (a half x cannot carry q * dx exactly), so on the
+NPU w8 is the more exact product, within that activation rounding of the reference.
 """
 
 from __future__ import annotations

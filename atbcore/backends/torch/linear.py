@@ -88,24 +88,22 @@ def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _w8_linear(p, x, w, b, s):
+    from .linear_quant import _quant_x
+
     path, why = w8_plan(x, w, s, p.transpose_weight, b is not None)
     if why:
         logger.debug("Linear w8: %s (%s)", path, why)
-    x2 = x.reshape(-1, x.shape[-1])                     # [M, K]
-    if path == "int8pack":
-        x2 = x2.contiguous()
-        if x2.data_ptr() % 64:                          # see w8_plan: aligned rows only
-            x2 = x2.clone()
-        y = torch.ops.aten._weight_int8pack_mm(x2, w.contiguous(), s)
-    elif path == "int8pack_fp32":
+    k = x.shape[-1]
+    # x as the C kernel reads it: int8 blocks of 32 per row (ops.linear_quant.act_q8), in
+    # fp32 (a bf16 copy would round q * dx again), so the bf16 int8pack runs in fp32
+    x2 = _quant_x(x.reshape(-1, k).float(), 32)[:, :k].contiguous()  # [M, K] fp32
+    if path in ("int8pack", "int8pack_fp32"):
         y = torch.ops.aten._weight_int8pack_mm(x2.float().contiguous(), w.contiguous(), s.float())
         if b is not None:
             y = y + b.float()
         y = y.to(x.dtype)
     else:
-        # |int8| <= 127 is exact in fp16/bf16: on CUDA the GEMM reads a half copy
-        wd = w.to(x.dtype) if x.device.type == "cuda" and x.dtype in _HALF else w
-        wt = wd.t() if p.transpose_weight else wd                          # [K, N]
+        wt = w.t() if p.transpose_weight else w                            # [K, N]
         y = mm_fp32(x2, wt) * s.float()                                    # scale per column
         if b is not None:
             y = y + b.float()

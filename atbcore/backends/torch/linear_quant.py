@@ -244,11 +244,12 @@ def _quant_x(x: torch.Tensor, block: int | None) -> torch.Tensor:
     m, k = x.shape
     b = k if block is None else block
     kp = -(-k // b) * b
-    xp = torch.zeros(m, kp, dtype=torch.float32)
+    xp = torch.zeros(m, kp, dtype=torch.float32, device=x.device)
     xp[:, :k] = x
     blocks = xp.view(m, kp // b, b)
     amax = blocks.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    inv = torch.where(amax > 0, torch.tensor(127.0, device=x.device) / amax,  # true division
+                      torch.zeros_like(amax))
     q = torch.round(blocks * inv).clamp_(-127, 127)
     return (q * (amax / 127.0)).view(m, kp)
 

@@ -53,13 +53,15 @@ def test_norms_vs_torch_and_hf(dt, tag):
 @pytest.mark.parametrize("dt,tag", DTYPES)
 def test_linear_matmul_vs_torch(dt, tag):
     from atbcore.ops.linear import quantize_w8
+    from atbcore.ops.linear_quant import act_q8
 
     x, w, b = r(3, 5, 32, dtype=dt), r(48, 32, dtype=dt, seed=1, scale=0.2), r(48, dtype=dt, seed=2)
     close(F.linear(x, w, b), TF.linear(*f32(x, w, b)), tag, "linear")
     wq, s = quantize_w8(w.float())
     s = s.to(dt)  # the scale in the activation dtype; dequantised in fp32
+    xq = torch.from_numpy(act_q8(x.float().numpy())).float()  # w8 reads x as int8 blocks
     close(F.linear(x, wq, b, scale=s),
-          TF.linear(x.float(), wq.float() * s.float()[:, None], b.float()), tag, "linear w8")
+          TF.linear(xq, wq.float() * s.float()[:, None], b.float()), tag, "linear w8")
     a, m = r(2, 4, 6, 8, dtype=dt), r(4, 5, 8, dtype=dt, seed=3)
     close(F.matmul(a, m, transpose_b=True), torch.matmul(*f32(a, m.transpose(-1, -2))), tag,
           "matmul")

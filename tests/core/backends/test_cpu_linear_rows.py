@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from atbcore.backends.cpu_kernels import available
 from atbcore.errors import InputError, ShapeError
 from atbcore.numerics import assert_close
+from atbcore.ops.linear_quant import act_q8
 
 pytestmark = pytest.mark.skipif(not available(), reason="no C compiler here: C kernels absent")
 
@@ -52,7 +53,8 @@ def test_linear_rows_int8_scale_and_accumulate(m):
     before = out.clone()
     y = linear_rows(x, w, scale=s, out=out, accumulate=True)
     assert y is out
-    assert_close(out, _ref(x, w.float(), scale=s, acc=before).astype(np.float32), "fp32",
+    xq = torch.from_numpy(act_q8(x.numpy()))  # w8 reads x as int8 blocks of 32
+    assert_close(out, _ref(xq, w.float(), scale=s, acc=before).astype(np.float32), "fp32",
                  "linear_rows int8 accumulate")
 
 
@@ -173,13 +175,16 @@ def test_linear_rows_panels_half_and_int8_weights(wdt, m):
         w, s = torch.randn(99, 200, generator=g).to(wdt), None
     b = torch.randn(99, generator=g)
     p = pack_panels(w)
+    # w8 reads x as int8 blocks of 32: the reference quantizes it the same way
+    xr = (lambda t: torch.from_numpy(act_q8(t.float().numpy()))) if s is not None else \
+        (lambda t: t.float())
     y = linear_rows(x, w, scale=s, bias=b, panels=p)
-    assert_close(y, _ref(x, w.float(), scale=s, bias=b).astype(np.float32), "fp32",
+    assert_close(y, _ref(xr(x), w.float(), scale=s, bias=b).astype(np.float32), "fp32",
                  f"{wdt} panels")
     assert torch.equal(y, linear_rows(x, w, scale=s, bias=b, panels=p.clone()))
     yb = linear_rows(x.bfloat16(), w, scale=s, bias=b.bfloat16(), panels=p)
     assert yb.dtype == torch.bfloat16
-    assert_close(yb, _ref(x.bfloat16().float(), w.float(), scale=s,
+    assert_close(yb, _ref(xr(x.bfloat16()), w.float(), scale=s,
                           bias=b.bfloat16()).astype(np.float32), "bf16", f"{wdt} panels, bf16 x")
 
 
@@ -250,7 +255,8 @@ def test_linear_rows_panels_row_independent_of_tile(wdt):
     y = linear_rows(x, w, scale=scale, panels=p, threads=2)
     for i in range(29):
         assert torch.equal(linear_rows(x[i:i + 1], w, scale=scale, panels=p), y[i:i + 1]), i
-    ref = x.double().numpy() @ w.double().numpy().T
+    xr = x.double().numpy() if scale is None else act_q8(x.numpy())  # w8: int8 blocks of x
+    ref = xr @ w.double().numpy().T
     if scale is not None:
         ref = ref * scale.double().numpy()
     assert_close(y.float(), ref.astype(np.float32), "fp32" if wdt != torch.bfloat16 else "bf16",

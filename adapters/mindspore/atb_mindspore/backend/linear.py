@@ -20,10 +20,36 @@ from .common import cast, f32, mint, swap_last
 __all__ = ["linear_fp32"]
 
 
-def linear_fp32(p: Any, x: Any, w: Any, b: Any, s: Any) -> Any:
-    """``x @ W.T (* scale) + b`` in fp32, shape ``[..., out]`` (not rounded)."""
+def act_q8(x: Any) -> Any:
+    """fp32 ``x`` [..., K] as atb's w8 reads it (:func:`atbcore.ops.linear_quant.act_q8`):
+    each row in int8 blocks of 32, ``q = rint(x * 127 / max|x|)`` (ties to even), times
+    ``max|x| / 127``."""
     mt = mint()
-    xf = f32(x)
+    k = x.shape[-1]
+    x2 = x.reshape((-1, k))
+    m, kp = x2.shape[0], -(-k // 32) * 32
+    if kp != k:
+        x2 = mt.cat((x2, mt.zeros((m, kp - k), dtype=x2.dtype)), 1)
+    blk = x2.reshape((m, kp // 32, 32))
+    amax = mt.amax(mt.abs(blk), -1, True)
+    zero = mt.mul(amax, 0.0)                               # (full_like: no CPU kernel)
+    c127 = mt.add(zero, 127.0)
+    inv = mt.where(amax > 0, mt.div(c127, amax), zero)
+    v = mt.mul(blk, inv)
+    q = mt.floor(v)
+    f = mt.sub(v, q)
+    odd = mt.ne(mt.remainder(q, 2.0), 0)
+    up = mt.logical_or(mt.gt(f, 0.5), mt.logical_and(mt.eq(f, 0.5), odd))
+    q = mt.clamp(mt.add(q, cast(up, q.dtype)), -127.0, 127.0)
+    y = mt.mul(q, mt.div(amax, c127)).reshape((m, kp))[:, :k]
+    return y.reshape(x.shape)
+
+
+def linear_fp32(p: Any, x: Any, w: Any, b: Any, s: Any) -> Any:
+    """``x @ W.T (* scale) + b`` in fp32, shape ``[..., out]`` (not rounded); with a
+    w8 ``scale`` x is read as int8 blocks of 32, as atb's w8 reads it (:func:`act_q8`)."""
+    mt = mint()
+    xf = f32(x) if s is None else act_q8(f32(x))
     wf = f32(w)                                            # int8 -> fp32 is exact
     wt = swap_last(wf) if p.transpose_weight else wf       # [in, out]
     y = mt.matmul(xf.reshape((-1, x.shape[-1])), wt)       # [M, out]

@@ -25,10 +25,33 @@ from .common import PATHS, f32, to_dtype
 __all__ = ["linear_fp32"]
 
 
+def act_q8(x):
+    """fp32 ``x`` [..., K] as atb's w8 reads it (:func:`atbcore.ops.linear_quant.act_q8`):
+    each row in int8 blocks of 32, ``q = rint(x * 127 / max|x|)`` (ties to even), times
+    ``max|x| / 127``."""
+    k = x.shape[-1]
+    x2 = x.reshape([-1, k])
+    m, kp = x2.shape[0], -(-k // 32) * 32
+    if kp != k:
+        x2 = paddle.concat([x2, paddle.zeros([m, kp - k], "float32")], axis=1)
+    blk = x2.reshape([m, kp // 32, 32])
+    amax = paddle.max(paddle.abs(blk), axis=-1, keepdim=True)
+    c127 = paddle.full_like(amax, 127.0)
+    inv = paddle.where(amax > 0, paddle.divide(c127, amax), paddle.zeros_like(amax))
+    v = blk * inv
+    q = paddle.floor(v)
+    up = (v - q > 0.5) | ((v - q == 0.5) & (paddle.remainder(q, paddle.full_like(q, 2.0)) != 0))
+    q = paddle.clip(q + paddle.cast(up, "float32"), -127.0, 127.0)
+    y = (q * paddle.divide(amax, c127)).reshape([m, kp])[:, :k]
+    return y.reshape(x.shape)
+
+
 def linear_fp32(x, w, b, transpose_weight: bool = True, scale=None):
     """``x`` [..., in] @ W + b in fp32 (W [out, in] when ``transpose_weight``, else
-    [in, out]; int8 W with per-output ``scale``). Returns fp32 [..., out]."""
-    y = paddle.matmul(f32(x), f32(w), transpose_y=transpose_weight)
+    [in, out]; int8 W with per-output ``scale``, x then read as int8 blocks of 32 as
+    atb's w8 reads it: :func:`act_q8`). Returns fp32 [..., out]."""
+    xf = f32(x) if scale is None else act_q8(f32(x))
+    y = paddle.matmul(xf, f32(w), transpose_y=transpose_weight)
     if scale is not None:
         y = y * f32(scale)                 # one scale per output column
     if b is not None:

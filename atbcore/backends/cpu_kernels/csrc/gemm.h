@@ -18,6 +18,13 @@ void atb_panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float 
  * (dtypes, layout, or a CPU without AVX512_BF16): the caller runs the fp32 path. */
 int atb_linear_bf16(const LinArgs *a, const void *x, int64_t xs, int nth);
 
+/* y = x w^T for fp32 rows x (xs elements apart) on int8 panels (w8), x quantized to int8
+ * per row and block of 32 inputs (panel_q8.c). Returns 0, or ATB_ERR_NOMEM. */
+int atb_linear_panels_q8(const LinArgs *a, const float *x, int64_t xs, int nth);
+
+/* x (K fp32) read as int8 blocks of 32: each element q * dx (for the [N, K] int8 rows) */
+void atb_q8_round_row(const float *x, int64_t K, float *out);
+
 /* whether this CPU runs VDPBF16PS / VPDPBUSD (cpuid, once) */
 int atb_cpu_bf16(void);
 int atb_cpu_vnni(void);

@@ -2,7 +2,8 @@
  *
  * w is [N, K] with unit-stride rows (nn.Linear's layout) in fp32, bf16, fp16 or
  * int8 (int8 with a per-output-channel fp32 scale); x is fp32/bf16/fp16 and is
- * read as fp32; the sums are fp32 and y is rounded once to its dtype. Decoding
+ * read as fp32 (against int8 weights: as int8 blocks of 32, see panel_q8.c); the sums
+ * are fp32 and y is rounded once to its dtype. Decoding
  * reads every weight once per token, so this is memory bound: the rows of w are
  * split across the pool's threads in chunks, each weight row streams once and
  * each of its loads feeds up to 4 activation rows (16 accumulators in registers).
@@ -289,9 +290,28 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
         job.xf = tmp;
         job.xs = a->k;
     }
+    if (a->w_dt == W_I8 && !a->packed) { /* w8 reads x as int8 blocks of 32 (panel_q8.c) */
+        float *xr = (float *)malloc((size_t)(a->m * a->k) * sizeof(float));
+        if (!xr) {
+            free(tmp);
+            free(normed);
+            return ATB_ERR_NOMEM;
+        }
+        for (int64_t m = 0; m < a->m; ++m) atb_q8_round_row(job.xf + m * job.xs, a->k, xr + m * a->k);
+        free(tmp);
+        tmp = xr;
+        job.xf = xr;
+        job.xs = a->k;
+    }
     /* chunks of >= 16 rows (whole cache lines of y), about 8 per thread so a late
      * or busy thread's share is picked up by the others; one chunk when the
      * whole matmul is small (waking a worker costs a few microseconds) */
+    if (a->packed && a->w_dt == W_I8) { /* int8 activations: panel_q8.c */
+        const int rc = atb_linear_panels_q8(a, job.xf, job.xs, nth);
+        free(tmp);
+        free(normed);
+        return rc;
+    }
     if (a->packed) { /* 32-output panels: panel.c */
         atb_linear_panels(&job, nth);
         free(tmp);
