@@ -46,7 +46,8 @@ SETTINGS: dict[str, list[dict[str, Any]]] = {
     "torch": [{"threads": CPUS}],
     "numpy": [{}],
     "paddle": [{"threads": 1}, {"threads": CPUS}, {"threads": CPUS, "onednn": True}],
-    "mindspore": [{"threads": CPUS, "blocking": False}, {"threads": CPUS, "blocking": True}],
+    "mindspore": [{"threads": CPUS, "blocking": False}, {"threads": CPUS, "blocking": True},
+                  {"threads": 1, "blocking": True}],
 }
 Plain = Callable[[Any], Any]
 
