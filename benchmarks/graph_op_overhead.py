@@ -6,7 +6,7 @@ same weights run with the framework's own ops, at 1 row (decode) and 128 rows
 (prefill). Each framework runs in a process of its own with nothing else imported
 (torch, Paddle and MindSpore each bring an OpenMP or thread-pool runtime, and Paddle
 sets ``OMP_NUM_THREADS=1`` on import), once per setting of its process-wide knobs
-(``SETTINGS``: kernel threads, oneDNN, MindSpore's synchronous launch); per row count
+(``SETTINGS``: kernel or BLAS threads, oneDNN, MindSpore's synchronous launch); per row count
 the run whose plain side was fastest is reported, so the baseline is the framework at
 its best on this machine. In that process the two sides take turns, each sample times
 a loop of calls, and the median of the per-sample ratios is reported (with the
@@ -44,7 +44,7 @@ CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.
 # the process-wide settings each framework is run under, one process each
 SETTINGS: dict[str, list[dict[str, Any]]] = {
     "torch": [{"threads": CPUS}],
-    "numpy": [{}],
+    "numpy": [{"blas_threads": 1}, {"blas_threads": CPUS}],  # NumPy's OpenBLAS, read at load
     "paddle": [{"threads": 1}, {"threads": CPUS}, {"threads": CPUS, "onednn": True}],
     "mindspore": [{"threads": CPUS, "blocking": False}, {"threads": CPUS, "blocking": True},
                   {"threads": 1, "blocking": True}],
@@ -284,7 +284,10 @@ def _run_child(fw: str, settings: dict[str, Any], samples: int) -> dict[str, Any
     """One framework under one setting, in a fresh process: its result, or why not."""
     cmd = [sys.executable, os.path.abspath(__file__), "--samples", str(samples),
            "--child", json.dumps({"framework": fw, "settings": settings})]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)
+    if "blas_threads" in settings:
+        env["OPENBLAS_NUM_THREADS"] = str(settings["blas_threads"])
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:
         tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
