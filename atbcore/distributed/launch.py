@@ -8,7 +8,9 @@ are fresh interpreters (the ``spawn`` start method), so nothing is inherited but
 ``sys.path``. Each rank initialises the default group with the backend its
 ``device`` needs (:func:`.groups.init_distributed`; a file store in a temporary
 directory, so no port is opened) and destroys it afterwards. What ``worker``
-returns is pickled back. A rank that raises fails the call with its traceback;
+returns is pickled back as bytes (plain ``pickle``: a tensor's data is copied into
+them; the queue's own pickler would pass a tensor as a shared-memory file
+descriptor, which is gone when the rank exits before the parent has read it). A rank that raises fails the call with its traceback;
 ranks that do not answer within ``timeout`` seconds are killed, so a broken
 collective raises instead of hanging.
 """
@@ -16,6 +18,7 @@ collective raises instead of hanging.
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import tempfile
 import traceback
@@ -37,7 +40,7 @@ def _rank_main(rank: int, world: int, store: str, device: str, threads: int | No
 
     try:
         init_distributed(rank, world, f"file://{store}", device=device)
-        results.put((rank, True, worker(rank, world, *args)))
+        results.put((rank, True, pickle.dumps(worker(rank, world, *args))))
     except BaseException:  # noqa: BLE001 - sent to the parent, which raises it
         # reported before the group goes down, so the first error the parent reads is
         # this rank's own, not the "connection reset" its peers get afterwards
@@ -53,8 +56,8 @@ def start_ranks(worker: Callable, args: Sequence[Any], world: int, ranks: Sequen
                 store: str, *, device: str = "cpu", threads: int | None = 1) -> tuple[list, Any]:
     """Start ``worker(rank, world, *args)`` for each of ``ranks`` in its own process
     (joining the group of ``world`` at the file ``store``) and return at once:
-    ``(processes, results)``, where ``results`` (a queue) gets ``(rank, ok, value
-    or traceback)`` from each. The ranks not started here (an ``LLM``'s rank 0, the
+    ``(processes, results)``, where ``results`` (a queue) gets ``(rank, ok, pickled
+    value or traceback)`` from each. The ranks not started here (an ``LLM``'s rank 0, the
     caller itself) join with ``init_distributed(rank, world, f"file://{store}")``."""
     import torch.multiprocessing as mp
 
@@ -92,7 +95,7 @@ def spawn_ranks(worker: Callable, args: Sequence[Any] = (), world: int = 2, *,
                 if not ok:
                     raise AtbError("spawn_ranks", f"rank {rank} failed", "a result",
                                    f"\n{value}")
-                got[rank] = value
+                got[rank] = pickle.loads(value)
             failed = False
         finally:
             for p in procs:  # after a failure the others may wait on it forever: kill them

@@ -20,19 +20,7 @@ import torch
 from atbcore.backends.cpu_kernels import torch_decode as cd
 from atbcore.backends.cpu_kernels import torch_ops as co
 from atbcore.errors import AtbError
-from cpu_kernel_probes_attention import PROBES as _ATTENTION_PROBES
-
-PROBES: dict[str, object] = {}
-
-
-def probe(fn):
-    PROBES[fn.__name__] = fn
-    return fn
-
-
-def _sentinel(*shape, dtype=torch.float32):
-    return torch.full(shape, 7.0, dtype=dtype)
-
+from cpu_kernel_probes_registry import PROBES, probe, sentinel
 
 # ------------------------------------------------------------------ norms
 @probe
@@ -65,7 +53,7 @@ def rms_norm_residual_other_dtype():
 
 @probe
 def rms_norm_out_wrong_shape():
-    out = _sentinel(4, 32)
+    out = sentinel(4, 32)
     return lambda: co.rms_norm(torch.randn(4, 64), torch.ones(64), 64, 1e-6, out=out), [out]
 
 
@@ -125,14 +113,14 @@ def activation_unknown_name():
 
 @probe
 def activation_out_wrong_shape():
-    out = _sentinel(8, 128)  # split=True gives [8, 64]
+    out = sentinel(8, 128)  # split=True gives [8, 64]
     return lambda: co.activation(torch.randn(8, 128), "silu", split=True, out=out), [out]
 
 
 # ------------------------------------------------------------------ softmax
 @probe
 def softmax_mask_not_broadcastable():
-    out = _sentinel(2, 4, 8)
+    out = sentinel(2, 4, 8)
     return lambda: co.softmax(torch.randn(2, 4, 8), mask=torch.ones(3, 8, dtype=torch.bool),
                               out=out), [out]
 
@@ -150,7 +138,7 @@ def softmax_causal_one_dim():
 # ------------------------------------------------------------------ linear_rows
 @probe
 def linear_rows_k_mismatch():
-    out = _sentinel(2, 64)
+    out = sentinel(2, 64)
     return lambda: cd.linear_rows(torch.randn(2, 100), torch.randn(64, 128), out=out), [out]
 
 
@@ -180,13 +168,13 @@ def linear_rows_short_norm_weight():
 
 @probe
 def linear_rows_bound_k_mismatch():
-    out = _sentinel(2, 64)
+    out = sentinel(2, 64)
     return lambda: cd.linear_rows_bound(torch.randn(2, 100), torch.randn(64, 128), out), [out]
 
 
 @probe
 def linear_rows_bound_short_bias():
-    out = _sentinel(2, 64)
+    out = sentinel(2, 64)
     return lambda: cd.linear_rows_bound(torch.randn(2, 128), torch.randn(64, 128), out,
                                         bias=torch.randn(5)), [out]
 
@@ -196,7 +184,7 @@ def linear_rows_zero_threads():
     return lambda: cd.linear_rows(torch.randn(2, 128), torch.randn(64, 128), threads=-3), []
 
 
-PROBES.update(_ATTENTION_PROBES)
+import cpu_kernel_probes_attention  # noqa: E402,F401  (registers its probes after these)
 
 
 def main(names: list[str]) -> None:

@@ -1,7 +1,7 @@
 """The attention, RoPE, cache-copy, argmax and prefill probes of ``cpu_kernel_probes.py``.
 
 Same contract as there (each probe returns the bad call and the buffers it must
-leave untouched); ``cpu_kernel_probes.py`` merges :data:`PROBES` into its own.
+leave untouched); they register in the same ``cpu_kernel_probes_registry.PROBES``.
 """
 
 from __future__ import annotations
@@ -11,18 +11,7 @@ import torch
 from atbcore.backends.cpu_kernels import torch_decode as cd
 from atbcore.backends.cpu_kernels import torch_ops as co
 from atbcore.backends.cpu_kernels import torch_prefill as cp
-
-PROBES: dict[str, object] = {}
-
-
-def probe(fn):
-    PROBES[fn.__name__] = fn
-    return fn
-
-
-def _sentinel(*shape, dtype=torch.float32):
-    return torch.full(shape, 7.0, dtype=dtype)
-
+from cpu_kernel_probes_registry import probe, sentinel
 
 # ------------------------------------------------------------------ paged / decode attention
 def _paged(tables, lens, kv=2, window=None, out=None):
@@ -33,7 +22,7 @@ def _paged(tables, lens, kv=2, window=None, out=None):
 
 @probe
 def paged_block_id_past_the_cache():  # the issue's case: block id 1 << 28
-    out = _sentinel(2, 4, 32)
+    out = sentinel(2, 4, 32)
     t = torch.tensor([[0, 1 << 28], [2, 3]], dtype=torch.int32)
     return _paged(t, torch.tensor([20, 20], dtype=torch.int32), out=out), [out]
 
@@ -70,7 +59,7 @@ def paged_float_tables():
 @probe
 def decode_attention_n_past_the_cache():
     k = torch.randn(2, 16, 2, 32)
-    out = _sentinel(2, 4, 32)
+    out = sentinel(2, 4, 32)
     return lambda: cd.decode_attention(torch.randn(2, 4, 32), k, k, n=17, scale=0.1,
                                        out=out), [out]
 
@@ -206,7 +195,7 @@ def argmax_rows_empty_vocabulary():
 
 @probe
 def prefill_zero_kv_heads():
-    out = _sentinel(5, 4, 16)
+    out = sentinel(5, 4, 16)
     k = torch.randn(5, 0, 16)
     return lambda: cp.prefill_attention(torch.randn(5, 4, 16), k, k, scale=0.25, q_lens=[5],
                                         out=out), [out]
@@ -214,7 +203,7 @@ def prefill_zero_kv_heads():
 
 @probe
 def prefill_lengths_past_the_tokens():
-    out = _sentinel(5, 4, 16)
+    out = sentinel(5, 4, 16)
     k = torch.randn(5, 2, 16)
     return lambda: cp.prefill_attention(torch.randn(5, 4, 16), k, k, scale=0.25,
                                         q_lens=[3, 3], out=out), [out]

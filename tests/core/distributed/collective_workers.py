@@ -60,3 +60,12 @@ def fail_on_rank_1(rank: int, world: int) -> None:
     if rank == 1:
         raise ValueError("rank 1 broke on purpose")
     dist.barrier()
+
+
+def torch_tensors(rank: int, world: int) -> list:
+    """Rank-dependent torch tensors, returned the moment the rank is done (it exits
+    before the parent reads them: the case the README's tensor-parallel block hits)."""
+    import torch
+
+    return [torch.arange(6, dtype=torch.float32).reshape(2, 3) + 10 * rank,
+            torch.full((4,), rank, dtype=torch.int64)]

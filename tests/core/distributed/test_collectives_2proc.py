@@ -15,7 +15,7 @@ from atbcore.ops.registry import get_op
 from oracle import rand
 
 sys.path.insert(0, os.path.dirname(__file__))
-from collective_workers import fail_on_rank_1, run_cases, run_graph  # noqa: E402
+from collective_workers import fail_on_rank_1, run_cases, run_graph, torch_tensors  # noqa: E402
 from dist_ranks import run_ranks  # noqa: E402
 
 WORLD = 2
@@ -153,3 +153,15 @@ def test_a_failing_rank_is_reported_and_nothing_hangs():
     with pytest.raises(atb.AtbError, match="rank 1 failed(.|\n)*broke on purpose"):
         run_ranks(fail_on_rank_1, (), timeout=60)
     assert time.perf_counter() - t0 < 50  # rank 0, stuck in its barrier, was killed
+
+
+def test_ranks_return_torch_tensors_by_value():
+    # the queue's torch pickler passed tensors as shared-memory fds, gone when the rank
+    # exited first (FileNotFoundError in the parent, 2 runs of 4 here): now bytes
+    import torch
+
+    for _ in range(3):
+        got = run_ranks(torch_tensors, ())
+        for r, (a, b) in enumerate(got):
+            assert torch.equal(a, torch.arange(6, dtype=torch.float32).reshape(2, 3) + 10 * r)
+            assert torch.equal(b, torch.full((4,), r, dtype=torch.int64))
