@@ -301,6 +301,8 @@ class NativeRun:
         """Run and record one call again for this run's objects; None when its record
         fits, else the step from which the run goes on through Python."""
         k = item[0]
+        for i, _ in item[5]:  # this run's writes were made ahead (flatten): a call
+            env[i] = None     # writing the same object again must still count as a write
         got = self._rec(k, env)
         if got is None:
             return k
