@@ -8,6 +8,8 @@ when installed.
 import importlib.util
 import os
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Without an NVIDIA GPU the Triton kernels run in Triton's CPU interpreter. Triton reads
@@ -17,3 +19,14 @@ if not os.path.exists("/dev/nvidiactl"):
 
 if importlib.util.find_spec("mindspore") is not None:
     import mindspore  # noqa: F401
+
+
+@pytest.fixture
+def pool():
+    """A private 256 MiB memory pool, the global one again afterwards."""
+    from atbcore.memory import MemoryPool, MemoryPoolConfig, set_memory_pool
+
+    p = MemoryPool(MemoryPoolConfig(max_size=1 << 28))
+    prev = set_memory_pool(p)
+    yield p
+    set_memory_pool(prev)

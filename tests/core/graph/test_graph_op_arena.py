@@ -23,13 +23,6 @@ from oracle import rand
 H, I = 64, 160
 
 
-@pytest.fixture
-def pool():
-    p = MemoryPool(MemoryPoolConfig(max_size=1 << 28))
-    prev = set_memory_pool(p)
-    yield p
-    set_memory_pool(prev)
-
 
 def _mlp(name="mlp", **kw):
     return GraphOp([L.LayerNorm(eps=1e-5), L.Linear(out_features=I), L.SiLU(),

@@ -22,13 +22,6 @@ from oracle import rand
 H, I = 64, 160
 
 
-@pytest.fixture
-def pool():
-    p = MemoryPool(MemoryPoolConfig(max_size=1 << 28))
-    prev = set_memory_pool(p)
-    yield p
-    set_memory_pool(prev)
-
 
 def _mlp(act="SiLU", name="mlp"):
     layer = {"SiLU": L.SiLU(), "Gelu": L.Gelu()}[act]

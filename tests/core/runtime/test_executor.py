@@ -12,7 +12,6 @@ import torch
 import atbcore as atb
 from atbcore.backends.torch import TORCH_KERNELS
 from atbcore.graph.ir import Graph, Node
-from atbcore.memory import MemoryPool, MemoryPoolConfig, set_memory_pool
 from atbcore.ops.registry import get_op
 from atbcore.runtime.executor import build_plan
 from atbcore.runtime.profiler import Profiler
@@ -88,13 +87,6 @@ def test_errors_name_the_graph_node():
     with pytest.raises(atb.ShapeError, match=r"norms/ln \(LayerNorm\)"):
         build_plan(g, {"x": TensorDesc((2, 3, H + 1))})
 
-
-@pytest.fixture
-def pool():
-    p = MemoryPool(MemoryPoolConfig(max_size=1 << 24))
-    prev = set_memory_pool(p)
-    yield p
-    set_memory_pool(prev)
 
 
 def test_intermediates_live_in_the_pool_arena(pool):
