@@ -30,7 +30,7 @@ __all__ = ["spawn_ranks", "start_ranks"]
 
 
 def _rank_main(rank: int, world: int, store: str, device: str, threads: int | None,
-               worker: Callable, args: Sequence[Any], results: Any) -> None:
+               worker: Callable, args: Sequence[Any], results: Any, settle: bool) -> None:
     import torch
     import torch.distributed as dist
 
@@ -41,6 +41,9 @@ def _rank_main(rank: int, world: int, store: str, device: str, threads: int | No
     try:
         init_distributed(rank, world, f"file://{store}", device=device)
         results.put((rank, True, pickle.dumps(worker(rank, world, *args))))
+        if settle:  # no rank leaves before every rank's group is up: one whose worker
+            dist.barrier()  # made no collective could close its connections while a
+            # peer still connected to it (that peer's init failed: "closed by peer")
     except BaseException:  # noqa: BLE001 - sent to the parent, which raises it
         # reported before the group goes down, so the first error the parent reads is
         # this rank's own, not the "connection reset" its peers get afterwards
@@ -53,18 +56,22 @@ def _rank_main(rank: int, world: int, store: str, device: str, threads: int | No
 
 
 def start_ranks(worker: Callable, args: Sequence[Any], world: int, ranks: Sequence[int],
-                store: str, *, device: str = "cpu", threads: int | None = 1) -> tuple[list, Any]:
+                store: str, *, device: str = "cpu", threads: int | None = 1,
+                settle: bool = False) -> tuple[list, Any]:
     """Start ``worker(rank, world, *args)`` for each of ``ranks`` in its own process
     (joining the group of ``world`` at the file ``store``) and return at once:
     ``(processes, results)``, where ``results`` (a queue) gets ``(rank, ok, pickled
     value or traceback)`` from each. The ranks not started here (an ``LLM``'s rank 0, the
-    caller itself) join with ``init_distributed(rank, world, f"file://{store}")``."""
+    caller itself) join with ``init_distributed(rank, world, f"file://{store}")``.
+    ``settle``: each rank waits at a barrier after sending its result (every rank
+    started here, none leaving while a peer still joins)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, daemon=True,
-                         args=(r, world, store, device, threads, worker, tuple(args), results))
+                         args=(r, world, store, device, threads, worker, tuple(args), results,
+                               settle))
              for r in ranks]
     for p in procs:
         p.start()
@@ -81,7 +88,7 @@ def spawn_ranks(worker: Callable, args: Sequence[Any] = (), world: int = 2, *,
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         procs, results = start_ranks(worker, args, world, range(world), store, device=device,
-                                     threads=threads)
+                                     threads=threads, settle=True)
         got: dict[int, Any] = {}
         failed = True
         try:
