@@ -63,11 +63,14 @@ static inline __attribute__((always_inline)) void emit_n(const W4Args *a, int64_
     /* the addend: the residual rows (which may be y itself), else y when accumulating */
     const float *acc = a->res ? atb_load(PTR(a->res), (int)a->res_dt, m * a->res_stride + n0, NV, yy)
                        : a->accumulate ? atb_load(PTR(a->y), (int)a->y_dt, off, NV, yy) : NULL;
-    for (int64_t j = 0; j < NV; ++j) {
-        float t = r[j];
-        if (bi) t += bi[j];
-        v[j] = acc ? acc[j] + t : t;
-    }
+    /* one loop per term, the tests outside: a test inside let GCC if-convert the bias
+     * and addend reads into masked loads from a NULL pointer, which AMD cores take as a
+     * fault assist (hundreds of cycles each: half a 1-row matmul's time) */
+    for (int64_t j = 0; j < NV; ++j) v[j] = r[j];
+    if (bi)
+        for (int64_t j = 0; j < NV; ++j) v[j] += bi[j];
+    if (acc)
+        for (int64_t j = 0; j < NV; ++j) v[j] = acc[j] + v[j];
     if (a->y_dt == ATB_F32) {
         float *d = (float *)PTR(a->y) + off;
         for (int64_t j = 0; j < NV; ++j) d[j] = v[j];
