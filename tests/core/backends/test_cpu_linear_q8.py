@@ -64,3 +64,24 @@ def test_q8_extremes_are_exact():
     y = linear_rows(x, w, scale=s, panels=pack_panels(w))
     # every product is -127 * 127; dx = 3 / 127 per block: y = k * (-127) * 3
     np.testing.assert_allclose(y.numpy(), np.full((1, n), -127.0 * 3 * k, np.float32), rtol=1e-6)
+
+
+@pytest.mark.parametrize("k", [64, 96, 77])
+def test_q8_quantizer_rounds_ties_to_even(k):
+    """Blocks whose max is 127 (so x * 127 / max is x exactly) and whose other inputs
+    end in .5: every one a tie, rounded to even as np.rint does (the AVX2 quantizer's
+    VCVTPS2DQ and the scalar tail's nearbyintf alike); unit scales keep every sum an
+    exact integer, so the result is compared bit for bit."""
+    from atbcore.backends.cpu_kernels.torch_decode import linear_rows, pack_panels
+
+    g = torch.Generator().manual_seed(k)
+    x = torch.randint(-126, 126, (2, k), generator=g).float() + 0.5
+    x[:, ::32] = 127.0                                   # each block's max
+    x[1, 32:64] = 0.0                                    # an all-zero block
+    w = torch.randint(-127, 128, (37, k), generator=g, dtype=torch.int8)
+    s = torch.ones(37)
+    y = linear_rows(x, w, scale=s, panels=pack_panels(w), threads=1)
+    q = np.rint(x.numpy()).astype(np.int64)             # ties to even
+    exact = q @ w.numpy().astype(np.int64).T
+    np.testing.assert_array_equal(y.numpy(), exact.astype(np.float32))
+    np.testing.assert_array_equal(y.numpy(), _replay(x, w, s).astype(np.float32))

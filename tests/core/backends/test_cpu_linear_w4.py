@@ -234,3 +234,24 @@ def test_linear_w4_residual_errors():
         io(x, torch.empty(2, 8))
     with pytest.raises(ShapeError, match="out"):
         io(x, torch.empty(3, 8), torch.empty(2, 8))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_linear_w4_activation_ties(symmetric):
+    """x whose blocks have max 127 and every other input a tie (.5): quantized as w8's
+    blocks are (one quantizer), ties to even, and the zero-point term's block sums of
+    the same q; against the float64 replay."""
+    from atbcore.backends.cpu_kernels.torch_linear_w4 import linear_w4, pack_w4, quantize_w4
+
+    k, n = 101, 45
+    g = torch.Generator().manual_seed(5 + symmetric)
+    x = torch.randint(-126, 126, (3, k), generator=g).float() + 0.5
+    x[:, ::32] = 127.0
+    x[2, :32] = 0.0
+    codes, scales, zeros, grp = quantize_w4(torch.randn(n, k, generator=g), 32, symmetric)
+    w4 = pack_w4(codes, scales, zeros, grp, k=k)
+    wref = _np_weight(codes, scales, zeros, grp)
+    y = linear_w4(x, w4)
+    assert np.array_equal(_np_quant_x(x.numpy(), wref.shape[1])[:, :k], np.rint(x.numpy()))
+    exact = _np_quant_x(x.numpy(), wref.shape[1]) @ wref.T
+    assert_close(y, exact.astype(np.float32), "fp32", "w4 activation ties")

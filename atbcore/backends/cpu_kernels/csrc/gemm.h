@@ -22,6 +22,12 @@ int atb_linear_bf16(const LinArgs *a, const void *x, int64_t xs, int nth);
  * per row and block of 32 inputs (panel_q8.c). Returns 0, or ATB_ERR_NOMEM. */
 int atb_linear_panels_q8(const LinArgs *a, const float *x, int64_t xs, int nth);
 
+/* x (K fp32) -> nblk int8 blocks of 32 (nblk >= ceil(K / 32); zeros past K): per block
+ * dx = max |x| / 127, q = rint(x * 127 / max |x|) (ties to even), and, when xsum is not
+ * NULL, the sum of the block's q (the w4 zero-point term). One quantizer for w8 and w4. */
+void atb_q8_quantize_row(const float *x, int64_t K, int64_t nblk, int8_t *xq, float *dx,
+                         int32_t *xsum);
+
 /* x (K fp32) read as int8 blocks of 32: each element q * dx (for the [N, K] int8 rows) */
 void atb_q8_round_row(const float *x, int64_t K, float *out);
 

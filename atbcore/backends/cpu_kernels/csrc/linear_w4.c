@@ -13,10 +13,12 @@
  * The activations are quantized per row and block of 32 to int8 with an fp32 scale
  * (dx = absmax / 127, x_q = rint(x * 127 / absmax)), as llama.cpp does for Q4_0
  * (Q8_0 activations): the block's dot product is an exact int32 sum, the zero point
- * enters as z * sum(x_q), and each block adds s * dx * (sum - z sum(x_q)) in fp32. */
+ * enters as z * sum(x_q), and each block adds s * dx * (sum - z sum(x_q)) in fp32.
+ * The quantizer is panel_q8.c's (w8 reads the same blocks). */
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "linear_w4.h"
 #include "norm.h"
 #include "pool.h"
@@ -24,32 +26,6 @@
 #define W4_MBLOCK 64 /* x rows per chunk of a many-row matmul */
 
 #define PTR(v) ((const void *)(intptr_t)(v))
-
-/* row m's blocks quantized: xq (zeros past K), dx, xsum */
-static void quant_row(const float *x, int64_t K, int64_t nblk, int8_t *xq, float *dx,
-                      int32_t *xsum) {
-    for (int64_t b = 0; b < nblk; ++b) {
-        const int64_t k0 = b * W4_BLOCK, kn = K - k0 < W4_BLOCK ? (K - k0 > 0 ? K - k0 : 0) : W4_BLOCK;
-        float amax = 0.f;
-        for (int64_t t = 0; t < kn; ++t) {
-            const float v = x[k0 + t] < 0 ? -x[k0 + t] : x[k0 + t];
-            amax = v > amax ? v : amax;
-        }
-        const float id = amax > 0.f ? 127.f / amax : 0.f;
-        int32_t s = 0;
-        for (int64_t t = 0; t < W4_BLOCK; ++t) {
-            int32_t q = 0;
-            if (t < kn) {
-                q = (int32_t)nearbyintf(x[k0 + t] * id);
-                q = q > 127 ? 127 : (q < -127 ? -127 : q);
-            }
-            xq[k0 + t] = (int8_t)q;
-            s += q;
-        }
-        dx[b] = amax / 127.f;
-        xsum[b] = s;
-    }
-}
 
 /* y[m, n0 .. n0+nv) from the fp32 sums r (bias, residual or accumulate, one rounding); NV a
  * constant for whole panels, so that r (just stored by the tile) is read back by
@@ -63,11 +39,14 @@ static inline __attribute__((always_inline)) void emit_n(const W4Args *a, int64_
     /* the addend: the residual rows (which may be y itself), else y when accumulating */
     const float *acc = a->res ? atb_load(PTR(a->res), (int)a->res_dt, m * a->res_stride + n0, NV, yy)
                        : a->accumulate ? atb_load(PTR(a->y), (int)a->y_dt, off, NV, yy) : NULL;
-    for (int64_t j = 0; j < NV; ++j) {
-        float t = r[j];
-        if (bi) t += bi[j];
-        v[j] = acc ? acc[j] + t : t;
-    }
+    /* one loop per term, the tests outside: a test inside let GCC if-convert the bias
+     * and addend reads into masked loads from a NULL pointer, which AMD cores take as a
+     * fault assist (hundreds of cycles each: half a 1-row matmul's time) */
+    for (int64_t j = 0; j < NV; ++j) v[j] = r[j];
+    if (bi)
+        for (int64_t j = 0; j < NV; ++j) v[j] += bi[j];
+    if (acc)
+        for (int64_t j = 0; j < NV; ++j) v[j] = acc[j] + v[j];
     if (a->y_dt == ATB_F32) {
         float *d = (float *)PTR(a->y) + off;
         for (int64_t j = 0; j < NV; ++j) d[j] = v[j];
@@ -125,7 +104,8 @@ static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
     for (int64_t m = r0; m < r1; ++m) {
         float *row = q->xf + m * K;
         const float *xr = atb_load(q->x, (int)q->a->x_dt, m * q->xs, K, row);
-        quant_row(xr, K, q->nblk, q->xq + m * kp, q->dx + m * q->nblk, q->xsum + m * q->nblk);
+        atb_q8_quantize_row(xr, K, q->nblk, q->xq + m * kp, q->dx + m * q->nblk,
+                            q->xsum + m * q->nblk);
     }
 }
 

@@ -1,5 +1,6 @@
 /* Few-row (and many-row) matmul on panel-packed weights: see linear.h and the
- * layout note below. */
+ * layout note below. fp32, bf16 and fp16 panels only: int8 panels (w8) read their
+ * activations as int8 blocks (panel_q8.c), so no tile here widens int8 weights. */
 #include "gemm.h"
 #include "linear.h"
 #include "pool.h"
@@ -53,18 +54,26 @@ static inline __attribute__((always_inline)) void panel_tile(int MB, int WDT, co
     }
 }
 
+/* the float weight dtypes of panel.c (W_F16 the default: int8 panels never come here) */
+#define PANEL_BY_WDT(MB, CALL)                                       \
+    switch (wdt) {                                                   \
+    case W_F32: CALL(MB, W_F32); break;                              \
+    case W_BF16: CALL(MB, W_BF16); break;                            \
+    default: CALL(MB, W_F16); break;                                 \
+    }
+
 static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
                           int64_t K, float *res) {
 #define ATB_PT(MB, W) panel_tile(MB, W, x, xs, w, K, res)
     switch (mb) {
-    case 1: ATB_BY_WDT(1, ATB_PT) break;
-    case 2: ATB_BY_WDT(2, ATB_PT) break;
-    case 3: ATB_BY_WDT(3, ATB_PT) break;
-    case 4: ATB_BY_WDT(4, ATB_PT) break;
-    case 5: ATB_BY_WDT(5, ATB_PT) break;
-    case 6: ATB_BY_WDT(6, ATB_PT) break;
-    case 7: ATB_BY_WDT(7, ATB_PT) break;
-    default: ATB_BY_WDT(8, ATB_PT) break;
+    case 1: PANEL_BY_WDT(1, ATB_PT) break;
+    case 2: PANEL_BY_WDT(2, ATB_PT) break;
+    case 3: PANEL_BY_WDT(3, ATB_PT) break;
+    case 4: PANEL_BY_WDT(4, ATB_PT) break;
+    case 5: PANEL_BY_WDT(5, ATB_PT) break;
+    case 6: PANEL_BY_WDT(6, ATB_PT) break;
+    case 7: PANEL_BY_WDT(7, ATB_PT) break;
+    default: PANEL_BY_WDT(8, ATB_PT) break;
     }
 #undef ATB_PT
 }
@@ -194,8 +203,7 @@ static void panel_row2_rt(int wdt, const float *x, const uint8_t *w, int64_t ps,
         switch (wdt) {
         case W_F32: panel_row2(W_F32, x, w, ps, k0, k1, res); break;
         case W_BF16: panel_row2(W_BF16, x, w, ps, k0, k1, res); break;
-        case W_F16: panel_row2(W_F16, x, w, ps, k0, k1, res); break;
-        default: panel_row2(W_I8, x, w, ps, k0, k1, res); break;
+        default: panel_row2(W_F16, x, w, ps, k0, k1, res); break; /* no int8 panels here */
         }
     }
 }
@@ -257,8 +265,7 @@ static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uin
     switch (wdt) {
     case W_F32: panel_rows(W_F32, mb, x, xs, w, K, res); break;
     case W_BF16: panel_rows(W_BF16, mb, x, xs, w, K, res); break;
-    case W_F16: panel_rows(W_F16, mb, x, xs, w, K, res); break;
-    default: panel_rows(W_I8, mb, x, xs, w, K, res); break;
+    default: panel_rows(W_F16, mb, x, xs, w, K, res); break; /* no int8 panels here */
     }
 }
 #else

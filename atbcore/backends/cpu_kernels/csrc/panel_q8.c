@@ -30,26 +30,77 @@ typedef struct {
     int64_t nblk, chunk_panels;
 } Q8Job;
 
-/* x (fp32, K) -> xq, dx: the block quantization above (zeros past K) */
-void atb_q8_quantize_row(const float *x, int64_t K, int8_t *xq, float *dx) {
-    const int64_t nblk = (K + Q8_BLOCK - 1) / Q8_BLOCK;
+/* one block of kn <= 32 inputs -> q[0 .. 32) (zeros past kn), its dx and sum of q */
+static float q8_block_scalar(const float *x, int64_t kn, int8_t *q, int32_t *qsum) {
+    float amax = 0.f;
+    for (int64_t t = 0; t < kn; ++t) {
+        const float v = fabsf(x[t]);
+        amax = v > amax ? v : amax;
+    }
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t s = 0;
+    for (int64_t t = 0; t < Q8_BLOCK; ++t) {
+        int32_t v = 0;
+        if (t < kn) {
+            v = (int32_t)nearbyintf(x[t] * id);
+            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+        }
+        q[t] = (int8_t)v;
+        s += v;
+    }
+    *qsum = s;
+    return amax / 127.f;
+}
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* a whole block: q8_block_scalar's bits (VCVTPS2DQ rounds to nearest even, as nearbyintf
+ * in the default rounding mode; the max is exact; the clamp is the packs' saturation and
+ * a max with -127) */
+static float q8_block_avx2(const float *x, int8_t *q, int32_t *qsum) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 v[4], m;
+    for (int u = 0; u < 4; ++u) v[u] = _mm256_loadu_ps(x + 8 * u);
+    m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                      _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    const __m256 id = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    __m256i i[4];
+    for (int u = 0; u < 4; ++u) i[u] = _mm256_cvtps_epi32(_mm256_mul_ps(v[u], id));
+    /* packs interleave the 128-bit lanes: [0 1 4 5 | 2 3 6 7] of the 8-wide groups,
+     * put back in order by one cross-lane permute */
+    const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    const __m256i b = _mm256_max_epi8(_mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)),
+                                      _mm256_set1_epi8(-127));
+    _mm256_storeu_si256((__m256i *)q, b);
+    /* the sum: bytes widened to pairs (VPMADDUBSW by ones is signed x unsigned: ones
+     * unsigned), then to int32 */
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), b),
+                                        _mm256_set1_epi16(1));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    *qsum = _mm_cvtsi128_si32(t);
+    return amax / 127.f;
+}
+#endif
+
+void atb_q8_quantize_row(const float *x, int64_t K, int64_t nblk, int8_t *xq, float *dx,
+                         int32_t *xsum) {
     for (int64_t b = 0; b < nblk; ++b) {
-        const int64_t k0 = b * Q8_BLOCK, kn = K - k0 < Q8_BLOCK ? K - k0 : Q8_BLOCK;
-        float amax = 0.f;
-        for (int64_t t = 0; t < kn; ++t) {
-            const float v = fabsf(x[k0 + t]);
-            amax = v > amax ? v : amax;
-        }
-        const float id = amax > 0.f ? 127.f / amax : 0.f;
-        for (int64_t t = 0; t < Q8_BLOCK; ++t) {
-            int32_t q = 0;
-            if (t < kn) {
-                q = (int32_t)nearbyintf(x[k0 + t] * id);
-                q = q > 127 ? 127 : (q < -127 ? -127 : q);
-            }
-            xq[k0 + t] = (int8_t)q;
-        }
-        dx[b] = amax / 127.f;
+        const int64_t k0 = b * Q8_BLOCK;
+        const int64_t kn = K - k0 < Q8_BLOCK ? (K > k0 ? K - k0 : 0) : Q8_BLOCK;
+        int32_t s;
+#if defined(__AVX2__)
+        if (kn == Q8_BLOCK)
+            dx[b] = q8_block_avx2(x + k0, xq + k0, &s);
+        else
+#endif
+            dx[b] = q8_block_scalar(x + k0, kn, xq + k0, &s);
+        if (xsum) xsum[b] = s;
     }
 }
 
@@ -60,13 +111,12 @@ void atb_q8_round_row(const float *x, int64_t K, float *out) {
     float d;
     for (int64_t k0 = 0; k0 < K; k0 += Q8_BLOCK) {
         const int64_t kn = K - k0 < Q8_BLOCK ? K - k0 : Q8_BLOCK;
-        atb_q8_quantize_row(x + k0, kn, q, &d);
+        atb_q8_quantize_row(x + k0, kn, 1, q, &d, NULL);
         for (int64_t t = 0; t < kn; ++t) out[k0 + t] = (float)q[t] * d;
     }
 }
 
 #if defined(__AVX2__)
-#include <immintrin.h>
 
 /* weight row k of the panel (32 bytes), zeros past K */
 static inline __m256i q8_row(const int8_t *w, int64_t k, int64_t K) {
@@ -234,7 +284,8 @@ int atb_linear_panels_q8(const LinArgs *a, const float *x, int64_t xs, int nth) 
             return ATB_ERR_NOMEM;
         }
     }
-    for (int64_t m = 0; m < M; ++m) atb_q8_quantize_row(x + m * xs, K, xq + m * kp, dx + m * nblk);
+    for (int64_t m = 0; m < M; ++m)
+        atb_q8_quantize_row(x + m * xs, K, nblk, xq + m * kp, dx + m * nblk, NULL);
     const int64_t np = (a->n + 31) / 32;
     Q8Job job = {a, xq, dx, nblk, (np + 8 * nth - 1) / (8 * nth)};
     const int64_t chunks = (np + job.chunk_panels - 1) / job.chunk_panels;
