@@ -1,0 +1,108 @@
+"""The guarded fast call of an ``atb_torch.GraphOp``: its last plain eager call again.
+
+A GraphOp call through the general path checks the devices, builds descriptors, looks
+up the plan, binds the weights and converts nothing, but still costs tens of µs of
+Python before the first kernel. After such a call the module keeps a
+:class:`FastCall`: the exact things that decided what ran, and the core's bound
+program. A later call with
+
+* inputs of the same type, shape, dtype and device (what picks the plan),
+* the very same parameter objects in the same places, each with the version counter
+  and address it had (``copy_``, ``load_state_dict``, in-place ops bump the version;
+  ``.data =`` and ``.to()`` change the address; a replaced parameter or layer is not
+  the same object),
+* no autograd to serve (grad mode off, or nothing requiring grad), not tracing,
+* and a core that still has that program, with no plugin or profiler to run,
+
+runs that program directly. Anything else returns None and the call takes the general
+path, which checks everything and raises the usual :class:`~atbcore.errors.AtbError`
+for a user error; that call then leaves a new FastCall behind. Nothing is re-checked
+that these guards keep true, and nothing is skipped that could change the result.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["FastCall"]
+
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
+class FastCall:
+    """What decided a call's plan, and the core program it ran; ``fast(inputs)`` is
+    the outputs, or None when a guard fails (see the module doc)."""
+
+    __slots__ = ("core", "plan", "key", "sig", "layers", "layer_objs", "checks",
+                 "weight_storages")
+
+    def __init__(self, core: Any, plan: Any, key: Any, inputs: Sequence[Tensor],
+                 weights: Sequence[Tensor], places: Sequence[tuple[dict, str]],
+                 layers: dict | None) -> None:
+        self.core, self.plan, self.key = core, plan, key
+        self.sig = tuple((type(x), x.shape, x.dtype, x.device) for x in inputs)
+        # the module's layer dict (None for a GraphOp of a core graph) and its members
+        self.layers = layers
+        self.layer_objs = tuple(layers.values()) if layers is not None else ()
+        # per weight: (the dict that holds it, its key, the tensor, version, address)
+        self.checks = tuple((d, k, w, w._version, w.data_ptr())
+                            for (d, k), w in zip(places, weights))
+        self.weight_storages = frozenset(w.untyped_storage().data_ptr() for w in weights
+                                         if w.numel())
+
+    @classmethod
+    def after(cls, module: Any, inputs: Sequence[Tensor],
+              weights: Sequence[Tensor]) -> "FastCall | None":
+        """The fast call of the plain eager call just made (None: that call cannot be
+        repeated this way: the core did not keep its program as the hot one)."""
+        from atbcore.tensor import raw_signature
+
+        core = module._runner.core
+        hot = core._hot if core is not None else None
+        if hot is None or core.cuda_graph or type(inputs[0]) is not Tensor:
+            return None
+        raw, plan, key, framework = hot
+        if framework != "torch" or plan.entry_native != "torch" or raw != raw_signature(inputs):
+            return None
+        layers = module.layers._modules if module._graph_src is None else None
+        return cls(core, plan, key, inputs, weights, module.weight_places(), layers)
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Tensor] | None:
+        if _is_compiling() or len(inputs) != len(self.sig):
+            return None
+        grad = _grad_enabled()
+        for x, (kind, shape, dtype, device) in zip(inputs, self.sig):
+            if (type(x) is not kind or x.shape != shape or x.dtype != dtype
+                    or x.device != device or (grad and x.requires_grad)):
+                return None
+        if self.layers is not None and tuple(self.layers.values()) != self.layer_objs:
+            return None
+        for d, k, w, version, address in self.checks:
+            if (d.get(k) is not w or w._version != version or w.data_ptr() != address
+                    or (grad and w.requires_grad)):
+                return None
+        core = self.core
+        if not core.hot_ready():
+            return None
+        outs = self.plan.run_program(self.key, None, inputs)
+        if outs is None:  # the plan was released or the program evicted meanwhile
+            return None
+        core.note_hot_run(self.plan)
+        return self._no_alias(outs, inputs)
+
+    def _no_alias(self, outs: list[Tensor], inputs: Sequence[Tensor]) -> list[Tensor]:
+        """``outs`` with any output sharing an input's or a weight's storage cloned
+        (as :func:`atb_torch.library_graph.no_alias`, the weights' storages known)."""
+        taken = self.weight_storages
+        for j, o in enumerate(outs):
+            if not o.numel():
+                continue
+            p = o.untyped_storage().data_ptr()
+            if p in taken or any(x.numel() and x.untyped_storage().data_ptr() == p
+                                 for x in inputs):
+                outs[j] = o.clone()
+        return outs
