@@ -16,7 +16,7 @@ from typing import Any
 from ..runtime.config import get_config
 from ..tensor import convert, raw_signature
 
-__all__ = ["GraphOpHot"]
+__all__ = ["GraphOpHot", "RememberedCall"]
 
 
 class GraphOpHot:
@@ -57,3 +57,38 @@ class GraphOpHot:
 
     def _profiling(self) -> bool:
         return bool(self.profile if self.profile is not None else get_config().enable_profiling)
+
+
+class RememberedCall:
+    """The core half of a front-end's guarded fast call: the bound program the core
+    GraphOp ``core`` remembered for ``inputs`` (its last plain call), run again by
+    :meth:`run` while :meth:`GraphOpHot.hot_ready` holds. The front-end guards
+    everything else that decides the result (its inputs' signature, its weights)."""
+
+    __slots__ = ("core", "plan", "key")
+
+    def __init__(self, core: Any, plan: Any, key: Any) -> None:
+        self.core, self.plan, self.key = core, plan, key
+
+    @classmethod
+    def of(cls, core: Any, inputs: list) -> "RememberedCall | None":
+        """The program ``core`` remembered, when it was for inputs of ``inputs``'s
+        raw signature and takes them as they are (no conversion); else None."""
+        hot = core._hot if core is not None else None
+        if hot is None or core.cuda_graph:
+            return None
+        raw, plan, key, framework = hot
+        if raw is None or framework != plan.entry_native or raw != raw_signature(inputs):
+            return None
+        return cls(core, plan, key)
+
+    def run(self, inputs: Any) -> list | None:
+        """The outputs (fresh tensors of the inputs' framework), or None: a plugin or
+        profiler must see the run, the GraphOp was destroyed, or the program is gone."""
+        core = self.core
+        if not core.hot_ready():
+            return None
+        outs = self.plan.run_program(self.key, None, inputs)
+        if outs is not None:
+            core.note_hot_run(self.plan)
+        return outs

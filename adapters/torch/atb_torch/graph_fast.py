@@ -27,6 +27,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from atbcore.graph.graph_op_hot import RememberedCall
+
 __all__ = ["FastCall"]
 
 _is_compiling = torch.compiler.is_compiling
@@ -37,13 +39,12 @@ class FastCall:
     """What decided a call's plan, and the core program it ran; ``fast(inputs)`` is
     the outputs, or None when a guard fails (see the module doc)."""
 
-    __slots__ = ("core", "plan", "key", "sig", "layers", "layer_objs", "checks",
-                 "weight_storages")
+    __slots__ = ("program", "sig", "layers", "layer_objs", "checks", "weight_storages")
 
-    def __init__(self, core: Any, plan: Any, key: Any, inputs: Sequence[Tensor],
+    def __init__(self, program: RememberedCall, inputs: Sequence[Tensor],
                  weights: Sequence[Tensor], places: Sequence[tuple[dict, str]],
                  layers: dict | None) -> None:
-        self.core, self.plan, self.key = core, plan, key
+        self.program = program
         self.sig = tuple((type(x), x.shape, x.dtype, x.device) for x in inputs)
         # the module's layer dict (None for a GraphOp of a core graph) and its members
         self.layers = layers
@@ -59,17 +60,11 @@ class FastCall:
               weights: Sequence[Tensor]) -> "FastCall | None":
         """The fast call of the plain eager call just made (None: that call cannot be
         repeated this way: the core did not keep its program as the hot one)."""
-        from atbcore.tensor import raw_signature
-
-        core = module._runner.core
-        hot = core._hot if core is not None else None
-        if hot is None or core.cuda_graph or type(inputs[0]) is not Tensor:
-            return None
-        raw, plan, key, framework = hot
-        if framework != "torch" or plan.entry_native != "torch" or raw != raw_signature(inputs):
+        program = RememberedCall.of(module._runner.core, list(inputs))
+        if program is None or program.plan.entry_native != "torch":
             return None
         layers = module.layers._modules if module._graph_src is None else None
-        return cls(core, plan, key, inputs, weights, module.weight_places(), layers)
+        return cls(program, inputs, weights, module.weight_places(), layers)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Tensor] | None:
         if _is_compiling() or len(inputs) != len(self.sig):
@@ -85,14 +80,8 @@ class FastCall:
             if (d.get(k) is not w or w._version != version or w.data_ptr() != address
                     or (grad and w.requires_grad)):
                 return None
-        core = self.core
-        if not core.hot_ready():
-            return None
-        outs = self.plan.run_program(self.key, None, inputs)
-        if outs is None:  # the plan was released or the program evicted meanwhile
-            return None
-        core.note_hot_run(self.plan)
-        return self._no_alias(outs, inputs)
+        outs = self.program.run(inputs)
+        return None if outs is None else self._no_alias(outs, inputs)
 
     def _no_alias(self, outs: list[Tensor], inputs: Sequence[Tensor]) -> list[Tensor]:
         """``outs`` with any output sharing an input's or a weight's storage cloned
