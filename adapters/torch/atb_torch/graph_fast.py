@@ -87,11 +87,16 @@ class FastCall:
         """``outs`` with any output sharing an input's or a weight's storage cloned
         (as :func:`atb_torch.library_graph.no_alias`, the weights' storages known)."""
         taken = self.weight_storages
-        for j, o in enumerate(outs):
-            if not o.numel():
-                continue
-            p = o.untyped_storage().data_ptr()
-            if p in taken or any(x.numel() and x.untyped_storage().data_ptr() == p
-                                 for x in inputs):
-                outs[j] = o.clone()
+        j = 0
+        for o in outs:
+            if o.numel():
+                p = o.untyped_storage().data_ptr()
+                if p in taken:
+                    outs[j] = o.clone()
+                else:
+                    for x in inputs:
+                        if x.untyped_storage().data_ptr() == p and x.numel():
+                            outs[j] = o.clone()
+                            break
+            j += 1
         return outs
