@@ -14,6 +14,7 @@ from torch import nn
 
 import atb_torch as atb
 from atbcore.backends.cpu_kernels import available
+from atbcore.runtime import native_run
 
 pytestmark = pytest.mark.skipif(not available(), reason="the C kernels are not built here")
 
@@ -88,9 +89,15 @@ def test_fast_call_taken_and_bit_equal_to_general_path(rows, monkeypatch):
         monkeypatch.undo()
         del refuse
     assert mlp._fast is fast_call
+    was, native_run.NATIVE[0] = native_run.NATIVE[0], False  # calls one by one, in Python
+    try:
+        with torch.no_grad():
+            per_call = [mlp(x) for x in xs]
+    finally:
+        native_run.NATIVE[0] = was
     w = _weights(mlp)
-    for g, f, x in zip(general, fast, xs):
-        assert torch.equal(g, f)
+    for g, f, c, x in zip(general, fast, per_call, xs):
+        assert torch.equal(g, f) and torch.equal(f, c)
         _close(f, _reference(x, w))
     # earlier outputs are fresh tensors, not overwritten by later calls
     assert not any(a.data_ptr() == b.data_ptr() for a, b in zip(fast, fast[1:]))
