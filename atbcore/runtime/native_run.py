@@ -331,6 +331,12 @@ class NativeRun:
         """Run and record one call again for this run's objects; None when its record
         fits, else the step from which the run goes on through Python."""
         k = item[0]
+        # its own writes of the last record may already be in env (a run makes every
+        # segment's writes first): cleared, so the record sees the call write them again
+        # (a write of the object already there would otherwise go unnoted, and later
+        # runs would leave that slot empty)
+        for i, _ in item[5]:
+            env[i] = None
         got = self._rec(k, env)
         if got is None:
             return k
