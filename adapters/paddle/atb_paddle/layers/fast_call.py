@@ -24,7 +24,8 @@ from .params import ParamSet, _key
 __all__ = ["FastCall"]
 
 
-def _place_of(owner: Any, dotted: str) -> tuple[tuple[str, ...], str]:
+def _place_of(dotted: str) -> tuple[tuple[str, ...], str]:
+    """The sublayer keys and parameter key of weight ``a.b.weight`` (see params.py)."""
     *path, last = dotted.split(".")
     return tuple(_key(p) for p in path), _key(last)
 
@@ -43,7 +44,7 @@ class FastCall:
         for ps in sets:
             owner = ps._owner()
             for name, p in ps:
-                path, last = _place_of(owner, name)
+                path, last = _place_of(name)
                 checks.append((owner, path, last, p, p.data_ptr(), p._inplace_version(),
                                p.dtype))
         self.checks = tuple(checks)
