@@ -16,6 +16,7 @@ from typing import Any
 import paddle
 from paddle import _C_ops
 
+from atbcore.backends.cpu_kernels.bindings import use_omp_team
 from atbcore.backends.cpu_kernels.native_kernels import MethodsIO, native_kernels
 from atbcore.dtypes import Dtype
 
@@ -60,3 +61,9 @@ class PaddleIO(MethodsIO):
 
 
 PADDLE_KERNELS.update(native_kernels(PaddleIO(), PADDLE_KERNELS))
+
+# Paddle runs this process's ops: torch's OpenMP team (loaded with atbcore) sits idle,
+# and a big C matmul handed to it waits whole time slices while Paddle's threads hold
+# the cores (128 rows of the seed MLP: 12-17 ms); atb's own pool, whose caller
+# finishes what a late worker has not claimed, takes them (4.8-5.2 ms)
+use_omp_team(False)
