@@ -126,15 +126,15 @@ def build_info() -> BuildResult:
     return _STATE["build"]  # type: ignore[return-value]
 
 
-def use_omp_team(on: bool) -> None:
+def use_omp_team(on: bool) -> bool:
     """Whether the C kernels' big jobs (prefill-sized matmuls) may run on torch's
     OpenMP team when torch is loaded (the default): right where torch runs the
     framework's ops (its workers spin after each op and would hold atb's cores), wrong
     where another framework does (MindSpore, Paddle), whose threads then hold the
-    cores that team needs: there atb's own pool takes them."""
+    cores that team needs: there atb's own pool takes them. Returns the previous
+    setting (True where the library is unavailable)."""
     lib = library()
-    if lib is not None:
-        lib.atb_pool_use_omp_team(1 if on else 0)
+    return True if lib is None else bool(lib.atb_pool_use_omp_team(1 if on else 0))
 
 
 def pool_stats() -> dict[str, int]:

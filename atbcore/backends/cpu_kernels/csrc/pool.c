@@ -219,9 +219,8 @@ static void team_body(void *arg) {
  * a whole time slice whenever the framework's own threads hold the cores */
 static atomic_int g_use_team = 1;
 
-ATB_API int64_t atb_pool_use_omp_team(int64_t on) {
-    atomic_store(&g_use_team, on ? 1 : 0);
-    return 0;
+ATB_API int64_t atb_pool_use_omp_team(int64_t on) {  /* returns the previous setting */
+    return atomic_exchange(&g_use_team, on ? 1 : 0);
 }
 
 void atb_parallel_chunks_big(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
