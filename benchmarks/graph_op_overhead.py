@@ -104,11 +104,31 @@ def _fastest(candidates: dict[str, Plain], x: Any, sync: Callable[[Any], Any] | 
     return min(candidates.items(), key=lambda kv: _alone_us(lambda: kv[1](x), sync))
 
 
+def _kernels_alone(core: Any) -> Callable[[], Any] | None:
+    """The C calls of ``core``'s last program made again with no Python around them
+    (its recorded native run on the last call's tensors), when that program is one
+    native run; None otherwise. Its time against ``atb_us`` splits a call into
+    kernels and the Python before and around them."""
+    hot = getattr(core, "_hot", None)
+    prog = hot[1].programs.get(hot[2]) if hot is not None else None
+    ops = prog.native.ops if prog is not None and prog.native is not None else None
+    if not ops or len(ops) != 1 or type(ops[0]) is int:
+        return None
+    seg, run = ops[0], prog.native
+
+    def kernels() -> None:
+        seg.table[0], seg.table[1] = 0, len(seg.pairs)
+        run._run_steps(seg.table)
+    return kernels
+
+
 def _measure(fw: str, mlp: Callable[[Any], Any], plain: dict[str, Plain],
              inputs: dict[int, Any], samples: int, to_numpy: Callable[[Any], Any],
              sync: Callable[[Any], Any] | None = None,
-             plan: Callable[[], Any] | None = None) -> dict[str, Any]:
-    """Both sides at each row count; the GraphOp is first timed before any plain op runs."""
+             plan: Callable[[], Any] | None = None,
+             core: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Both sides at each row count; the GraphOp is first timed before any plain op runs
+    (and, where its program is one native run, its kernels alone: ``kernels_us``)."""
     first = {rows: _alone_us(lambda x=x: mlp(x), sync) for rows, x in inputs.items()}
     out: dict[str, Any] = {}
     for rows, x in inputs.items():
@@ -117,6 +137,9 @@ def _measure(fw: str, mlp: Callable[[Any], Any], plain: dict[str, Plain],
         r = _ratio(lambda: mlp(x), lambda: fn(x), samples, sync=sync)
         out[f"rows_{rows}"] = {**r, "max_abs_diff": d, "plain": name,
                                "atb_first_us": first[rows]}
+        kernels = _kernels_alone(core()) if core is not None else None
+        if kernels is not None:
+            out[f"rows_{rows}"]["kernels_us"] = _alone_us(kernels)
         if plan is not None:
             out[f"rows_{rows}"].update(launches=plan().launches,
                                        arena_bytes=plan().memory.arena_bytes)
@@ -181,7 +204,8 @@ def bench_torch(samples: int, settings: dict[str, Any]) -> dict[str, Any]:
 
         inputs = {rows: torch.from_numpy(_inputs(rows)) for rows in (1, 128)}
         return _measure("torch", mlp, {"functional": functional}, inputs, samples,
-                        lambda t: t.numpy(), plan=lambda: mlp.core.last_plan)
+                        lambda t: t.numpy(), plan=lambda: mlp.core.last_plan,
+                        core=lambda: mlp.core)
 
 
 def bench_paddle(samples: int, settings: dict[str, Any]) -> dict[str, Any]:
@@ -273,7 +297,7 @@ def bench_numpy(samples: int, settings: dict[str, Any]) -> dict[str, Any]:
 
     inputs = {rows: _inputs(rows) for rows in (1, 128)}
     return _measure("numpy", mlp, {"numpy": layers}, inputs, samples, lambda a: a,
-                    plan=lambda: mlp.last_plan)
+                    plan=lambda: mlp.last_plan, core=lambda: mlp)
 
 
 BENCHES = {"torch": bench_torch, "mindspore": bench_mindspore, "paddle": bench_paddle,
@@ -343,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{v['plain_us']:.1f} us; GraphOp alone first {v['atb_first_us']:.1f} us; "
                   f"plain {v['plain']} {v['settings']})"
                   + (f", launches {v['launches']}, arena {v['arena_bytes']} B"
-                     if "launches" in v else ""))
+                     if "launches" in v else "")
+                  + (f", kernels alone {v['kernels_us']:.1f} us" if "kernels_us" in v else ""))
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:

@@ -43,7 +43,6 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import AtbError, InputError, ParamsError, ShapeError, DtypeError
 from ..operation import check_writable
-from ..runtime.config import get_config
 from ..runtime.executor import ExecPlan, build_plan, infer_descs, native_weight
 from ..runtime.plan_cache import PlanCache
 from ..runtime.profiler import Profiler
@@ -51,6 +50,7 @@ from ..runtime.scheduler import schedule
 from ..tensor import (TensorDesc, convert, copy_into, describe, framework_of, is_tensor,
                       raw_signature)
 from .graph_op_explain import GraphOpPlugins, GraphOpViews, plugin_points
+from .graph_op_hot import GraphOpHot
 from .graph_op_io import load_graph_op_kwargs, make_fusion_config, save_graph_op
 from .graph_op_kv import KVBinder, in_place_cache, kv_dim_names, run_in_place
 from .ir import Graph
@@ -60,7 +60,7 @@ __all__ = ["GraphOp"]
 _UNSET: Any = object()  # kv_cache not passed (None is a value: "start a cache")
 
 
-class GraphOp(GraphOpPlugins, GraphOpViews):
+class GraphOp(GraphOpHot, GraphOpPlugins, GraphOpViews):
     """A fused, planned graph of ops; see the module docstring.
 
     ``GraphOp(layers_or_graph, name=None, fusion_config=None, backend=None, *,
@@ -291,33 +291,6 @@ class GraphOp(GraphOpPlugins, GraphOpViews):
             else:
                 copy_into(slot, r)
         return outputs
-
-    def _run_hot(self, inputs: list, raw_now: tuple | None = None, keep: bool = False) -> Any:
-        """The last call's bound program again, when this call has its signature and
-        nothing else could change what runs (no plugins, profiling or CUDA graphs, the
-        plan still cached): no descriptors, lookups or conversions of same-framework
-        tensors (``keep``: into the program's own output buffers). None: general path."""
-        hot = self._hot
-        if hot is None or self._destroyed:
-            return None
-        raw, plan, key, framework = hot
-        if raw_now is None:
-            raw_now = raw_signature(inputs)
-        if (plan.released or raw is None or raw_now != raw
-                or self._plugins_active() or self._profiling()):
-            return None
-        entry = plan.entry_native
-        xs = inputs if framework == entry else [convert(x, entry) for x in inputs]
-        outs = plan.run_program(key, None, xs, keep)
-        if outs is None:  # released or evicted meanwhile: the general path
-            return None
-        if self._cache is not None:
-            self._cache.hits += 1
-        self.last_plan, self.last_launches = plan, plan.launches
-        return outs if framework == entry else [convert(o, framework) for o in outs]
-
-    def _profiling(self) -> bool:
-        return bool(self.profile if self.profile is not None else get_config().enable_profiling)
 
     def _run_plan(self, plan: ExecPlan, exact: Mapping[str, TensorDesc],
                   native: dict[str, Any], hook: Any) -> list:

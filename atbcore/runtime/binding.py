@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..dtypes import Dtype
 from ..errors import AtbError
 from ..tensor import TensorDesc, convert, copy_into
+from .allocate import empty_allocator
 from .native_run import NATIVE, NativeRun, slots_of
 
 __all__ = ["Slot", "BindContext", "BoundProgram", "bind_program", "resolve", "getter",
@@ -115,9 +116,7 @@ class BoundProgram:
         if self.park:
             # torch's OpenMP workers spin after each parallel op and would hold the cores
             # the C matmuls' pool needs (see cpu_kernels.threads)
-            from ..backends.cpu_kernels.threads import parked_torch_threads
-
-            with parked_torch_threads():
+            with (_THREADS or _threads()).parked_torch_threads():
                 return self._run(inputs, keep_outputs)
         return self._run(inputs, keep_outputs)
 
@@ -130,15 +129,26 @@ class BoundProgram:
             env[i] = alloc() if kept is None or i not in self.output_slots else \
                 kept[i] if i in kept else kept.setdefault(i, alloc())
         if self.native is not None and NATIVE[0]:
-            from ..backends.cpu_kernels.threads import pool_threads
-
-            self.native.run(env, pool_threads())
+            self.native.run(env, (_THREADS or _threads()).pool_threads())
             return [env[i] for i in self.output_slots]
         for call, frees in self.steps:
             call(env)
             for i in frees:
                 env[i] = None
         return [env[i] for i in self.output_slots]
+
+
+_THREADS: Any = None  # atbcore.backends.cpu_kernels.threads, imported at the first run
+
+
+def _threads() -> Any:
+    """The C kernels' thread module (it imports torch: not at this module's import; an
+    import statement per run costs more than the lookup)."""
+    global _THREADS
+    from ..backends.cpu_kernels import threads
+
+    _THREADS = threads
+    return threads
 
 
 def view_binder(view: Callable[[Any, Any], list]) -> Callable[..., Any]:
@@ -217,21 +227,6 @@ def binder_of(kernel: Any) -> Callable[..., Any]:
     return bind
 
 
-def _empty(native: str, desc: TensorDesc) -> Callable[[], Any]:
-    shape = tuple(desc.shape)
-    if native == "torch":
-        import torch
-
-        dt, dev = desc.dtype.torch, desc.device
-        return lambda: torch.empty(shape, dtype=dt, device=dev)
-    if native == "numpy":
-        import numpy as np
-
-        dt = desc.dtype.numpy
-        return lambda: np.empty(shape, dtype=dt)
-    raise AtbError("plan", f"no allocator for {native} tensors", "torch or numpy", native)
-
-
 def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
     """Bind ``plan`` (an :class:`~atbcore.runtime.executor.ExecPlan`) for the exact
     descriptors ``exact`` (every tensor id of this call's shapes)."""
@@ -286,7 +281,7 @@ def bind_program(plan: Any, exact: Mapping[str, TensorDesc]) -> BoundProgram:
                     fixed.update((o, v) for o, v in zip(c.outs, made)
                                  if v is not None and o not in outputs)
                 if not getattr(binder, "fills_slots", False):
-                    allocs.extend((o.index, _empty(c.native, o.desc)) for o in outs
+                    allocs.extend((o.index, empty_allocator(c.native, o.desc)) for o in outs
                                   if type(o) is Slot)
                 if c.check and not getattr(binder, "checks_values", False):
                     call = _checked(plan, c, ins, call)

@@ -347,9 +347,14 @@ def _no_grad() -> Any:
 
 def _grad_enabled() -> bool:
     """torch's grad mode (a plan that uses torch has imported it)."""
-    import torch
+    if not _IS_GRAD_ENABLED:
+        import torch
 
-    return torch.is_grad_enabled()
+        _IS_GRAD_ENABLED.append(torch.is_grad_enabled)
+    return _IS_GRAD_ENABLED[0]()
+
+
+_IS_GRAD_ENABLED: list[Callable[[], bool]] = []  # torch.is_grad_enabled, once imported
 
 
 def _synchronizer(device: str) -> Callable[[], None]:

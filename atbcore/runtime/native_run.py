@@ -175,15 +175,44 @@ class _Segment:
         self.pre, self.flat = pre, None
 
     def flatten(self) -> tuple:
-        """``(env writes, slots, objects)`` of every item at once: a run whose slots all
-        hold what was recorded (a decode loop's steps) checks them in one pass. (Writes
+        """``(env writes, slots, objects, moves)`` of every item at once: a run whose
+        fixed slots all hold what was recorded (a decode loop's steps, a GraphOp call)
+        checks them in one pass, and relocates its relocatable slots (a fresh output
+        per call: ``moves``, see :meth:`moved`) without leaving that pass. (Writes
         first is safe: a slot's one writer comes before its readers.) Dropped when an
-        item changes."""
+        item is recorded again."""
         writes = [w for item in self.items for w in item[5]]
-        slots = [i for item in self.items for i in item[1]]
-        objs = [o for item in self.items for o in item[2]]
-        self.flat = (writes, slots, objs)
+        slots: list[int] = []
+        objs: list[Any] = []
+        moves: list[tuple] = []
+        for item in self.items:
+            rel = item[6]
+            for j, i in enumerate(item[1]):
+                at = rel.get(i)
+                if at is None:
+                    slots.append(i)
+                    objs.append(item[2][j])
+                else:  # item[2] is updated in place by a relocation, so read it there
+                    moves.append((i, item[2], j,
+                                  [(self.keep[item[3] + p], off) for p, off in at]))
+        self.flat = (writes, slots, objs, moves)
         return self.flat
+
+    @staticmethod
+    def moved(moves: list[tuple], env: list) -> bool:
+        """Relocate the ``moves`` of :meth:`flatten` whose slot holds a new object (as
+        :meth:`relocate` would); False when one is not relocatable (the run then takes
+        the per-item path, which records that call again)."""
+        for i, objs, j, fields in moves:
+            x = env[i]
+            if x is not objs[j]:
+                span = address_span(x)
+                if span is None:
+                    return False
+                for block, off in fields:
+                    struct.pack_into("q", block, off, span[0])
+                objs[j] = x
+        return True
 
 
 class NativeRun:
@@ -230,10 +259,11 @@ class NativeRun:
                 for i in frees:
                     env[i] = None
                 continue
-            writes, slots, objs = op.flat or op.flatten()
+            writes, slots, objs, moves = op.flat or op.flatten()
             for i, v in writes:
                 env[i] = v
-            if all(map(is_, map(env.__getitem__, slots), objs)):
+            if all(map(is_, map(env.__getitem__, slots), objs)) and \
+                    (not moves or op.moved(moves, env)):
                 self._span(op, env, 0, len(op.pairs))
                 continue
             op.flat = None  # relocated or recorded again below
@@ -301,8 +331,12 @@ class NativeRun:
         """Run and record one call again for this run's objects; None when its record
         fits, else the step from which the run goes on through Python."""
         k = item[0]
-        for i, _ in item[5]:  # this run's writes were made ahead (flatten): a call
-            env[i] = None     # writing the same object again must still count as a write
+        # its own writes of the last record may already be in env (a run makes every
+        # segment's writes first): cleared, so the record sees the call write them again
+        # (a write of the object already there would otherwise go unnoted, and later
+        # runs would leave that slot empty)
+        for i, _ in item[5]:
+            env[i] = None
         got = self._rec(k, env)
         if got is None:
             return k

@@ -45,6 +45,7 @@ from atbcore.tensor import TensorDesc
 from . import profiling
 from .devices import check_to_args
 from .graph_binding import GraphRunner, desc_of, host_array, real_mode
+from .graph_fast import FastCall
 from .graph_views import GraphOpViews
 from .graph_kv import KVSlotSpec, full_inputs, is_cache_object, pasts_of, run_guarded, store
 from .library_graph import no_alias, register_runner
@@ -111,10 +112,11 @@ class GraphOp(GraphOpViews, nn.Module):
         self._key = f"{self.name}@{id(self):x}"
         self._weight_refs: tuple | None = None  # (layer ids, [(owner, name)]): weight_tensors
         self._materialized: tuple | None = None  # the layer ids whose shapes are known
+        self._fast: FastCall | None = None  # the last plain eager call, guarded (graph_fast)
 
     def __getstate__(self) -> dict:
         state = dict(super().__getstate__())
-        for k in ("_runner", "_handle", "_key", "profiler"):
+        for k in ("_runner", "_handle", "_key", "profiler", "_fast"):
             state.pop(k, None)
         return state
 
@@ -201,6 +203,15 @@ class GraphOp(GraphOpViews, nn.Module):
             refs = self._weight_refs = (key, owners)
         return [owner._parameters[leaf] for owner, leaf in refs[1]]
 
+    def weight_places(self) -> list[tuple[dict, str]]:
+        """Where each of :meth:`weight_tensors` is held now: ``(parameter dict, key)``
+        (a parameter assigned there later replaces it)."""
+        if self._graph_src is not None:
+            return [(self.weights._parameters, k) for k in self._param_key.values()]
+        self.weight_tensors()  # looks the owners up for the current layers
+        assert self._weight_refs is not None
+        return [(owner._parameters, leaf) for owner, leaf in self._weight_refs[1]]
+
     def core_source(self, host: Mapping[str, Any]) -> list[CoreLayer] | Graph:
         """Core layers (or the core graph) carrying the weights ``host`` (by graph id)."""
         if self._graph_src is not None:
@@ -233,6 +244,11 @@ class GraphOp(GraphOpViews, nn.Module):
     # ------------------------------------------------------------------ calls
     def forward(self, *inputs: Any, kv_cache: Any = _UNSET) -> Any:
         """Run the block; ``(out, kv_cache)`` when called with ``kv_cache=``."""
+        fast = self._fast
+        if fast is not None and kv_cache is _UNSET:
+            outs = fast(inputs)
+            if outs is not None:
+                return outs[0] if len(outs) == 1 else tuple(outs)
         if not inputs:
             raise InputError(self.name, "number of inputs", "at least 1", 0)
         xs = [as_torch(x, self.name) for x in inputs]
@@ -250,6 +266,7 @@ class GraphOp(GraphOpViews, nn.Module):
         if not self._slots:
             if _eager(xs, weights):  # the core plan directly: no custom-op dispatch
                 outs = no_alias(self._runner.run(xs, weights), xs, weights)
+                self._fast = FastCall.after(self, xs, weights)
             else:
                 outs = _graph_op(self._handle, xs, weights)
             out = outs[0] if len(outs) == 1 else tuple(outs)
@@ -306,6 +323,7 @@ class GraphOp(GraphOpViews, nn.Module):
             raise ParamsError(self.name, "plugin", "an object with preprocess/postprocess "
                               "(an atb.Plugin)", type(plugin).__name__)
         self.plugins.append((point, plugin))
+        self._fast = None
         if self._runner.core is not None:
             self._runner.core.register_plugin(point, plugin)
         return self
@@ -316,6 +334,7 @@ class GraphOp(GraphOpViews, nn.Module):
         if self._runner.core is not None:
             self._runner.core.destroy()
         self._destroyed = True
+        self._fast = None
 
     def __enter__(self) -> "GraphOp":
         return self

@@ -23,7 +23,7 @@ from .build import BuildResult, build_library, check_private
 
 __all__ = ["library", "unavailable_reason", "build_info", "entry", "pool_stats", "SINKS",
            "ENTRY_POINTS", "RECORDING", "NotNative", "not_native", "run_steps",
-           "run_steps_timed", "entry_names"]
+           "run_steps_timed", "entry_names", "use_omp_team"]
 
 ENTRY_POINTS = ("atb_rms_norm", "atb_layer_norm", "atb_rope", "atb_activation", "atb_softmax",
                 "atb_linear_rows", "atb_decode_attention", "atb_decode_attention_i8",
@@ -92,6 +92,8 @@ def _load() -> None:
             getattr(lib, name).restype = ctypes.c_int64
         lib.atb_pool_stats.argtypes = [ctypes.POINTER(ctypes.c_int64)]
         lib.atb_pool_stats.restype = ctypes.c_int64
+        lib.atb_pool_use_omp_team.argtypes = [ctypes.c_int64]
+        lib.atb_pool_use_omp_team.restype = ctypes.c_int64
     except (OSError, AttributeError) as e:
         _STATE.update(lib=None, reason=f"the built C kernels did not load ({e})")
         logger.info("CPU kernels unavailable: %s", _STATE["reason"])
@@ -122,6 +124,17 @@ def build_info() -> BuildResult:
     """How the library was obtained (ISA, path, whether this process compiled it)."""
     library()
     return _STATE["build"]  # type: ignore[return-value]
+
+
+def use_omp_team(on: bool) -> bool:
+    """Whether the C kernels' big jobs (prefill-sized matmuls) may run on torch's
+    OpenMP team when torch is loaded (the default): right where torch runs the
+    framework's ops (its workers spin after each op and would hold atb's cores), wrong
+    where another framework does (MindSpore, Paddle), whose threads then hold the
+    cores that team needs: there atb's own pool takes them. Returns the previous
+    setting (True where the library is unavailable)."""
+    lib = library()
+    return True if lib is None else bool(lib.atb_pool_use_omp_team(1 if on else 0))
 
 
 def pool_stats() -> dict[str, int]:

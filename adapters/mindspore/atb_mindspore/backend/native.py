@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from atbcore.backends.cpu_kernels.bindings import use_omp_team
 from atbcore.backends.cpu_kernels.native_kernels import MethodsIO, native_kernels
 from atbcore.dtypes import Dtype
 
@@ -85,3 +86,9 @@ class MindSporeIO(MethodsIO):
 
 
 MS_KERNELS.update(native_kernels(MindSporeIO(), MS_KERNELS))
+
+# MindSpore runs this process's ops: torch's OpenMP team (loaded with atbcore) sits
+# idle, and a big C matmul handed to it waits whole time slices while MindSpore's
+# threads hold the cores (128 rows of the seed MLP: 5-16 ms, erratic); atb's own pool,
+# whose caller finishes what a late worker has not claimed, takes them (5.2 ms, steady)
+use_omp_team(False)

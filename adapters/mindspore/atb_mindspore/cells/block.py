@@ -4,10 +4,10 @@ The Parameters are the weights: ``save_checkpoint`` / ``load_checkpoint`` /
 ``load_param_into_net`` see them under the Cells' names. The core graph is built
 from them (lowering reads NumPy views of the Parameters' memory, no copy) and is
 rebuilt whenever a Parameter changes, which a :class:`Block` notices by each
-Parameter's identity and data pointer (``set_data``, ``load_param_into_net`` and
-``load_checkpoint`` all give new memory). MindSpore keeps no version counter for
-in-place writes (``ops.assign``, item writes): after those call
-``refresh_weights()``. Under ``mindspore.jit`` in PyNative mode the check cannot run
+Parameter's identity, data pointer (``set_data``, ``load_param_into_net`` and
+``load_checkpoint`` all give new memory) and version counter (where MindSpore bumps
+it). In-place writes that leave the version as it is (``ops.assign``, ``copy_`` and
+item writes do, in PyNative on CPU) need ``refresh_weights()`` after them. Under ``mindspore.jit`` in PyNative mode the check cannot run
 inside the graph (reading a data pointer there waits for the graph itself): the
 graph uses the weights as of the last eager / GRAPH_MODE call or ``build()``. Derived weights (a cast to fp16, the qkv fusion's
 concatenated weight) are rebuilt with the graph, so fusion keeps working.
@@ -29,15 +29,22 @@ _UNSET = object()
 
 class ParamSlot:
     """Where one weight lives: ``get()`` the Parameter (or None), ``set(p)`` it;
-    ``name`` is the Parameter's name (None: the Block's prefix + ``key``)."""
+    ``name`` is the Parameter's name (None: the Block's prefix + ``key``); ``where``:
+    ``(mapping, key)`` whose ``mapping.get(key)`` is ``get()`` (a cheaper read)."""
 
     def __init__(self, key: str, get: Callable[[], Any], set_: Callable[[Any], None],
-                 name: str | None = None) -> None:
-        self.key, self.get, self.set, self.name = key, get, set_, name
+                 name: str | None = None, where: tuple[Any, str] | None = None) -> None:
+        self.key, self.get, self.set, self.name, self.where = key, get, set_, name, where
 
 
 def _signature(params: Sequence[Any]) -> tuple:
-    return tuple((id(p), p.data_ptr(), tuple(p.shape), str(p.dtype)) for p in params)
+    # _version: MindSpore's in-place version counter, where it keeps one up to date
+    return tuple((id(p), p.data_ptr(), tuple(p.shape), str(p.dtype), _version(p))
+                 for p in params)
+
+
+def _version(p: Any) -> int:
+    return getattr(p, "_version", 0)
 
 
 def new_parameter(array: Any, name: str) -> Any:

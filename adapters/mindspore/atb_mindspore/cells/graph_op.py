@@ -35,6 +35,7 @@ from atbcore.graph.ir import Graph
 from .._env import mindspore
 from .base import AtbCell, in_pynative
 from .block import _UNSET, Block, ParamSlot  # one sentinel for "no kv_cache given"
+from .fast_call import FastCall
 from .layers import LayerCell, OpNode, wrap_core
 
 __all__ = ["GraphOp"]
@@ -82,17 +83,18 @@ class GraphOp(AtbCell):
         self._block = Block(self._make_core, self._slots, self._pull, self._push,
                             lambda: f"{self.name}.")
         self._pending_kv: Any = _UNSET
+        self._fast: FastCall | None = None  # the last plain PyNative call (fast_call.py)
 
     # ------------------------------------------------------------------ weights
     def _slots(self) -> list[ParamSlot]:
         if self._graph is not None:
             return [ParamSlot(k, lambda k=k: self._gparams.get(k),
-                              lambda p, k=k: self._set_gparam(k, p))
+                              lambda p, k=k: self._set_gparam(k, p), where=(self._gparams, k))
                     for k, _ in self._graph.weights]
         out = []
         for c in self.layers:
             if isinstance(c, LayerCell):
-                out += [ParamSlot(f"{id(c)}:{s.key}", s.get, s.set, s.name)
+                out += [ParamSlot(f"{id(c)}:{s.key}", s.get, s.set, s.name, s.where)
                         for s in c.param_slots()]
         return out
 
@@ -132,6 +134,7 @@ class GraphOp(AtbCell):
         """Rebuild from the Parameters at the next call (after in-place writes such
         as ``ops.assign``, which MindSpore does not version)."""
         self._block.refresh()
+        self._fast = None
 
     def build(self, *inputs: Any) -> "GraphOp":
         """Create the Parameters and the graph now, for inputs given as tensors or
@@ -155,12 +158,14 @@ class GraphOp(AtbCell):
         if point not in POINTS:
             raise ParamsError(self.name, "plugin point", list(POINTS), repr(point))
         self._block.replay(lambda core: core.register_plugin(point, plugin))
+        self._fast = None
         return self
 
     def set_dynamic_shape(self, ranges: Mapping[str, Any]) -> None:
         """Declare dynamic dim ranges (see ``atbcore.runtime.plan_cache``)."""
         self._core_kw["dynamic_shape"] = dict(ranges)
         self._block.replay(lambda core: core.set_dynamic_shape(ranges))
+        self._fast = None
 
     def explain(self, *inputs: Any) -> str:
         """The core's explanation (nodes before/after fusion, kernels, fallbacks)."""
@@ -207,6 +212,11 @@ class GraphOp(AtbCell):
 
     # ------------------------------------------------------------------ running
     def __call__(self, *inputs: Any, kv_cache: Any = _UNSET) -> Any:
+        fast = self._fast
+        if fast is not None and kv_cache is _UNSET:
+            outs = fast(self, inputs)
+            if outs is not None:
+                return outs[0] if len(outs) == 1 else tuple(outs)
         if kv_cache is not _UNSET:
             if not in_pynative():
                 from atbcore.errors import CapabilityError
@@ -215,9 +225,12 @@ class GraphOp(AtbCell):
                                       "the cache tensors as explicit inputs", "kv_cache=")
             self._pending_kv = kv_cache
         try:
-            return super().__call__(*inputs)
+            out = super().__call__(*inputs)
         finally:
             self._pending_kv = _UNSET
+        if kv_cache is _UNSET and in_pynative():
+            self._fast = FastCall.after(self, inputs)
+        return out
 
     def prepare(self, xs: Sequence[Any]) -> None:
         self._block.ensure(self._block._descs if self.core is not None and self._block._descs
@@ -236,5 +249,5 @@ class GraphOp(AtbCell):
         """Free the core's plans and arenas."""
         if self.core is not None:
             self.core.destroy()
-
+        self._fast = None
 

@@ -69,7 +69,8 @@ class LayerCell(AtbCell):
 
     def param_slots(self) -> list[ParamSlot]:
         return [ParamSlot(k, lambda k=k: getattr(self, _attr(k), None),
-                          lambda p, k=k: self._set_param(k, p), self._prefix + k)
+                          lambda p, k=k: self._set_param(k, p), self._prefix + k,
+                          (self._params, _attr(k)))  # where a Cell keeps its Parameters
                 for k in self.weight_keys()]
 
     def _set_param(self, key: str, p: Any) -> None:

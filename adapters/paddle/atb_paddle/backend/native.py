@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import paddle
+from paddle import _C_ops
 
+from atbcore.backends.cpu_kernels.bindings import use_omp_team
 from atbcore.backends.cpu_kernels.native_kernels import MethodsIO, native_kernels
 from atbcore.dtypes import Dtype
 
@@ -25,6 +27,15 @@ from . import activation, ffn, linear, norm, paged, rope, shape  # noqa: F401
 
 __all__ = ["PaddleIO"]
 
+_CPU = paddle.CPUPlace()
+_DTYPES: dict[Dtype, Any] = {}
+
+
+def _dtype(dtype: Dtype) -> Any:
+    """Paddle's dtype object of ``dtype`` (looked up once)."""
+    got = _DTYPES[dtype] = getattr(paddle, dtype.value)
+    return got
+
 
 class PaddleIO(MethodsIO):
     """Paddle tensors: ``data_ptr()`` and ``strides`` (equal to their DLPack view)."""
@@ -32,7 +43,9 @@ class PaddleIO(MethodsIO):
     name = "paddle"
 
     def empty(self, shape: tuple[int, ...], dtype: Dtype) -> Any:
-        return paddle.empty(list(shape), dtype=dtype.value)
+        # paddle.empty's own kernel, without its Python wrapper (argument checks and
+        # dtype/place conversions cost three times the allocation); CPU only here
+        return _C_ops.empty(list(shape), _DTYPES.get(dtype) or _dtype(dtype), _CPU)
 
     def why_not(self, t: Any) -> str | None:
         if not isinstance(t, paddle.Tensor):
@@ -48,3 +61,9 @@ class PaddleIO(MethodsIO):
 
 
 PADDLE_KERNELS.update(native_kernels(PaddleIO(), PADDLE_KERNELS))
+
+# Paddle runs this process's ops: torch's OpenMP team (loaded with atbcore) sits idle,
+# and a big C matmul handed to it waits whole time slices while Paddle's threads hold
+# the cores (128 rows of the seed MLP: 12-17 ms); atb's own pool, whose caller
+# finishes what a late worker has not claimed, takes them (4.8-5.2 ms)
+use_omp_team(False)

@@ -29,6 +29,7 @@ from atbcore.graph.layers import Layer as CoreLayer
 
 from .base import AtbLayer, OpLayer
 from .block import GraphBlock, LayerBlock
+from .fast_call import FastCall
 from .params import ParamSet
 
 __all__ = ["GraphOp"]
@@ -52,6 +53,7 @@ class GraphOp(paddle.nn.Layer):
                  fusion_config: Any = None, backend: str | None = None, **options: Any) -> None:
         super().__init__()
         self.params = ParamSet(self)
+        self._fast: FastCall | None = None  # the last plain call, guarded (fast_call.py)
         if isinstance(layers_or_graph, Graph):
             self._block = GraphBlock(layers_or_graph, self, name, fusion_config, backend, **options)
             return
@@ -82,8 +84,19 @@ class GraphOp(paddle.nn.Layer):
         return self._block.op
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        fast = self._fast
+        if fast is not None and not kwargs:
+            outs = fast(inputs)
+            if outs is not None:
+                return outs[0] if len(outs) == 1 else tuple(outs)
         with paddle.no_grad():
-            return self._block.get(inputs)(*inputs, **kwargs)
+            core = self._block.get(inputs)
+            out = core(*inputs, **kwargs)
+        plain = not kwargs and (core._kv is None or not core._kv.slots)
+        fast = FastCall.after(core, inputs, self._block.param_sets()) if plain else None
+        if fast is not None or self._fast is not None:
+            self._fast = fast
+        return out
 
     def execute(self, inputs: Sequence[Any], outputs: list | None = None) -> list:
         """A list of tensors in, the list of outputs back (``outputs`` filled when given)."""
@@ -104,11 +117,13 @@ class GraphOp(paddle.nn.Layer):
     def register_plugin(self, point: str, plugin: Any) -> "GraphOp":
         """Run ``plugin`` (an ``atb.Plugin``) at ``point`` (``pre_attention``, ...)."""
         self._block.register_plugin(point, plugin)
+        self._fast = None
         return self
 
     def set_dynamic_shape(self, ranges: Mapping[str, Any]) -> None:
         """Declare dynamic dimension ranges (see the core GraphOp)."""
         self._block.set_dynamic_shape(ranges)
+        self._fast = None
 
     def _core_for(self, inputs: Sequence[Any]) -> CoreGraphOp:
         if inputs:
@@ -152,6 +167,7 @@ class GraphOp(paddle.nn.Layer):
     def destroy(self) -> None:
         """Free the core GraphOp's plans; the next call builds a new one."""
         self._block.destroy()
+        self._fast = None
 
     def __enter__(self) -> "GraphOp":
         return self

@@ -214,10 +214,20 @@ static void team_body(void *arg) {
         j->fn(j->ctx, c);
 }
 
+/* whether big jobs may run on torch's OpenMP team (atb_pool_use_omp_team): off in a
+ * process whose framework is not torch, where that team is idle and waking it costs
+ * a whole time slice whenever the framework's own threads hold the cores */
+static atomic_int g_use_team = 1;
+
+ATB_API int64_t atb_pool_use_omp_team(int64_t on) {  /* returns the previous setting */
+    return atomic_exchange(&g_use_team, on ? 1 : 0);
+}
+
 void atb_parallel_chunks_big(atb_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
     if (nchunks <= 0) return;
     if (nth > ATB_POOL_MAX) nth = ATB_POOL_MAX;
-    gomp_parallel_t team = nth > 1 && nchunks > 1 ? gomp_parallel() : NULL;
+    gomp_parallel_t team = nth > 1 && nchunks > 1 && atomic_load(&g_use_team)
+                               ? gomp_parallel() : NULL;
     if (!team) {
         atb_parallel_chunks(fn, ctx, nchunks, nth);
         return;
