@@ -23,7 +23,7 @@ from ..errors import MemoryError_
 if TYPE_CHECKING:
     from .pool import MemoryPool
 
-__all__ = ["Block"]
+__all__ = ["Block", "free_when_unviewed"]
 
 _OP = "MemoryPool"
 
@@ -185,3 +185,24 @@ class Block:
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"arena {self._arena.id}+{self._offset}"
         return f"Block(#{self.id}, {self.nbytes} B, {state})"
+
+
+def free_when_unviewed(block: Block, then: Any = None) -> None:
+    """Free ``block`` once no view it handed out is alive: now if none is, else when
+    the last of them is collected (its bytes must not be handed out again while a
+    view can still read or write them). For an owner that is itself being
+    collected, e.g. a cache nobody freed; a block already freed is left alone.
+    ``then()``, if given, runs after the free."""
+    views = [v for v in (r() for r in list(block._leases.values())) if v is not None]
+    left = [len(views)]
+
+    def one_gone() -> None:
+        left[0] -= 1
+        if left[0] <= 0 and not block._freed:
+            block.free()
+            if then is not None:
+                then()
+    if not views:
+        one_gone()
+    for v in views:
+        weakref.finalize(v, one_gone)

@@ -23,6 +23,7 @@ in-place cache form writes and reads it with ``ReshapeAndCacheInt8`` /
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ from ..tensor import convert, describe
 from .backing import make_backing
 from .config import MemoryPoolConfig
 from .global_pool import get_memory_pool
+from .block import free_when_unviewed
 from .pool import Block, MemoryPool
 from ..ops.paged_int8 import SCALE_DTYPE, dequantize_int8_np, quantize_int8_np
 
@@ -88,6 +90,15 @@ def native_ints(values: Sequence[int] | np.ndarray, backing_name: str, like: Any
     return arr
 
 
+def _free_held(held: list[Block | None], pool: MemoryPool) -> None:
+    """A collected cache's blocks back to the pool once no view of them is alive (a
+    private pool's arena with them: it releases what is empty after each free)."""
+    then = pool.release if getattr(pool, "private", False) else None
+    for b in held:
+        if b is not None and not b.freed:
+            free_when_unviewed(b, then)
+
+
 class KVCache:
     """Contiguous KV cache; see the module docstring. Memory comes from ``pool`` or the
     process-wide pool (:func:`get_memory_pool`) when it is on ``device``."""
@@ -109,13 +120,17 @@ class KVCache:
         self.nbytes = kv_bytes + scale_bytes
         # (a private pool holds both blocks, each aligned)
         self.pool = pool_for(_OP, device, self.nbytes + (4096 if scale_bytes else 0), pool)
+        # [kv block, scale block]: what the finalizer frees when the cache is dropped
+        # unfreed (a generate() call's cache, say), once no view of them is alive
+        self._held: list[Block | None] = [None, None]
+        self._finalizer = weakref.finalize(self, _free_held, self._held, self.pool)
         # Pinned: views handed out stay valid even if the pool defragments.
-        self._block: Block | None = self.pool.alloc(kv_bytes, pinned=True)
+        self._block = self.pool.alloc(kv_bytes, pinned=True)
         self._kv = self._block.tensor(self.shape, self.dtype)
         # Zeroed once: slots past a sequence's length are masked by attention, but
         # uninitialised bytes can hold NaN/Inf, and 0 * NaN would leak through.
         self._kv[...] = 0
-        self._scale_block: Block | None = None
+        self._scale_block = None
         self._scales: Any = None
         if scale_bytes:
             self._scale_block = self.pool.alloc(scale_bytes, pinned=True)
@@ -123,6 +138,22 @@ class KVCache:
             self._scales[...] = 0
         self.device = self.pool.device
         self._lens = np.zeros((num_layers, max_batch), dtype=np.int64)
+
+    @property
+    def _block(self) -> Block | None:
+        return self._held[0]
+
+    @_block.setter
+    def _block(self, block: Block | None) -> None:
+        self._held[0] = block
+
+    @property
+    def _scale_block(self) -> Block | None:
+        return self._held[1]
+
+    @_scale_block.setter
+    def _scale_block(self, block: Block | None) -> None:
+        self._held[1] = block
 
     # ------------------------------------------------------------------ checks
     def _alive(self) -> Any:

@@ -13,9 +13,13 @@ with their epilogue as post-ops.
   epilogue instead of a second pass over the result).
 * Linear (dense fp32, optional bias and residual): ``x @ W.T + b (+ residual)``,
   the residual add a binary post-op, for more than :data:`DNNL_MIN_ROWS` rows -- a
-  prefill or an encoder batch, where oneDNN's blocked GEMM beats the C matmul's
-  panel stream several times over; fewer rows (decode steps) keep the C matmul,
-  which reads each weight once without packing. bf16 stays on the C matmul: the
+  prefill or an encoder batch. There the two GEMMs do about the same work per CPU
+  second, and a whole encoder ran faster with oneDNN taking every many-row Linear
+  than with the dense ones moved to the C matmul (the up projection's oneDNN GEMM
+  with its GELU post-op has no C counterpart, so moving them mixes two thread pools
+  in each layer; ``benchmarks/encoder_core.py --c-linears`` and
+  ``benchmarks/dense_linear_route.py`` measure both). Fewer rows (decode steps)
+  keep the C matmul, which reads each weight once without packing. bf16 stays on the C matmul: the
   oneDNN bf16 inner product needs AVX512-BF16/AMX, which many CPUs lack."""
 
 from __future__ import annotations

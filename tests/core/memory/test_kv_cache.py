@@ -165,3 +165,49 @@ def test_reset_and_truncate():
     np.testing.assert_array_equal(to_numpy(got)[0, 2], k2[0, 0])
     np.testing.assert_array_equal(to_numpy(got)[0, :2], k[1, :2])
     assert cache.bytes_used() == (0 + 3 + 4 + 0 + 2 + 4) * 2 * HKV * D * 4
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_dropped_cache_gives_its_blocks_back_once_no_view_is_alive(dtype):
+    """A cache dropped without free() (a generate() call's) returns its blocks to the
+    pool -- but not while a view of them lives, so their bytes are not handed out
+    again under it -- and a freed cache is not freed twice."""
+    import gc
+
+    cache, pool = make("cpu", dtype)
+    held = pool.stats()["allocated"]
+    assert held >= L * 2 * B * S * HKV * D * (1 if dtype == "int8" else 4)
+    keys = cache._alive()  # the block's own view (slices of it hold no lease: block.py)
+    keys[...] = 7
+    kv_size = cache._block.size
+    assert kv_size == held if dtype == "fp32" else kv_size < held
+    del cache
+    gc.collect()
+    assert pool.stats()["allocated"] == kv_size       # the view keeps its block (only)
+    other = pool.alloc(held // 2)
+    lo, hi = keys.data_ptr(), keys.data_ptr() + keys.numel() * keys.element_size()
+    start = other.raw().data_ptr()
+    assert start >= hi or start + other.nbytes <= lo   # not under the live view
+    assert int(keys.min()) == 7 and int(keys.max()) == 7
+    other.free()
+    del keys
+    gc.collect()
+    s = pool.stats()
+    assert s["allocated"] == 0 and s["num_blocks"] == 0
+    freed, pool2 = make("cpu", dtype)
+    freed.free()
+    del freed
+    gc.collect()
+    assert pool2.stats()["free_count"] == pool2.stats()["alloc_count"]
+
+
+def test_a_dropped_cache_of_a_private_pool_releases_its_arena():
+    import gc
+
+    cache = KVCache(L, B, S, HKV, D, dtype="fp32", device="numpy")
+    pool = cache.pool
+    assert getattr(pool, "private", False) and pool.stats()["reserved"] > 0
+    del cache
+    gc.collect()
+    s = pool.stats()
+    assert s["allocated"] == 0 and s["reserved"] == 0 and s["release_count"] == 1
