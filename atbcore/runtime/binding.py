@@ -72,6 +72,11 @@ class BindContext:
         if self.pool_rows is not None:
             self.pool_rows.append(int(rows))
 
+    def note_torch_pool(self) -> None:
+        """Say that the bound call runs a big job on torch's intra-op pool (oneDNN): its
+        program runs unparked (parked, MiniLM's oneDNN ran on one thread: 0.5x HF)."""
+        self.note_pool_rows(POOL_ROWS_MAX + 1)
+
 
 def resolve(v: Any, env: Sequence[Any]) -> Any:
     """The tensor a binder was given: ``env[v.index]`` for a :class:`Slot`, else ``v``."""

@@ -132,6 +132,7 @@ def bind_dnnl_linear_activation(p: Any, ins: dict[str, Any], outs: list, ctx: An
     if type(out) is not Slot or ins.get("scale") is not None or why_not_dnnl(p, x, w, b):
         return None
     ctx.note_layout("weight", "[out, in] rows (oneDNN)")
+    ctx.note_torch_pool()
     gx, i = getter(x), out.index
 
     def call(env: list) -> None:
@@ -196,6 +197,7 @@ def bind_dnnl_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
     if why_not_dnnl_linear(p, x, w, b, ins) is not None:
         return None
     ctx.note_layout("weight", "[out, in] rows (oneDNN)")
+    ctx.note_torch_pool()
     gx, gr, out = getter(x), (None if r is None else getter(r)), outs[0]
     if type(out) is Slot:
         i = out.index

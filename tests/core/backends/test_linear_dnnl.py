@@ -89,3 +89,42 @@ def test_bf16_linear_gelu_by_row_count(rows):
     p = get_op("LinearActivation").Params(bias=True, activation_type="gelu")
     again, = linear_activation(p, {"x": x, "weight": w, "bias": b})
     assert torch.equal(out, again)
+
+
+@pytest.mark.skipif(not dnnl_available(), reason="torch built without oneDNN (mkldnn)")
+def test_onednn_linear_runs_on_torch_threads_beside_few_row_c_matmuls(monkeypatch):
+    """A program whose C matmuls are all few-row runs parks torch's pool at one thread;
+    a oneDNN GEMM in it runs on torch's pool, so the program must not park (parked, the
+    compiled MiniLM's oneDNN Linears ran on one thread: 0.5x HF's time)."""
+    import atbcore.backends.torch.linear_dnnl as ld
+
+    g = np.random.default_rng(3)
+    w1, w2 = (g.standard_normal((48, 40)).astype(np.float32) for _ in range(2))
+    x = torch.from_numpy(g.standard_normal((300, 40)).astype(np.float32))
+    y = torch.from_numpy(g.standard_normal((2, 40)).astype(np.float32))
+    gb = GraphBuilder("many_and_few")
+    xi, yi = gb.add_input("x", x), gb.add_input("y", y)
+    a, = gb.add_node("Linear", [xi, gb.add_weight("w1", w1)], {"bias": False}, name="many")
+    b, = gb.add_node("Linear", [yi, gb.add_weight("w2", w2)], {"bias": False}, name="few")
+    gb.mark_output(a)
+    gb.mark_output(b)
+    op = atbcore.GraphOp(gb.build())
+    seen = []
+    orig = ld.dnnl_linear
+
+    def spy(*args, **kw):
+        seen.append(torch.get_num_threads())
+        return orig(*args, **kw)
+    monkeypatch.setattr(ld, "dnnl_linear", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(3):
+            out_a, out_b = op(x, y)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [2, 2, 2]
+    assert_close(out_a, torch.from_numpy(x.double().numpy() @ w1.T.astype(np.float64)).float(),
+                 "fp32", "oneDNN Linear")
+    assert_close(out_b, torch.from_numpy(y.double().numpy() @ w2.T.astype(np.float64)).float(),
+                 "fp32", "C Linear")
