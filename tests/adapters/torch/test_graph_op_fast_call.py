@@ -15,29 +15,12 @@ from torch import nn
 import atb_torch as atb
 from atbcore.backends.cpu_kernels import available
 from atbcore.runtime import native_run
+from seed_mlp import HIDDEN, INTER, NAMES, mlp_reference, seed_mlp
 
 pytestmark = pytest.mark.skipif(not available(), reason="the C kernels are not built here")
 
-HIDDEN, INTER = 40, 72  # odd sizes: panel tails in both matmuls
-NAMES = {"layer_norm.weight": "ln_w", "layer_norm.bias": "ln_b", "linear.weight": "w1",
-         "linear.bias": "b1", "linear_1.weight": "w2", "linear_1.bias": "b2"}
-
-
 def _mlp(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    w = {"ln_w": 1 + 0.1 * torch.randn(HIDDEN, generator=g),
-         "ln_b": 0.1 * torch.randn(HIDDEN, generator=g),
-         "w1": torch.randn(INTER, HIDDEN, generator=g) * HIDDEN ** -0.5,
-         "b1": 0.1 * torch.randn(INTER, generator=g),
-         "w2": torch.randn(HIDDEN, INTER, generator=g) * INTER ** -0.5,
-         "b2": 0.1 * torch.randn(HIDDEN, generator=g)}
-    mlp = atb.GraphOp([atb.LayerNorm(eps=1e-5), atb.Linear(out_features=INTER), atb.SiLU(),
-                       atb.Linear(out_features=HIDDEN), atb.ResidualAdd()])
-    with torch.no_grad():
-        mlp(torch.zeros(1, 1, HIDDEN))
-        for name, p in mlp.named_parameters():
-            p.copy_(w[next(v for k, v in NAMES.items() if name.endswith(k))])
-    return mlp
+    return seed_mlp(seed)[0]
 
 
 def _weights(mlp):
@@ -46,13 +29,7 @@ def _weights(mlp):
             for name, p in mlp.named_parameters()}
 
 
-def _reference(x, w):
-    x = x.double().numpy()
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    h = (x - mu) / np.sqrt(var + 1e-5) * w["ln_w"] + w["ln_b"]
-    u = h @ w["w1"].T + w["b1"]
-    return (u / (1 + np.exp(-u))) @ w["w2"].T + w["b2"] + x
+_reference = mlp_reference
 
 
 def _close(y, ref):
