@@ -29,7 +29,7 @@ import numpy as np
 from ..dtypes import Dtype
 from ..errors import InputError, MemoryError_, ParamsError
 from .block_manager import BlockManager, NoFreeBlocksError
-from .kv_cache import check_positive_ints, native_ints, pool_for, to_backing
+from .cache_common import check_positive_ints, native_ints, pool_for, to_backing
 from .pool import Block, MemoryPool
 
 __all__ = ["PagedKVCache", "PagedBatch", "NoFreeBlocksError"]
