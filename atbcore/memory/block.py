@@ -18,7 +18,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..dtypes import Dtype
-from ..errors import MemoryError_
+from ..errors import MemoryError_, ParamsError
 
 if TYPE_CHECKING:
     from .pool import MemoryPool
@@ -193,6 +193,11 @@ def free_when_unviewed(block: Block, then: Any = None) -> None:
     view can still read or write them). For an owner that is itself being
     collected, e.g. a cache nobody freed; a block already freed is left alone.
     ``then()``, if given, runs after the free."""
+    if not isinstance(block, Block):
+        raise ParamsError("free_when_unviewed", "block", "a pool Block", type(block).__name__)
+    if then is not None and not callable(then):
+        raise ParamsError("free_when_unviewed", "then", "None or a callable",
+                          type(then).__name__)
     views = [v for v in (r() for r in list(block._leases.values())) if v is not None]
     left = [len(views)]
 

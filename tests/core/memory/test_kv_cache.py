@@ -211,3 +211,17 @@ def test_a_dropped_cache_of_a_private_pool_releases_its_arena():
     gc.collect()
     s = pool.stats()
     assert s["allocated"] == 0 and s["reserved"] == 0 and s["release_count"] == 1
+
+
+def test_free_when_unviewed_refuses_what_is_not_a_block():
+    from atbcore.memory.block import free_when_unviewed
+
+    with pytest.raises(ParamsError, match="free_when_unviewed.*block"):
+        free_when_unviewed(object())
+    pool = MemoryPool(MemoryPoolConfig(max_size=1 << 20))
+    b = pool.alloc(256)
+    with pytest.raises(ParamsError, match="free_when_unviewed.*then"):
+        free_when_unviewed(b, then=3)
+    assert not b.freed and pool.stats()["num_blocks"] == 1   # nothing touched
+    free_when_unviewed(b)
+    assert b.freed
