@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from . import interpreting
+from .online_softmax import online_softmax_chunk
 from .rounding import round_to
 
 __all__ = ["prefill_attention", "MAX_HEAD_DIM"]
@@ -70,27 +71,12 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr,
                     mask=kv_mask, other=0.0)                             # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptr + b * sv_b + kvh * sv_h + n[:, None].to(tl.int64) * sv_s + d[None, :],
                     mask=kv_mask, other=0.0)
-        if IEEE:
-            sc = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            sc = tl.dot(q, tl.trans(k))
         allow = nmask[None, :] & rmask[:, None]
         if CAUSAL:
             allow = allow & (n[None, :] <= pos[:, None])
         if HAS_WINDOW:
             allow = allow & (n[None, :] > pos[:, None] - window)
-        sc = tl.where(allow, sc * scale_log2, float("-inf"))              # [BLOCK_M, BLOCK_N]
-        m_new = tl.maximum(m, tl.max(sc, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)           # rows with no key yet
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(sc - m_safe[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+        m, l_sum, acc = online_softmax_chunk(q, k, v, allow, scale_log2, m, l_sum, acc, IEEE)
     o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]                 # unseen rows: 0
     tl.store(o_ptr + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_s + d[None, :],
              round_to(o, o_ptr), mask=rmask[:, None] & dmask[None, :])
