@@ -182,6 +182,18 @@ void atb_attn_scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, in
             for (int i = 0; i < cnt; ++i)
                 kr[i] = (const char *)P(a->k) +
                         (row_at(a, sh, b, lo + s0 + i, a->k_sb, a->k_ss) + kh * a->k_sh) * es;
+            /* the keys 16 ahead, and the value rows of these keys (pass 2 reads them
+             * from L2 then): a step's caches of all layers outgrow L2 */
+            for (int64_t s = s0 + 16; s < s0 + 24 && s < L; ++s) {
+                const char *pk = (const char *)P(a->k) +
+                                 (row_at(a, sh, b, lo + s, a->k_sb, a->k_ss) + kh * a->k_sh) * es;
+                for (int64_t o = 0; o < D * es; o += 64) _mm_prefetch(pk + o, _MM_HINT_T0);
+            }
+            for (int i = 0; i < cnt; ++i) {
+                const char *pv = (const char *)P(a->v) +
+                                 (row_at(a, sh, b, lo + s0 + i, a->v_sb, a->v_ss) + kh * a->v_sh) * es;
+                for (int64_t o = 0; o < D * es; o += 64) _mm_prefetch(pv + o, _MM_HINT_T1);
+            }
             scores8(kr, (int)a->kv_dt, cnt, qf, G, D, sc + s0, L);
         }
         return;
