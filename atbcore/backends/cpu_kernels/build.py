@@ -50,7 +50,8 @@ __all__ = ["BuildResult", "build_library", "SOURCES", "cache_dir", "isa_flags", 
            "check_private", "private_dir"]
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "panel.c", "attn.c", "attn_passes.c", "flash.c",
+SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "panel.c", "attn.c",
+           "attn_passes.c", "flash.c",
            "cache.c", "argmax.c", "mt19937.c", "sample.c", "pool.c", "linear_w4.c", "linear_w4_tile.c", "flash_lanes.c",
            "panel_q8.c",
            "gemm_bf16.c", "gemm_i8.c", "flash_bf16.c", "program.c")

@@ -323,6 +323,7 @@ def test_decode_attention_head_dims_groups_and_key_tails(dt, d):
                         outs.append(decode_attention(q, k, v, n=n, lo=lo, scale=d ** -0.5))
                 assert torch.equal(outs[0], outs[1]), (h, kv, lo, n)
                 ref = _ref_attention(q, k, v, lo, n, d ** -0.5).astype(np.float32)
-                assert_close(outs[0].float(), ref, NAMES[dt], f"decode_attention {h}/{kv} [{lo},{n})")
+                assert_close(outs[0].float(), ref, NAMES[dt],
+                             f"decode_attention {h}/{kv} [{lo},{n})")
     finally:
         torch.set_num_threads(before)

@@ -21,8 +21,8 @@
  *
  * Work is one chunk per (b, kv head): the G query heads of a group read each key
  * and value row once. Two passes over the keys (scores, then the weighted sum of
- * values), the scores of a chunk in one buffer: decode reads the cache once per
- * step and the scores are a few KiB.
+ * values: attn_passes.c), the scores of a chunk in one buffer: decode reads the
+ * cache once per step and the scores are a few KiB.
  */
 #include <stddef.h>
 
