@@ -304,7 +304,7 @@ def test_decode_attention_head_dims_groups_and_key_tails(dt, d):
     """The register tiles' edges (AVX2 builds: 8 keys per score tile, 64 keys per
     value pass, 2 heads x 4 vectors per value tile): head dims with 1..4-vector tails
     and one that is no multiple of 8 (the plain loops), odd groups (G = 3, a one-head
-    tile), MHA and GQA, 1..600 keys from several starts, against float64; one and two
+    tile), MHA and GQA, 1..600 keys from several starts, against float64 and SDPA; one and two
     threads give the same bits."""
     from atbcore.backends.cpu_kernels.threads import parked_torch_threads
     from atbcore.backends.cpu_kernels.torch_decode import decode_attention
@@ -325,5 +325,9 @@ def test_decode_attention_head_dims_groups_and_key_tails(dt, d):
                 ref = _ref_attention(q, k, v, lo, n, d ** -0.5).astype(np.float32)
                 assert_close(outs[0].float(), ref, NAMES[dt],
                              f"decode_attention {h}/{kv} [{lo},{n})")
+                sdpa = F.scaled_dot_product_attention(
+                    q.float()[:, :, None], k[:, lo:n].float().transpose(1, 2),
+                    v[:, lo:n].float().transpose(1, 2), scale=d ** -0.5, enable_gqa=True)[:, :, 0]
+                assert_close(outs[0].float(), sdpa, NAMES[dt], f"vs SDPA {h}/{kv} [{lo},{n})")
     finally:
         torch.set_num_threads(before)
