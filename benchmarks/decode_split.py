@@ -11,7 +11,9 @@ the feeder, argmax, and the kernels' in-step slowdown).
 
 ``--per-kernel``: each recorded C call's time inside decode steps against its time in
 the same tables made back to back (``atb_run_steps_timed``), per entry point: the
-in-step slowdown that is neither Python nor the pool's hand-off.
+in-step slowdown that is neither Python nor the pool's hand-off; then the attention
+calls' cache bytes and FLOPs per step (their floor: the read at the memory's rate, the
+multiply-adds at the FMA rate).
 """
 
 from __future__ import annotations
@@ -139,6 +141,25 @@ def per_kernel(native: object, segs: list, steps: object) -> None:
     print(f"{'entry':28s} calls  in-step us  back-to-back us  diff us")
     for name, (n, st, bk) in sorted(rows.items(), key=lambda kv: kv[1][1] - kv[1][2], reverse=True):
         print(f"{name:28s} {n:5d}  {st / 1e3:10.1f}  {bk / 1e3:15.1f}  {(st - bk) / 1e3:7.1f}")
+    attention_work(segs, names)
+
+
+def attention_work(segs: list, names: dict) -> None:
+    """The attention calls' cache bytes and FLOPs at the last step's key range (their
+    argument blocks, DecAttnArgs): what their floor is measured against."""
+    from atbcore.backends.cpu_kernels.native_attention import ATTN
+
+    calls = [ATTN.unpack(s.keep[p].raw[:ATTN.size]) for s in segs
+             for p, (addr, _) in enumerate(s.pairs) if names.get(addr) == "atb_decode_attention"]
+    if not calls:
+        return
+    kv_bytes = flops = 0
+    for f in calls:  # B, H, KV, D at 8..11, kv dtype at 6, keys [lo, n) last
+        b, h, kv, d, keys = f[8], f[9], f[10], f[11], f[-1] - f[-2]
+        kv_bytes += b * kv * keys * d * 2 * (4 if f[6] == 0 else 2)
+        flops += 4 * b * h * keys * d   # q.k and p.v: 2 FLOPs per multiply-add each
+    print(f"attention, {len(calls)} calls at the last step's {keys} keys: cache read "
+          f"{kv_bytes / 1e6:.2f} MB, {flops / 1e6:.2f} MFLOP per step")
 
 
 if __name__ == "__main__":

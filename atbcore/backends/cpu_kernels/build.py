@@ -50,12 +50,13 @@ __all__ = ["BuildResult", "build_library", "SOURCES", "cache_dir", "isa_flags", 
            "check_private", "private_dir"]
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "panel.c", "attn.c", "flash.c",
+SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "panel.c", "attn.c",
+           "attn_passes.c", "flash.c",
            "cache.c", "argmax.c", "mt19937.c", "sample.c", "pool.c", "linear_w4.c", "linear_w4_tile.c", "flash_lanes.c",
            "panel_q8.c",
            "gemm_bf16.c", "gemm_i8.c", "flash_bf16.c", "program.c")
 HEADERS = ("common.h", "pool.h", "simd.h", "norm.h", "linear.h", "mt19937.h", "gemm.h",
-           "flash_bf16.h", "linear_w4.h", "flash_lanes.h")
+           "flash_bf16.h", "linear_w4.h", "flash_lanes.h", "attn.h")
 # -ffp-contract=fast: -std=c11 turns FMA contraction off, which costs the
 # polynomial loops (exp, erfc) ~30 % here; contraction only makes them more exact.
 BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-math-errno",

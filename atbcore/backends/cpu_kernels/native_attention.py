@@ -22,8 +22,8 @@ from .native_rope import MAX_TABLE_LEN, RopeSpec, _bshd, _desc
 
 __all__ = ["PagedDecodeSpec", "RopeKVCacheSpec"]
 
-ATTN = struct.Struct("<32qd2q")  # DecAttnArgs (attn.c)
-MAX_HEAD_DIM = 512               # ATB_ATTN_MAX_D in attn.c
+ATTN = struct.Struct("<32qd2q")  # DecAttnArgs (attn.h)
+MAX_HEAD_DIM = 512               # ATB_ATTN_MAX_D in attn.h
 _INTS = (Dtype.INT32, Dtype.INT64)
 
 

@@ -29,6 +29,7 @@ from atbcore.backends.cpu_kernels.torch_linear import linear_rows, pack_panels
 from atbcore.backends.cpu_kernels.torch_linear_w4 import linear_w4, pack_w4
 from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
 from atbcore.backends.cpu_kernels.torch_prefill import prefill_attention
+from atbcore.backends.cpu_kernels.torch_decode import decode_attention
 out = {}
 keep = torch.get_num_threads()
 for th in (1, 2):
@@ -40,6 +41,8 @@ for th in (1, 2):
     out[f"w8a8_{th}"] = linear_w8a8(d["x"], pack_w8a8(d["wq"]), d["s"], threads=th)
     torch.set_num_threads(th)
     out[f"attn_{th}"] = prefill_attention(d["q"], d["k"], d["v"], scale=0.125, q_lens=[37, 20])
+    out[f"dec_{th}"] = decode_attention(d["dq"], d["dk"].bfloat16(), d["dv"].bfloat16(), n=700,
+                                        lo=3, scale=0.125)
 torch.set_num_threads(keep)
 """
 _SUBPROCESS = r"""
@@ -77,8 +80,10 @@ def test_avx2_build_kernels_against_float64(tmp_path):
     wq, s = quantize_w8(w)
     codes, scales, zeros, grp = quantize_w4(w, 32, False)
     q, kk, v = (torch.randn(57, h, 64, generator=g) for h in (4, 2, 2))
+    dq, dk, dv = (torch.randn(*s, generator=g) for s in ((3, 6, 40), (3, 701, 2, 40),
+                                                         (3, 701, 2, 40)))
     d = {"x": x, "w": w, "wq": wq, "s": s.float(), "w4": (codes, scales, zeros, grp),
-         "q": q, "k": kk, "v": v}
+         "q": q, "k": kk, "v": v, "dq": dq, "dk": dk, "dv": dv}
     if bindings.build_info().isa == "x86-64-v3":  # this process's kernels are the ones
         ns = {"torch": torch, "d": d}
         exec(_CALLS, ns)
@@ -89,7 +94,7 @@ def test_avx2_build_kernels_against_float64(tmp_path):
         subprocess.run([sys.executable, "-c", _SUBPROCESS, str(tmp_path / "in.pt"),
                         str(tmp_path / "out.pt")], env=env, check=True, timeout=900)
         out = torch.load(tmp_path / "out.pt")
-    for name in ("f32", "bf16", "i8", "w4", "w8a8", "attn"):
+    for name in ("f32", "bf16", "i8", "w4", "w8a8", "attn", "dec"):
         assert torch.equal(out[f"{name}_1"], out[f"{name}_2"]), name
     xd = x.double().numpy()
     assert_close(out["f32_1"], (xd @ w.double().numpy().T).astype(np.float32), "fp32", "f32")
@@ -109,3 +114,12 @@ def test_avx2_build_kernels_against_float64(tmp_path):
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.02, name
     ref = _attention_ref(q, kk, v, [37, 20], 0.125)
     assert_close(out["attn_1"], ref.astype(np.float32), "fp32", "prefill attention")
+    # the decode attention's tiles (attn_passes.c) over a bf16 cache: G = 3, 5 vectors
+    kd, vd = (t.bfloat16().double()[:, 3:700] for t in (dk, dv))
+    ref = np.zeros((3, 6, 40))
+    for b in range(3):
+        for h in range(6):
+            z = kd[b, :, h // 3].numpy() @ dq[b, h].double().numpy() * 0.125
+            p = np.exp(z - z.max())
+            ref[b, h] = (p / p.sum()) @ vd[b, :, h // 3].numpy()
+    assert_close(out["dec_1"], ref.astype(np.float32), "fp32", "decode attention, bf16 cache")

@@ -296,3 +296,38 @@ def test_argmax_rows_matches_torch_including_ties_nan_and_inf(dt):
     assert torch.equal(argmax_rows(x), want)
     assert want.tolist()[1:4] == [2000, 0, 10]
     assert torch.equal(argmax_rows(x[:, ::2]), torch.argmax(x[:, ::2], dim=-1))  # strided rows
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [8, 24, 40, 72, 17])
+def test_decode_attention_head_dims_groups_and_key_tails(dt, d):
+    """The register tiles' edges (AVX2 builds: 8 keys per score tile, 64 keys per
+    value pass, 2 heads x 4 vectors per value tile): head dims with 1..4-vector tails
+    and one that is no multiple of 8 (the plain loops), odd groups (G = 3, a one-head
+    tile), MHA and GQA, 1..600 keys from several starts, against float64 and SDPA; one and two
+    threads give the same bits."""
+    from atbcore.backends.cpu_kernels.threads import parked_torch_threads
+    from atbcore.backends.cpu_kernels.torch_decode import decode_attention
+
+    g = torch.Generator().manual_seed(d)
+    before = torch.get_num_threads()
+    try:
+        for h, kv in ((3, 1), (8, 2), (2, 2)):
+            q = torch.randn(2, h, d, generator=g).to(dt)
+            k, v = (torch.randn(2, 605, kv, d, generator=g).to(dt) for _ in range(2))
+            for lo, n in ((0, 1), (3, 10), (0, 8), (1, 65), (0, 129), (5, 600)):
+                outs = []
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    with parked_torch_threads():
+                        outs.append(decode_attention(q, k, v, n=n, lo=lo, scale=d ** -0.5))
+                assert torch.equal(outs[0], outs[1]), (h, kv, lo, n)
+                ref = _ref_attention(q, k, v, lo, n, d ** -0.5).astype(np.float32)
+                assert_close(outs[0].float(), ref, NAMES[dt],
+                             f"decode_attention {h}/{kv} [{lo},{n})")
+                sdpa = F.scaled_dot_product_attention(
+                    q.float()[:, :, None], k[:, lo:n].float().transpose(1, 2),
+                    v[:, lo:n].float().transpose(1, 2), scale=d ** -0.5, enable_gqa=True)[:, :, 0]
+                assert_close(outs[0].float(), sdpa, NAMES[dt], f"vs SDPA {h}/{kv} [{lo},{n})")
+    finally:
+        torch.set_num_threads(before)

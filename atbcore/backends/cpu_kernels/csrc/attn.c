@@ -21,37 +21,14 @@
  *
  * Work is one chunk per (b, kv head): the G query heads of a group read each key
  * and value row once. Two passes over the keys (scores, then the weighted sum of
- * values), the scores of a chunk in one buffer: decode reads the cache once per
- * step and the scores are a few KiB.
+ * values: attn_passes.c), the scores of a chunk in one buffer: decode reads the
+ * cache once per step and the scores are a few KiB.
  */
 #include <stddef.h>
 
+#include "attn.h"
 #include "common.h"
 #include "pool.h"
-#include "simd.h"
-
-#define ATB_ATTN_MAX_D 512
-
-typedef struct {
-    int64_t q, k, v, y, mask;                /* addresses; mask 0 = absent (bool) */
-    int64_t q_dt, kv_dt, y_dt;
-    int64_t B, H, KV, D;
-    int64_t q_sb, q_sh;                      /* element strides: batch row, head */
-    int64_t k_sb, k_ss, k_sh;                /* batch row, cache position, kv head */
-    int64_t v_sb, v_ss, v_sh;
-    int64_t y_sb, y_sh;
-    int64_t mask_sb, mask_ss;
-    int64_t ends, ends_i32, window;          /* per-row key ends (0 = absent: n) */
-    int64_t table, table_i32, table_sb, block_size;   /* paged cache (0 = contiguous) */
-    int64_t threads;
-    double scale;
-    int64_t lo, n;                           /* keys [lo, n): last, as they change per step */
-    /* int8 caches only (atb_decode_attention_i8): scale addresses, their dtype and
-     * element strides (batch row or block, position, kv head) */
-    int64_t ks, vs, s_dt, ks_sb, ks_ss, ks_sh, vs_sb, vs_ss, vs_sh;
-} DecAttnArgs;
-
-#define P(v) ((const void *)(intptr_t)(v))
 
 typedef struct {
     const DecAttnArgs *a;
@@ -60,164 +37,6 @@ typedef struct {
     int64_t heads;  /* kv heads per chunk: all of a row's, or one */
     const int64_t *order; /* the rows longest first (NULL: in order) */
 } AttnJob;
-
-static inline float dot(const float *x, const float *y, int64_t D) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t d = 0; d < D; ++d) s += x[d] * y[d];
-    return s;
-}
-
-static inline int64_t ival(int64_t addr, int i32, int64_t i) {
-    return i32 ? ((const int32_t *)P(addr))[i] : ((const int64_t *)P(addr))[i];
-}
-
-/* block_size as a shift when it is a power of two (a division per key read cost
- * as much as the key's dot product), else -1 */
-static inline int block_shift(int64_t bs) {
-    int sh = 0;
-    while (((int64_t)1 << sh) < bs) ++sh;
-    return ((int64_t)1 << sh) == bs ? sh : -1;
-}
-
-/* element offset of cache position s of row b (before the head offset) */
-static inline int64_t row_at(const DecAttnArgs *a, int sh, int64_t b, int64_t s, int64_t sb,
-                             int64_t ss) {
-    if (!a->table) return b * sb + s * ss;
-    int64_t q = sh >= 0 ? s >> sh : s / a->block_size;
-    int64_t r = sh >= 0 ? s & ((1 << sh) - 1) : s % a->block_size;
-    return ival(a->table, (int)a->table_i32, b * a->table_sb + q) * sb + r * ss;
-}
-
-/* sc[j * L + s] = qf[j] . k(lo + s) for the G heads of kv head kh of row b (masked
- * keys too: the caller overwrites them); rows: scratch for 16 keys as fp32 */
-static void scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int64_t L,
-                   const float *qf, int64_t G, float *sc, float *rows) {
-    const int64_t D = a->D;
-    const int sh = a->table ? block_shift(a->block_size) : -1;
-#ifdef ATB_AVX512
-    if (D % 16 == 0 && D <= 256) {
-        /* 16 keys at a time: 16 accumulators per head, one tree reduction for all
-         * 16 scores (a reduction per key costs more than the dot itself at D = 64) */
-        for (int64_t s0 = 0; s0 < L; s0 += 16) {
-            const int cnt = L - s0 < 16 ? (int)(L - s0) : 16;
-            const float *kr[16];
-            for (int i = 0; i < 16; ++i)
-                kr[i] = i < cnt ? atb_load(P(a->k), (int)a->kv_dt,
-                                           row_at(a, sh, b, lo + s0 + i, a->k_sb, a->k_ss) +
-                                               kh * a->k_sh, D, rows + i * D)
-                                : kr[0];
-            /* prefetch the next 16 keys' rows while these compute, into L2 (16 paged
-             * rows of 16..544 keys, cache cold, 8 layers: into L1 2.8 ms, L2 2.45) */
-            const int64_t es = atb_dt_size((int)a->kv_dt), rb = D * es;
-            for (int i = 0; i < 16 && s0 + 16 + i < L; ++i) {
-                const char *pk = (const char *)P(a->k) +
-                                 (row_at(a, sh, b, lo + s0 + 16 + i, a->k_sb, a->k_ss) +
-                                  kh * a->k_sh) * es;
-                for (int64_t o = 0; o < rb; o += 64) _mm_prefetch(pk + o, _MM_HINT_T2);
-            }
-            for (int64_t j = 0; j < G; ++j) {
-                __m512 acc[16];
-                for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-                for (int64_t c = 0; c < D; c += 16) {
-                    __m512 qv = _mm512_loadu_ps(qf + j * D + c);
-                    for (int i = 0; i < 16; ++i)
-                        acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kr[i] + c), acc[i]);
-                }
-                _mm512_mask_storeu_ps(sc + j * L + s0, (__mmask16)((1u << cnt) - 1u),
-                                      atb_reduce16(acc));
-            }
-        }
-        return;
-    }
-#endif
-    for (int64_t s = 0; s < L; ++s) {
-        const float *kr = atb_load(P(a->k), (int)a->kv_dt,
-                                   row_at(a, sh, b, lo + s, a->k_sb, a->k_ss) + kh * a->k_sh, D, rows);
-        for (int64_t j = 0; j < G; ++j) sc[j * L + s] = dot(qf + j * D, kr, D);
-    }
-}
-
-#ifdef ATB_AVX512
-/* acc[j0 + jj] = sum_s p[j0 + jj][s] v(s) for NH heads, NV vectors of D each: the
- * NH * NV <= 16 accumulators stay in registers across the keys */
-static inline __attribute__((always_inline)) void pv_tile(
-    int NV, int NH, const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t lo, int64_t L,
-    const uint8_t *mask, const float *sc, int64_t j0, float *row, float *acc_out) {
-    __m512 acc[16];
-    for (int i = 0; i < NV * NH; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < L; ++s) {
-        const int64_t pos = lo + s;
-        if (mask && !mask[pos * a->mask_ss]) continue;
-        const float *vr = atb_load(P(a->v), (int)a->kv_dt,
-                                   row_at(a, sh, b, pos, a->v_sb, a->v_ss) + kh * a->v_sh,
-                                   16 * NV, row);
-        if (s + 8 < L) { /* the value row 8 keys ahead */
-            const int64_t es = atb_dt_size((int)a->kv_dt);
-            const char *pv = (const char *)P(a->v) +
-                             (row_at(a, sh, b, pos + 8, a->v_sb, a->v_ss) + kh * a->v_sh) * es;
-            for (int64_t o = 0; o < 16 * NV * es; o += 64) _mm_prefetch(pv + o, _MM_HINT_T2);
-        }
-        __m512 p[8];
-        for (int jj = 0; jj < NH; ++jj) p[jj] = _mm512_set1_ps(sc[(j0 + jj) * L + s]);
-        for (int c = 0; c < NV; ++c) {
-            __m512 v = _mm512_loadu_ps(vr + 16 * c);
-            for (int jj = 0; jj < NH; ++jj)
-                acc[jj * NV + c] = _mm512_fmadd_ps(p[jj], v, acc[jj * NV + c]);
-        }
-    }
-    for (int jj = 0; jj < NH; ++jj)
-        for (int c = 0; c < NV; ++c)
-            _mm512_storeu_ps(acc_out + (j0 + jj) * 16 * NV + 16 * c, acc[jj * NV + c]);
-}
-#endif
-
-/* acc[j] = sum_s sc[j * L + s] v(lo + s) over the unmasked keys, for the G heads */
-static void values(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t lo, int64_t L,
-                   const uint8_t *mask, const float *sc, int64_t G, float *row, float *acc) {
-    const int64_t D = a->D;
-#ifdef ATB_AVX512
-    const int64_t nv = D / 16;
-    if (D % 16 == 0 && (nv == 2 || nv == 4 || nv == 8 || nv == 16)) {
-        const int64_t per = 16 / nv < 8 ? 16 / nv : 8;   /* heads per register tile */
-        for (int64_t j0 = 0; j0 < G; j0 += per) {
-            const int nh = (int)(G - j0 < per ? G - j0 : per);
-#define ATB_PV(NV)                                                                     \
-    switch (nh) {                                                                      \
-    case 1: pv_tile(NV, 1, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break;        \
-    case 2: if (NV <= 8) pv_tile(NV, 2, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
-    case 3: if (NV <= 4) pv_tile(NV, 3, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
-    case 4: if (NV <= 4) pv_tile(NV, 4, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
-    case 5: if (NV <= 2) pv_tile(NV, 5, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
-    case 6: if (NV <= 2) pv_tile(NV, 6, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
-    case 7: if (NV <= 2) pv_tile(NV, 7, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
-    default: if (NV <= 2) pv_tile(NV, 8, a, sh, b, kh, lo, L, mask, sc, j0, row, acc); break; \
-    }
-            switch (nv) {
-            case 2: ATB_PV(2) break;
-            case 4: ATB_PV(4) break;
-            case 8: ATB_PV(8) break;
-            default: ATB_PV(16) break;
-            }
-#undef ATB_PV
-        }
-        return;
-    }
-#endif
-    memset(acc, 0, (size_t)(G * D) * sizeof(float));
-    for (int64_t s = 0; s < L; ++s) {
-        const int64_t pos = lo + s;
-        if (mask && !mask[pos * a->mask_ss]) continue;
-        const float *vr = atb_load(P(a->v), (int)a->kv_dt,
-                                   row_at(a, sh, b, pos, a->v_sb, a->v_ss) + kh * a->v_sh, D, row);
-        for (int64_t j = 0; j < G; ++j) {
-            const float p = sc[j * L + s];
-            float *o = acc + j * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
-        }
-    }
-}
 
 /* the scale of position s of row b, kv head kh (an int8 cache's) */
 static inline float scale_at(const DecAttnArgs *a, int sh, int64_t addr, int64_t b, int64_t s,
@@ -257,7 +76,7 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
         return;
     }
     for (int64_t j = 0; j < G; ++j) mxp[j] = -INFINITY;
-    scores(a, b, kh, lo, L, qf, G, sc, row);
+    atb_attn_scores(a, b, kh, lo, L, qf, G, sc, row);
     if (a->ks)  /* int8 keys: q . (c * s) = s * (q . c) */
         for (int64_t s = 0; s < L; ++s) {
             const float f = scale_at(a, sh, a->ks, b, lo + s, kh, a->ks_sb, a->ks_ss, a->ks_sh);
@@ -296,7 +115,7 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
             for (int64_t j = 0; j < G; ++j) sc[j * L + s] *= f;
         }
     /* pass 2: weighted sum of the value rows */
-    values(a, sh, b, kh, lo, L, mask, sc, G, row, acc);
+    atb_attn_values(a, sh, b, kh, lo, L, mask, sc, G, row, acc);
     for (int64_t j = 0; j < G; ++j) {
         float *o = acc + j * D;
         const float inv = mxp[j];
