@@ -201,8 +201,8 @@ __attribute__((unused)) static void i8_tile_plain(int mb, const uint8_t *xq, int
  * - any int8 weights: VPMADDUBSW of |w| (u8, <= 128) and the x quad stored as u - 128
  *   (|x| <= 127) with w's sign (pair sums <= 32512): 4 ops per 32 products (VPSIGNB
  *   shares the multiply ports here, so this runs ~0.75x the first).
- * Tile: 4 rows x 16 outputs (one half of the panel) in 8 named accumulators (an
- * array of them went through the stack), 14 of the 16 vector registers. */
+ * Tile: 4 rows (6 the first way: no |w| registers) x 16 outputs (half the panel) in
+ * named accumulators (an array of them went through the stack). */
 /* acc += u . w (w read from memory) in place: in asm, as the VNNI tile's step, since
  * GCC otherwise keeps accumulator copies and carries some through the stack */
 #define ATB_I8_U7(acc, a, wp, xb)                                                     \
@@ -257,7 +257,7 @@ static inline __attribute__((always_inline)) void i8_rows_avx2(int MB, int U7, c
     for (int hf = 0; hf < 2; ++hf) { /* outputs 0-15, then 16-31 */
         const int8_t *wh = w + hf * 64;
         __m256i l0 = _mm256_setzero_si256(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0,
-                h3 = l0, a0 = l0, a1 = l0;
+                h3 = l0, l4 = l0, h4 = l0, l5 = l0, h5 = l0, a0 = l0, a1 = l0;
         for (int64_t q = 0; q < k4; ++q) {
             const int8_t *wq = wh + q * ATB_I8_ROW;
             if (!U7) {
@@ -265,42 +265,43 @@ static inline __attribute__((always_inline)) void i8_rows_avx2(int MB, int U7, c
                 a1 = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(wq + 32)));
             }
             ATB_I8_AVX2_ROW(0) ATB_I8_AVX2_ROW(1) ATB_I8_AVX2_ROW(2) ATB_I8_AVX2_ROW(3)
+            ATB_I8_AVX2_ROW(4) ATB_I8_AVX2_ROW(5)
         }
         const __m256i c0 = _mm256_loadu_si256((const __m256i *)(cs + hf * 16));
         const __m256i c1 = _mm256_loadu_si256((const __m256i *)(cs + hf * 16 + 8));
         ATB_I8_AVX2_OUT(0) ATB_I8_AVX2_OUT(1) ATB_I8_AVX2_OUT(2) ATB_I8_AVX2_OUT(3)
+        ATB_I8_AVX2_OUT(4) ATB_I8_AVX2_OUT(5)
     }
 }
 
-#define ATB_I8_AVX2_TAIL(u7)                                                          \
-    for (; i + 4 <= mb; i += 4)                                                       \
-        i8_rows_avx2(4, u7, xq + i * xqs, xqs, sx + i, zc + i, w, k4, res + i * 32);          \
+#define ATB_I8_AVX2_RUN(n, u7)                                                        \
+    i8_rows_avx2(n, u7, xq + i * xqs, xqs, sx + i, zc + i, w, k4, res + i * 32)
+#define ATB_I8_AVX2_TAIL(g, u7)                                                       \
+    for (; i + g <= mb; i += g) ATB_I8_AVX2_RUN(g, u7);                               \
     switch (mb - i) {                                                                 \
-    case 1: i8_rows_avx2(1, u7, xq + i * xqs, xqs, sx + i, zc + i, w, k4, res + i * 32); break; \
-    case 2: i8_rows_avx2(2, u7, xq + i * xqs, xqs, sx + i, zc + i, w, k4, res + i * 32); break; \
-    case 3: i8_rows_avx2(3, u7, xq + i * xqs, xqs, sx + i, zc + i, w, k4, res + i * 32); break; \
-    default: break;                                                                   \
+    case 1: ATB_I8_AVX2_RUN(1, u7); break;  case 2: ATB_I8_AVX2_RUN(2, u7); break;    \
+    case 3: ATB_I8_AVX2_RUN(3, u7); break;  case 4: ATB_I8_AVX2_RUN(4, u7); break;    \
+    case 5: ATB_I8_AVX2_RUN(5, u7); break;  default: break;                           \
     }
 
 static void i8_tile_avx2(int mb, int u7, const uint8_t *xq, int64_t xqs, const float *sx,
                          const int32_t *zc, const int8_t *w, int64_t k4, float *res) {
     int i = 0;
     if (u7) {
-        ATB_I8_AVX2_TAIL(1)
+        ATB_I8_AVX2_TAIL(6, 1)
     } else {
-        ATB_I8_AVX2_TAIL(0)
+        ATB_I8_AVX2_TAIL(4, 0)
     }
 }
 
-/* 1 when every weight of the packed panels lies in [-64, 64] (the offset tile's
- * condition); the column-sum rows are skipped */
+/* 1 when every weight of the packed panels (not their column sums) is in [-64, 64] */
 static int i8_weights_fit_u7(const int8_t *w, int64_t np, int64_t k4) {
     const __m256i lim = _mm256_set1_epi8(64);
     for (int64_t p = 0; p < np; ++p) {
         const int8_t *pw = w + p * (k4 + 1) * ATB_I8_ROW;
         __m256i big = _mm256_setzero_si256();
         for (int64_t i = 0; i < k4 * ATB_I8_ROW; i += 32) /* |w| (|-128| = 128 unsigned) */
-            big = _mm256_max_epu8(big, _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(pw + i))));
+            big = _mm256_max_epu8(big, _mm256_abs_epi8(_mm256_loadu_si256((const void *)(pw + i))));
         if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(big, lim), lim)) != -1)
             return 0;
     }
@@ -326,15 +327,17 @@ static void run_i8(void *ctx, int64_t chunk) {
         for (int64_t m = m0; m < m1; m += ATB_I8_MB) {
             const int mb = m1 - m < ATB_I8_MB ? (int)(m1 - m) : ATB_I8_MB;
             float res[ATB_I8_MB * ATB_GEMM_PANEL];
+            const uint8_t *xm = job->xq + m * KP;
+            const int8_t *wp = w + p * pbytes;
 #ifdef ATB_HAVE_VNNI_KERNEL
             if (vnni)
-                i8_tile_vnni(mb, job->xq + m * KP, KP, job->sx + m, job->zc + m, w + p * pbytes, job->k4, res);
+                i8_tile_vnni(mb, xm, KP, job->sx + m, job->zc + m, wp, job->k4, res);
             else
 #endif
 #ifdef ATB_AVX2
-                i8_tile_avx2(mb, job->u7, job->xq + m * KP, KP, job->sx + m, job->zc + m, w + p * pbytes, job->k4, res);
+                i8_tile_avx2(mb, job->u7, xm, KP, job->sx + m, job->zc + m, wp, job->k4, res);
 #else
-                i8_tile_plain(mb, job->xq + m * KP, KP, job->sx + m, job->zc + m, w + p * pbytes, job->k4, res);
+                i8_tile_plain(mb, xm, KP, job->sx + m, job->zc + m, wp, job->k4, res);
 #endif
             atb_panel_emit(a, m, p * ATB_GEMM_PANEL, mb, res);
         }
