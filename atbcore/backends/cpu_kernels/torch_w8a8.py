@@ -2,13 +2,14 @@
 quantized to 8 bits per row on the fly (the row's range over 255 codes, a zero point:
 :func:`atbcore.ops.linear_quant.quantize_w8a8_rows`), int8 weights
 with a per-output-channel fp32 scale, int32 sums (VNNI ``VPDPBUSD`` where the CPU
-has it, ``VPSIGNB``/``VPMADDUBSW``/``VPMADDWD`` on AVX2, an exact plain loop
-elsewhere: the same bits, with no int16 saturation at the int8 extremes), one
-rounding to the output.
+has it; on AVX2 ``VPMADDUBSW``/``VPMADDWD`` straight when the weights lie in
+[-64, 64], as :func:`~atbcore.ops.linear_quant.quantize_w8a8` makes them, else with
+``VPSIGNB`` first; an exact plain loop elsewhere: the same bits, with no int16
+saturation at the int8 extremes), one rounding to the output.
 
-    wq, s = atbcore.ops.linear.quantize_w8(w)              # int8 [N, K], scale [N]
-    packed = pack_w8a8(wq)                                  # the kernel's layout
-    y = linear_w8a8(x, packed, s, bias=b)                   # x [..., K] -> [..., N]
+    wq, s = atbcore.ops.linear_quant.quantize_w8a8(w)      # int8 [N, K], scale [N]
+    packed = pack_w8a8(torch.from_numpy(wq))                # the kernel's layout
+    y = linear_w8a8(x, packed, torch.from_numpy(s), bias=b) # x [..., K] -> [..., N]
 """
 
 from __future__ import annotations
