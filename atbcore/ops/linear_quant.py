@@ -11,8 +11,9 @@ the float64 references of ``Linear(quant="w4" | "w8a8")`` (``"w8"`` is
   codes, so the op is a 4-bit-weight, 8-bit-activation product.
 * ``w8a8`` — int8 weights ``[N, K]`` with one scale per output channel (as ``w8``)
   times 8-bit activations quantized per row over the row's range, with a zero point
-  (:func:`quantize_w8a8_rows`): integer sums, scaled once. The models quantize its weights with :func:`quantize_w8a8`
-  (codes in [-64, 64]: see there); the op takes any int8 weights.
+  (:func:`quantize_w8a8_rows`): integer sums, scaled once. The models quantize its
+  weights with :func:`quantize_w8a8` (an encoder's codes within [-64, 64]: see
+  :data:`W8A8_FAST_LEVELS`); the op takes any int8 weights.
 
     codes, scales, zeros = quantize_w4(w)                     # symmetric: zeros None
     y, = Builder().build_operation("Linear", {"quant": "w4"}).execute(
@@ -29,15 +30,16 @@ from ..errors import InputError, ShapeError
 from .base import f64
 
 __all__ = ["quantize_w4", "dequantize_w4", "w4_groups", "ACT_BLOCK", "W4_GROUP",
-           "quantize_w8a8", "W8A8_LEVELS", "W8A8_CLIPS", "quantize_w8a8_rows",
+           "quantize_w8a8", "W8A8_FAST_LEVELS", "W8A8_CLIPS", "quantize_w8a8_rows",
            "quantize_act_rows", "act_q8", "ref_w4", "ref_w8a8", "dense_or_w8_only"]
 
 ACT_BLOCK = 32  # inputs per int8 activation block of w4 (a group is a multiple of it)
 W4_GROUP = 32   # the default group size of w4 weights
-# w8a8 weight codes lie in [-64, 64]: int8 activations stored offset (u = x + 128 <= 255)
-# then multiply them with one VPMADDUBSW without saturating its int16 pair sums
-# (2 x 255 x 64 = 32640), the AVX2 int8 product that needs no sign trick
-W8A8_LEVELS = 64
+# w8a8 weight codes within [-64, 64] multiply 8-bit activation codes (u <= 255) with one
+# VPMADDUBSW without saturating its int16 pair sums (2 x 255 x 64 = 32640): the AVX2
+# int8 product with no sign trick, ~1.3x the one for full-range codes. Encoders take it
+# (MiniLM's embeddings lose little); decoders keep 127 levels (their logits lose more)
+W8A8_FAST_LEVELS = 64
 # fractions of max|w| tried as the clipping point of a row; the one of least squared
 # error is kept (it wins back much of the accuracy of the lost bit)
 W8A8_CLIPS = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85, 0.82, 0.8)
@@ -93,7 +95,7 @@ def quantize_w4(weight: Any, group: int = W4_GROUP, symmetric: bool = True
     return np.ascontiguousarray(codes), s, zeros
 
 
-def quantize_w8a8(weight: Any, levels: int = W8A8_LEVELS, clips: tuple = W8A8_CLIPS,
+def quantize_w8a8(weight: Any, levels: int = 127, clips: tuple = W8A8_CLIPS,
                   scale_dtype: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """``weight`` [N, K] as w8a8 weights ``(codes int8 [N, K], scale fp32 [N])``,
     ``W ~= codes * scale``: per output row ``scale = c max|w| / levels`` for the clip
@@ -101,7 +103,7 @@ def quantize_w8a8(weight: Any, levels: int = W8A8_LEVELS, clips: tuple = W8A8_CL
     -levels, levels)`` (fp32 arithmetic; a zero row gets scale 1). ``scale_dtype``
     (e.g. ``np.float16``) rounds the scales to that dtype before the codes are chosen.
 
-        wq, s = quantize_w8a8(w)                      # |wq| <= 64
+        wq, s = quantize_w8a8(w, W8A8_FAST_LEVELS)    # |wq| <= 64
         y, = Builder().build_operation("Linear", {"quant": "w8a8"}).execute([x, wq, s])
     """
     w = np.asarray(weight).astype(np.float32)

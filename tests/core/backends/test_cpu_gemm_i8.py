@@ -245,7 +245,7 @@ def test_w8a8_7bit_tile_equals_few_row_tile():
     g = torch.Generator().manual_seed(11)
     m, k, n = 40, 131, 97
     x = torch.randn(m, k, generator=g)
-    wq, s = (torch.from_numpy(a) for a in quantize_w8a8(torch.randn(n, k, generator=g)))
+    wq, s = (torch.from_numpy(a) for a in quantize_w8a8(torch.randn(n, k, generator=g), 64))
     assert int(wq.abs().max()) <= 64
     b, r = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
     p = pack_w8a8(wq)

@@ -137,13 +137,13 @@ def test_quantize_w8a8_codes_scales_and_clip():
     """Codes within [-64, 64]; each row's scale is the clip of least squared error
     (never worse than max|w| / 64, better on a heavy-tailed row); a zero row gets
     scale 1; fp16 scales are fp16 values the codes were chosen against."""
-    from atbcore.ops.linear_quant import W8A8_CLIPS, quantize_w8a8
+    from atbcore.ops.linear_quant import W8A8_CLIPS, W8A8_FAST_LEVELS, quantize_w8a8
 
     rng = np.random.default_rng(3)
     w = rng.standard_normal((6, 1536)).astype(np.float32)
     w[1] = rng.standard_t(2, 1536)                  # heavy tails: clipping pays there
     w[4] = 0
-    q, s = quantize_w8a8(w)
+    q, s = quantize_w8a8(w, W8A8_FAST_LEVELS)
     assert q.dtype == np.int8 and s.dtype == np.float32 and int(np.abs(q).max()) <= 64
     assert s[4] == 1 and not q[4].any()
     err = np.square(q * s[:, None].astype(np.float64) - w).sum(axis=1)
@@ -155,7 +155,7 @@ def test_quantize_w8a8_codes_scales_and_clip():
     plain = np.abs(w[1]).max() / 64
     assert s[1] < plain and err[1] < np.square(np.clip(np.rint(w[1] / plain), -64, 64) * plain
                                                - w[1]).sum()
-    q16, s16 = quantize_w8a8(w, scale_dtype=np.float16)
+    q16, s16 = quantize_w8a8(w, W8A8_FAST_LEVELS, scale_dtype=np.float16)
     np.testing.assert_array_equal(s16, s16.astype(np.float16).astype(np.float32))
     np.testing.assert_array_equal(q16[:4], np.clip(np.rint(w[:4] / s16[:4, None]), -64, 64))
     with pytest.raises(InputError, match="levels"):
