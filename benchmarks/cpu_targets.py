@@ -236,7 +236,7 @@ def gemms(args: argparse.Namespace) -> dict:
     from atbcore.backends.cpu_kernels.torch_linear import linear_rows, pack_panels
     from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
     from atbcore.backends.torch.linear_dnnl import dnnl_linear
-    from atbcore.ops.linear import quantize_w8
+    from atbcore.ops.linear_quant import quantize_w8a8
     from atb_torch.llm.bench.models import default_llama_config
 
     c = default_llama_config()
@@ -251,14 +251,16 @@ def gemms(args: argparse.Namespace) -> dict:
         for m in (512, 2048):
             for name, (k, n) in shapes.items():
                 x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) * 0.05
-                xb, wb, wq_s = x.bfloat16(), w.bfloat16(), quantize_w8(w)
-                pf, pb, pq = pack_panels(w), pack_panels(wb), pack_w8a8(wq_s[0])
+                # w8a8 weights as a decoder's are quantized (127 levels: the sign tile)
+                xb, wb, wq_s = x.bfloat16(), w.bfloat16(), quantize_w8a8(w)
+                pf, pb = pack_panels(w), pack_panels(wb)
+                pq, sq = pack_w8a8(torch.from_numpy(wq_s[0])), torch.from_numpy(wq_s[1])
                 lin = type("P", (), {"transpose_weight": True})
                 fns = {"torch_mm_fp32": lambda: torch.mm(x, w.t()),
                        "onednn_fp32": lambda: dnnl_linear(lin, x, w, None),
                        "atb_fp32": lambda: linear_rows(x, w, panels=pf, threads=1),
                        "atb_bf16": lambda: linear_rows(xb, wb, panels=pb, threads=1),
-                       "atb_w8a8": lambda: linear_w8a8(x, pq, wq_s[1], threads=1)}
+                       "atb_w8a8": lambda: linear_w8a8(x, pq, sq, threads=1)}
                 cpu = {label: [] for label in fns}
                 for f in fns.values():
                     f()

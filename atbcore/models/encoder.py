@@ -26,6 +26,7 @@ types and a plain (non-gated) activation; anything else raises
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -36,9 +37,14 @@ from ..graph import layers as L
 from ..graph.layers_encoder import (FIRST_ROWS, POS_TYPE, SEQ_LENS, EncoderEmbeddings, Pooler,
                                     UnpadAttention, summed_position_types)
 from ..graph.sequential import BLOCK_INPUT
+from ..ops.linear_quant import W8A8_FAST_LEVELS
 from .arch import ModelSpec, ModelWeights
 from .decoder import host_weight
 from .quant import check_quantize, linear_layer
+
+# an encoder's w8a8 weights within [-64, 64]: its many-row GEMMs take the AVX2 offset
+# tile (atbcore.ops.linear_quant.W8A8_FAST_LEVELS)
+_linear = functools.partial(linear_layer, w8a8_levels=W8A8_FAST_LEVELS)
 
 __all__ = ["encoder_layers", "why_not_encoder", "encoder_dim_names", "ENCODER_FUSION"]
 
@@ -86,9 +92,9 @@ def _mlp(i: int, spec: ModelSpec, lw: Any, a: Any, quantize: str | None) -> list
     activation into the up projection (``LinearActivation``: one oneDNN GEMM with a
     GELU post-op on the CPU) and the residual add into the down projection's
     epilogue."""
-    return [linear_layer(f"l{i}.up", [lw.up], [lw.up_b], quantize, a),
+    return [_linear(f"l{i}.up", [lw.up], [lw.up_b], quantize, a),
             L.Activation(f"l{i}.act", activation_type=spec.activation),
-            linear_layer(f"l{i}.mlp", [lw.down], [lw.down_b], quantize, a)]
+            _linear(f"l{i}.mlp", [lw.down], [lw.down_b], quantize, a)]
 
 
 def encoder_layers(spec: ModelSpec, w: ModelWeights, dtype: Any = None,
@@ -114,10 +120,10 @@ def encoder_layers(spec: ModelSpec, w: ModelWeights, dtype: Any = None,
     prev = "embed"
     for i, lw in enumerate(w.layers):
         layers += [
-            linear_layer(f"l{i}.qkv", [lw.q, lw.k, lw.v], [lw.q_b, lw.k_b, lw.v_b], quantize, a),
+            _linear(f"l{i}.qkv", [lw.q, lw.k, lw.v], [lw.q_b, lw.k_b, lw.v_b], quantize, a),
             UnpadAttention(f"l{i}.attn", num_heads=spec.num_heads,
                            num_kv_heads=spec.num_kv_heads, scale=spec.scales[i]),
-            linear_layer(f"l{i}.o", [lw.o], [lw.o_b], quantize, a),
+            _linear(f"l{i}.o", [lw.o], [lw.o_b], quantize, a),
             L.ResidualAdd(f"l{i}.attn_out", residual=prev),
             L.LayerNorm(f"l{i}.attn_norm", eps=spec.norm_eps).load_weights(
                 {"weight": a(lw.attn_norm), "bias": a(lw.attn_norm_b)}),

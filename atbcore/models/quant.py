@@ -1,7 +1,8 @@
 """Quantized Linears of a lowered model (``decoder_layers(..., quantize=...)``): every
 projection (merged QKV, output, gate|up, down, LM head) becomes a core ``Linear`` with
 ``quant="w8"`` (int8 weights, a scale per output channel; activations read as int8 blocks
-of 32 inputs, as llama.cpp's Q8_0), ``"w8a8"`` (the same weights, int8 activations per row) or ``"w4"`` (4-bit codes, fp16 scales per group of 32
+of 32 inputs, as llama.cpp's Q8_0), ``"w8a8"`` (int8 weights, the clip of least error per
+channel: :func:`~atbcore.ops.linear_quant.quantize_w8a8`; 8-bit activations per row) or ``"w4"`` (4-bit codes, fp16 scales per group of 32
 inputs): :mod:`atbcore.ops.linear_quant`. The one pass pipeline then fuses the norms
 into them and the residual adds into their epilogues as it does for float Linears, and
 the CPU binders pack each into its kernel's layout once.
@@ -23,7 +24,7 @@ from ..errors import ParamsError
 from ..graph import layers as L
 from ..graph.layers import Layer, host_array
 from ..ops.linear import quantize_w8
-from ..ops.linear_quant import W4_GROUP, quantize_w4
+from ..ops.linear_quant import W4_GROUP, quantize_w4, quantize_w8a8
 
 if TYPE_CHECKING:
     from ..graph.sequential import LoweringContext
@@ -153,10 +154,12 @@ def _quantize_w8(arrays: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def linear_layer(name: str, weights: list, biases: list, quantize: str | None,
-                 to_array: Any = host_array) -> Layer:
+                 to_array: Any = host_array, w8a8_levels: int = 127) -> Layer:
     """The Linear over ``weights`` (``[out, in]`` each, merged along outputs) and their
     ``biases`` (None entries: zeros where another part has one), float or quantized by
-    ``quantize``; ``to_array`` turns a framework tensor into a host array."""
+    ``quantize``; ``to_array`` turns a framework tensor into a host array;
+    ``w8a8_levels``: the largest w8a8 weight code (:func:`~atbcore.ops.linear_quant.
+    quantize_w8a8`)."""
     arrays = [to_array(w) for w in weights]
     bias = None
     if any(b is not None for b in biases):
@@ -170,6 +173,10 @@ def linear_layer(name: str, weights: list, biases: list, quantize: str | None,
     params: dict[str, Any] = {"quant": quantize}
     if quantize == "w4":
         qw, params["group_size"] = _w4_parts(weights, arrays)
+    elif quantize == "w8a8":
+        scale_dtype = arrays[0].dtype if str(arrays[0].dtype) in _SCALE_RANGE else None
+        wq, scale = quantize_w8a8(_float32(arrays), w8a8_levels, scale_dtype=scale_dtype)
+        qw = {"weight": wq, "scale": scale}
     else:
         wq, scale = _quantize_w8(arrays)
         qw = {"weight": wq, "scale": scale}

@@ -5,8 +5,10 @@
 ``quant="w8"`` the weight is int8 and ``scale`` holds one float per output channel:
 ``W = weight * scale[:, None]`` (see :func:`quantize_w8`), and x is read as int8 blocks
 of 32 inputs per row, one fp32 scale each (``rint(x * 127 / max|x|)``, llama.cpp's Q8_0
-activations; :func:`.linear_quant.act_q8`). ``quant="w8a8"``: the same weights times
-int8 activations quantized per row; ``quant="w4"``: uint8 4-bit codes
+activations; :func:`.linear_quant.act_q8`). ``quant="w8a8"``: int8 weights times
+8-bit activations quantized per row over their range with a zero point
+(:func:`.linear_quant.quantize_w8a8_rows`; the models' weights come from
+:func:`.linear_quant.quantize_w8a8`); ``quant="w4"``: uint8 4-bit codes
 ``[out, in]`` with a scale (and optional zero point, ``zeros``) per output and group of
 ``group_size`` inputs (:mod:`.linear_quant`). x is ``[..., in]``.
 

@@ -1,13 +1,15 @@
 """The w8a8 matmul C kernel on torch CPU tensors (``csrc/gemm_i8.c``): activations
-quantized to int8 per row on the fly (symmetric, ``max |x| / 127``), int8 weights
+quantized to 8 bits per row on the fly (the row's range over 255 codes, a zero point:
+:func:`atbcore.ops.linear_quant.quantize_w8a8_rows`), int8 weights
 with a per-output-channel fp32 scale, int32 sums (VNNI ``VPDPBUSD`` where the CPU
-has it, ``VPSIGNB``/``VPMADDUBSW``/``VPMADDWD`` on AVX2, an exact plain loop
-elsewhere: the same bits, with no int16 saturation at the int8 extremes), one
-rounding to the output.
+has it; on AVX2 ``VPMADDUBSW``/``VPMADDWD`` straight when the weights lie in
+[-64, 64], as :func:`~atbcore.ops.linear_quant.quantize_w8a8` makes them, else with
+``VPSIGNB`` first; an exact plain loop elsewhere: the same bits, with no int16
+saturation at the int8 extremes), one rounding to the output.
 
-    wq, s = atbcore.ops.linear.quantize_w8(w)              # int8 [N, K], scale [N]
-    packed = pack_w8a8(wq)                                  # the kernel's layout
-    y = linear_w8a8(x, packed, s, bias=b)                   # x [..., K] -> [..., N]
+    wq, s = atbcore.ops.linear_quant.quantize_w8a8(w)      # int8 [N, K], scale [N]
+    packed = pack_w8a8(torch.from_numpy(wq))                # the kernel's layout
+    y = linear_w8a8(x, packed, torch.from_numpy(s), bias=b) # x [..., K] -> [..., N]
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def linear_w8a8(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, *,
     """``quant(x) @ w.T * scale + bias`` for ``x`` [..., K] (fp32/bf16/fp16) and the
     int8 ``[N, K]`` weight packed by :func:`pack_w8a8` (``scale`` fp32 [N], the
     weight's per-channel scale). Each row of ``x`` (RmsNorm'd first with
-    ``rms_norm_eps``) is quantized as ``rint(x * 127 / max|x|)``; ``residual`` (shaped
+    ``rms_norm_eps``) is quantized over its range (:func:`quantize_rows_reference`);
+    ``residual`` (shaped
     as the output) is added, or with ``accumulate`` the result is added into ``out``.
     The result is in x's dtype unless ``out`` says otherwise."""
     op = "linear_w8a8"
@@ -139,12 +142,17 @@ def _check_args(op, x, packed, scale, bias, out, residual, accumulate, threads, 
         chk.integer(op, "threads", threads, 1, 1 << 16)
 
 
-def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_reference(x: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kernel's activation quantization in torch (fp32, as the kernel computes it):
-    ``(xq int8 [..., K], sx fp32 [...])`` with ``x ~= xq * sx[..., None]``. For tests
-    and for callers that want the quantization error of a layer."""
+    ``(u uint8 [..., K], sx fp32 [...], z int32 [...])`` with ``x ~= (u - z[..., None]) *
+    sx[..., None]``: the row's range ``[min(0, min x), max(0, max x)]`` over the codes
+    1..255 (:func:`atbcore.ops.linear_quant.quantize_w8a8_rows`). For tests and for
+    callers that want the quantization error of a layer."""
     xf = x.float()
-    amax = xf.abs().amax(dim=-1)
-    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
-    q = torch.round(xf * inv[..., None]).clamp_(-127, 127).to(torch.int8)
-    return q, amax / 127.0
+    lo = xf.amin(dim=-1).clamp(max=0)
+    rng = xf.amax(dim=-1).clamp(min=0) - lo
+    inv = torch.where(rng > 0, torch.tensor(254.0) / rng, torch.zeros_like(rng))
+    z = torch.where(rng > 0, 1 - torch.round(lo * inv), torch.full_like(rng, 128.0))
+    u = (torch.round(xf * inv[..., None]) + z[..., None]).clamp_(1, 255).to(torch.uint8)
+    return u, rng / 254.0, z.to(torch.int32)

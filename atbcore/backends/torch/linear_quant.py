@@ -239,8 +239,22 @@ def _like(t: Any) -> torch.Tensor | None:
     return t if isinstance(t, torch.Tensor) else None
 
 
+def _quant_rows_w8a8(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [M, K] fp32 as the w8a8 kernel quantizes it (per row over its range, a zero
+    point: :func:`atbcore.ops.linear_quant.quantize_w8a8_rows`), dequantized."""
+    lo = x.amin(-1, keepdim=True).clamp(max=0)
+    rng = x.amax(-1, keepdim=True).clamp(min=0) - lo
+    inv = torch.where(rng > 0, torch.tensor(254.0, device=x.device) / rng,  # true division
+                      torch.zeros_like(rng))
+    z = torch.where(rng > 0, 1 - torch.round(lo * inv), torch.full_like(rng, 128.0))
+    u = torch.round(x * inv).add_(z).clamp_(1, 255)
+    return (u - z) * (rng / 254.0)
+
+
 def _quant_x(x: torch.Tensor, block: int | None) -> torch.Tensor:
     """``x`` [M, K] fp32 as the C kernels quantize it, dequantized (fp32 [M, K'])."""
+    if block is None:
+        return _quant_rows_w8a8(x)
     m, k = x.shape
     b = k if block is None else block
     kp = -(-k // b) * b

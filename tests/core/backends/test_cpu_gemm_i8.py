@@ -15,16 +15,15 @@ pytestmark = pytest.mark.skipif(not available(), reason="no C compiler here: C k
 
 
 def _quantize_np(x):
-    """The kernel's row quantization in NumPy fp32: (xq, sx)."""
-    xf = x.float().numpy()
-    amax = np.abs(xf).max(axis=-1)
-    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    q = np.clip(np.rint(xf * inv[:, None]), -127, 127)
-    return q, (amax / np.float32(127)).astype(np.float32)
+    """The kernel's row quantization in NumPy fp32: (u - z as float64, sx)."""
+    from atbcore.ops.linear_quant import quantize_w8a8_rows
+
+    u, sx, z = quantize_w8a8_rows(x.float().numpy())
+    return u.astype(np.float64) - z[:, None], sx
 
 
 def _ref(x, wq, s, bias=None, add=None):
-    """float64 (xq sx) (wq s)^T + bias + add."""
+    """float64 ((u - z) sx) (wq s)^T + bias + add."""
     q, sx = _quantize_np(x)
     y = (q.astype(np.float64) @ wq.double().numpy().T) * sx[:, None].astype(np.float64)
     y = y * s.double().numpy()
@@ -87,9 +86,10 @@ def test_w8a8_against_float64(m, k, n, xdt):
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 13])
 def test_w8a8_full_int8_range_exact(m):
     """Weights at -128 and 127 against activations at +-127 (the extremes of every
-    tile's products: an int16 pair sum of the AVX2 tile reaches 2 x 128 x 127): the
-    int32 sums are exact, so y / (sx scale) is the integer product in float64, for
-    every row count of a tile's tail."""
+    tile's products: an int16 pair sum of the AVX2 tile reaches 2 x 128 x 127; rows
+    spanning [-127, 127] quantize to u = x + 128, z = 128, sx = 1): the int32 sums are
+    exact, so y / (sx scale) is the integer product in float64, for every row count of
+    a tile's tail."""
     from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
 
     g = torch.Generator().manual_seed(40 + m)
@@ -164,11 +164,22 @@ def test_w8a8_rms_normed_rows_split_over_threads(xdt):
 def test_quantize_rows_reference_matches_numpy():
     from atbcore.backends.cpu_kernels.torch_w8a8 import quantize_rows_reference
 
+    from atbcore.ops.linear_quant import quantize_w8a8_rows
+
     x = torch.randn(7, 50, generator=torch.Generator().manual_seed(2))
-    q, sx = quantize_rows_reference(x)
-    qn, sxn = _quantize_np(x)
-    np.testing.assert_array_equal(q.numpy(), qn)
+    x[1] = x[1].abs()          # one-signed rows: z 1 (all >= 0) and 255 (all <= 0)
+    x[2] = -x[2].abs()
+    x[3] = 0
+    u, sx, z = quantize_rows_reference(x)
+    un, sxn, zn = quantize_w8a8_rows(x.numpy())
+    np.testing.assert_array_equal(u.numpy(), un)
     np.testing.assert_array_equal(sx.numpy(), sxn)
+    np.testing.assert_array_equal(z.numpy(), zn)
+    assert (z[1], z[2], z[3], sx[3]) == (1, 255, 128, 0)
+    assert int(u[1].max()) == 255 and int(u[2].min()) == 1
+    # the range's codes: within half a step of x, 0 exactly on the grid
+    err = (u.double() - z.double()[:, None]) * sx.double()[:, None] - x.double()
+    assert (err.abs() <= sx.double()[:, None] * (0.5 + 1e-4)).all()
 
 
 def test_w8a8_bad_packed_shape():
@@ -193,3 +204,58 @@ def test_w8a8_bound_call_matches():
     assert torch.equal(out, linear_w8a8(x, p, s, bias=b))
     strided = torch.randn(3, 140, generator=g)[:, ::2]  # not read in place: no bound call
     assert linear_w8a8_bound(strided, p, s, out) is None
+
+
+def _u7_case(g, m, k, n):
+    """Weights in [-64, 64] (the models' w8a8 codes) with many at +-64 against rows at
+    +-127: the offset tile's largest int16 pair sums (2 x 255 x 64)."""
+    wq = torch.randint(-64, 65, (n, k), generator=g, dtype=torch.int8)
+    wq[:, ::3] = 64
+    wq[::2, 1::3] = -64
+    x = torch.where(torch.rand(m, k, generator=g) < 0.5, -1.0, 1.0) * 127
+    x[:, ::5] = torch.randint(-127, 128, (m, len(range(0, k, 5))), generator=g).float()
+    return x, wq
+
+
+@pytest.mark.parametrize("m", [16, 17, 29, 64, 131])
+def test_w8a8_7bit_weights_exact_any_threads(m):
+    """Many rows and weights within [-64, 64]: the AVX2 build's offset tile (x stored
+    u = xq + 128, the column sums taking 128 sum w back out) gives the exact integer
+    product at 1 and 2 threads, for odd K (a quad tail) and N (a panel tail)."""
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
+
+    g = torch.Generator().manual_seed(70 + m)
+    n, k = 50, 263
+    x, wq = _u7_case(g, m, k, n)
+    p, s = pack_w8a8(wq), torch.ones(n)
+    exact = x.double().numpy() @ wq.double().numpy().T
+    for t in (1, 2):
+        y = linear_w8a8(x, p, s, threads=t).double().numpy()
+        np.testing.assert_array_equal(y, exact.astype(np.float32).astype(np.float64))
+
+
+def test_w8a8_7bit_tile_equals_few_row_tile():
+    """The same rows through one many-row call (the offset tile) and one call per row
+    (the signed tile: too few rows to scan the weights) give the same bits, with
+    per-channel scales, a bias and a residual; one weight of 65 sends the many-row call
+    back to the signed tile, still exact."""
+    from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
+    from atbcore.ops.linear_quant import quantize_w8a8
+
+    g = torch.Generator().manual_seed(11)
+    m, k, n = 40, 131, 97
+    x = torch.randn(m, k, generator=g)
+    wq, s = (torch.from_numpy(a) for a in quantize_w8a8(torch.randn(n, k, generator=g), 64))
+    assert int(wq.abs().max()) <= 64
+    b, r = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    p = pack_w8a8(wq)
+    many = linear_w8a8(x, p, s, bias=b, residual=r, threads=2)
+    rows = torch.cat([linear_w8a8(x[i:i + 1], p, s, bias=b, residual=r[i:i + 1])
+                      for i in range(m)])
+    assert torch.equal(many, rows)
+    assert_close(many, _ref(x, wq, s, bias=b, add=r).astype(np.float32), "fp32", "w8a8 7-bit")
+    xe, we = _u7_case(g, m, k, n)
+    we[n // 2, k // 2] = 65
+    exact = xe.double().numpy() @ we.double().numpy().T
+    y = linear_w8a8(xe, pack_w8a8(we), torch.ones(n), threads=2).double().numpy()
+    np.testing.assert_array_equal(y, exact.astype(np.float32).astype(np.float64))

@@ -131,3 +131,34 @@ def test_quantized_moe_experts_match_reference(quant):
     assert gu["w_gate_up"].dtype == (np.uint8 if quant == "w4" else np.int8)
     check_op("MoE", {"top_k": 2, "quant": quant},
              [x, router, gu["w_gate_up"], dn["w_down"], gu["gate_up_scale"], dn["down_scale"]])
+
+
+def test_quantize_w8a8_codes_scales_and_clip():
+    """Codes within [-64, 64]; each row's scale is the clip of least squared error
+    (never worse than max|w| / 64, better on a heavy-tailed row); a zero row gets
+    scale 1; fp16 scales are fp16 values the codes were chosen against."""
+    from atbcore.ops.linear_quant import W8A8_CLIPS, W8A8_FAST_LEVELS, quantize_w8a8
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((6, 1536)).astype(np.float32)
+    w[1] = rng.standard_t(2, 1536)                  # heavy tails: clipping pays there
+    w[4] = 0
+    q, s = quantize_w8a8(w, W8A8_FAST_LEVELS)
+    assert q.dtype == np.int8 and s.dtype == np.float32 and int(np.abs(q).max()) <= 64
+    assert s[4] == 1 and not q[4].any()
+    err = np.square(q * s[:, None].astype(np.float64) - w).sum(axis=1)
+    for c in W8A8_CLIPS:                            # every tried clip, replayed in float64
+        sc = (np.abs(w).max(axis=1) * np.float32(c) / np.float32(64)).astype(np.float32)
+        qc = np.clip(np.rint(w / np.where(sc > 0, sc, 1)[:, None]), -64, 64)
+        ec = np.square(qc * sc[:, None].astype(np.float64) - w).sum(axis=1)
+        assert (err[:4] <= ec[:4] * (1 + 1e-6)).all() and err[5] <= ec[5] * (1 + 1e-6)
+    plain = np.abs(w[1]).max() / 64
+    assert s[1] < plain and err[1] < np.square(np.clip(np.rint(w[1] / plain), -64, 64) * plain
+                                               - w[1]).sum()
+    q16, s16 = quantize_w8a8(w, W8A8_FAST_LEVELS, scale_dtype=np.float16)
+    np.testing.assert_array_equal(s16, s16.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(q16[:4], np.clip(np.rint(w[:4] / s16[:4, None]), -64, 64))
+    with pytest.raises(InputError, match="levels"):
+        quantize_w8a8(w, levels=128)
+    with pytest.raises(ShapeError, match="rank 2"):
+        quantize_w8a8(w[0])

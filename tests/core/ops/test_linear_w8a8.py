@@ -11,7 +11,7 @@ from atbcore.errors import InputError
 from atbcore.graph.builder import GraphBuilder
 from atbcore.graph.graph_op import GraphOp
 from atbcore.ops.linear import quantize_w8
-from atbcore.ops.linear_quant import quantize_act_rows
+from atbcore.ops.linear_quant import quantize_w8a8_rows
 from atbcore.tensor import TensorDesc
 from oracle import check_error, check_op, rand
 
@@ -36,10 +36,13 @@ def test_reference_rows_match_torch_quantization():
 
     x = rand((9, 33), "fp32", 7, 3.0)
     x[4] = 0.0                                                           # an all-zero row stays zero
-    q, sx = quantize_rows_reference(torch.from_numpy(x))
-    got_q, got_s = quantize_act_rows(x)
-    np.testing.assert_array_equal(got_q.astype(np.float64) * np.asarray(got_s, np.float64).reshape(-1, 1),
-                                  (q.double() * sx.double()[:, None]).numpy())
+    x[5] = np.abs(x[5])                                                  # zero point 1
+    u, sx, z = quantize_rows_reference(torch.from_numpy(x))
+    got_u, got_s, got_z = quantize_w8a8_rows(x)
+    deq = (got_u.astype(np.float64) - got_z[:, None]) * np.asarray(got_s, np.float64)[:, None]
+    np.testing.assert_array_equal(deq, ((u.double() - z.double()[:, None])
+                                        * sx.double()[:, None]).numpy())
+    assert not deq[4].any() and got_z[5] == 1
 
 
 def test_bound_plan_equals_unbound_call():
