@@ -5,10 +5,9 @@ with their epilogue as post-ops.
   before the one rounding -- the op's definition. An encoder's FFN up projection is
   this call: the oneDNN GEMM with its bias, then atb's C activation in place over the
   fp32 result (the formula's values, +-inf included, as the composite's). Not
-  oneDNN's own GELU post-op: its erf GELU on AVX2 cost about as much as the GEMM's
-  bias epilogue plus two activation passes (``benchmarks/dense_linear_route.py``
-  measures both), and it turns +-inf into NaN, which took a second pass over the
-  result to catch. Taken for fp32/bf16 activations with weights (and bias) of x's
+  oneDNN's own GELU post-op: its erf GELU on AVX2 cost several times the C
+  kernel's pass over the result, and it turns +-inf into NaN, which took a second
+  pass over the result to catch. Taken for fp32/bf16 activations with weights (and bias) of x's
   dtype, GELU (exact or tanh) and ReLU, on a torch built with oneDNN; other calls keep
   the composite. Where oneDNN has no bf16 inner product (CPUs without
   AVX512-BF16/AMX) a bf16 call of more than :data:`DNNL_MIN_ROWS` rows runs the fp32
