@@ -18,12 +18,16 @@ calls, a marked call that said ``not_native``) runs through Python between the
 native runs. The first run (and the first after the thread count changed) records.
 
 Each later run, before and during a native run: the noted ``env`` writes are made,
-and every recorded call with slots is checked, by identity, against the objects it
-was recorded with. A differing object in a slot the program fills with a fresh
-tensor before each run (a GraphOp's output) is relocated: its contents mean nothing
-before the run, so only its address can matter, and when the recorded argument
-blocks held the old address only as whole 8-byte fields (no address inside it) those
-fields are patched to the new one. Any other differing object (a caller's new
+and every recorded call with slots is checked against the objects it was recorded
+with. A slot the program fills with a fresh tensor before each run (a GraphOp's
+output), or that the call reads by address alone, is relocated: its contents mean
+nothing to the call's Python, so only its address can matter, and when the recorded
+argument blocks held the old address only as whole 8-byte fields (no address inside
+it) those fields are patched to the address the slot holds now -- every run, so the
+record keeps no reference to such an object (a run's outputs and intermediates are
+freed when their last user drops them, not held by the record until the next run).
+Other slots are checked by identity against a weak reference (:mod:`.native_held`:
+a freed object never matches). A differing object there (a caller's new
 token ids) has its call recorded again where it stands (the calls before it made
 first, so it sees what it would see call by call). A call whose recording changes shape, or
 that says ``not_native`` now, drops the records: the run goes on call by call and
@@ -41,8 +45,11 @@ import ctypes
 import os
 import struct
 import threading
+import weakref
 from operator import is_
 from typing import Any, Callable, Iterable, Sequence
+
+from .native_held import UNHELD, address_span, held_is, hold, relocated_address, relocations
 
 __all__ = ["NativeRun", "slots_of", "native_call", "not_native", "NATIVE", "address_span"]
 
@@ -66,43 +73,6 @@ def slots_of(given: Iterable[Any]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(got))
 
 
-def address_span(x: Any) -> tuple[int, int] | None:
-    """``(address, bytes)`` of a contiguous torch tensor or NumPy array (None: another
-    kind, whose address a native run does not read)."""
-    if hasattr(x, "data_ptr") and type(x).__module__.startswith("torch"):
-        return (x.data_ptr(), x.numel() * x.element_size()) if x.is_contiguous() else None
-    if type(x).__name__ == "ndarray" and x.flags.c_contiguous:
-        return x.__array_interface__["data"][0], x.nbytes
-    return None
-
-
-def _relocations(slots: tuple[int, ...], before: list, rec: list) -> dict:
-    """For each of ``slots`` (fresh per run) whose object's address the recorded blocks
-    ``rec`` hold only as whole fields: slot -> [(pair, byte offset)] of those fields."""
-    out: dict[int, list[tuple[int, int]]] = {}
-    for i in slots:
-        span = address_span(before[i])
-        if span is None or span[1] == 0:
-            continue
-        lo, hi = span[0], span[0] + span[1]
-        at: list[tuple[int, int]] | None = []
-        for p, (_, args) in enumerate(rec):
-            if len(args) % 8:
-                at = None
-                break
-            for k, v in enumerate(memoryview(args).cast("q")):
-                if lo <= v < hi:
-                    if v != lo:  # an address inside it: not a plain field
-                        at = None
-                        break
-                    at.append((p, 8 * k))
-            if at is None:
-                break
-        if at is not None:
-            out[i] = at
-    return out
-
-
 class _Segment:
     """Consecutive recorded calls: their table, and what a run does before it."""
 
@@ -112,8 +82,9 @@ class _Segment:
         self.first = first
         self.steps: list[int] = []       # the step of each pair
         self.pairs: list[tuple[int, bytes]] = []
-        # per recorded call: [step, reads, objects read, first pair, pairs, env writes,
-        # relocations (slot -> [(pair, offset)], see _relocations)]
+        # per recorded call: [step, reads, what it keeps of the objects read (see
+        # native_held.hold), first pair, pairs, env writes, relocations (slot ->
+        # (bytes, [(pair, offset)]), see native_held.relocations)]
         self.items: list[list] = []
         self.pre: list[tuple] = []
         self.flat: tuple | None = None  # see flatten()
@@ -124,9 +95,9 @@ class _Segment:
     def add(self, k: int, reads: tuple[int, ...], before: list, rec: list, writes: list,
             needed: set[int], fresh: set[int]) -> None:
         writes = [w for w in writes if w[0] in needed]
-        self.items.append([k, reads, [before[i] for i in reads], len(self.pairs), len(rec),
-                           writes, _relocations(tuple(i for i in reads if i in fresh),
-                                                before, rec)])
+        rel = relocations(tuple(i for i in reads if i in fresh), before, rec)
+        self.items.append([k, reads, [hold(before[i], i in rel) for i in reads],
+                           len(self.pairs), len(rec), writes, rel])
         self.pairs.extend(rec)
         self.steps.extend([k] * len(rec))
 
@@ -151,15 +122,14 @@ class _Segment:
         objs, rel = item[2], item[6]
         for j, i in enumerate(item[1]):
             x = env[i]
-            if x is objs[j]:
+            if held_is(x, objs[j]):
                 continue
             at = rel.get(i)
-            span = address_span(x) if at is not None else None
-            if span is None:
+            addr = relocated_address(x, at[0]) if at is not None else None
+            if addr is None:
                 return False
-            for p, off in at:
-                struct.pack_into("q", self.keep[item[3] + p], off, span[0])
-            objs[j] = x
+            for p, off in at[1]:
+                struct.pack_into("q", self.keep[item[3] + p], off, addr)
         return True
 
     def order(self) -> None:
@@ -175,43 +145,53 @@ class _Segment:
         self.pre, self.flat = pre, None
 
     def flatten(self) -> tuple:
-        """``(env writes, slots, objects, moves)`` of every item at once: a run whose
-        fixed slots all hold what was recorded (a decode loop's steps, a GraphOp call)
-        checks them in one pass, and relocates its relocatable slots (a fresh output
-        per call: ``moves``, see :meth:`moved`) without leaving that pass. (Writes
-        first is safe: a slot's one writer comes before its readers.) Dropped when an
-        item is recorded again."""
+        """``(env writes, slots, objects, weak, moves)`` of every item at once: a run
+        whose kept slots all hold what was recorded (a decode loop's steps, a GraphOp
+        call) checks them in one pass (``slots``/``objects`` held as they are,
+        ``weak``: ``(slot, weakref)``, see :meth:`alive`), and relocates its relocatable
+        slots (``moves``, see :meth:`moved`) without leaving that pass. (Writes first
+        is safe: a slot's one writer comes before its readers.) Dropped when an item is
+        recorded again."""
         writes = [w for item in self.items for w in item[5]]
         slots: list[int] = []
         objs: list[Any] = []
+        weak: list[tuple[int, Any]] = []
         moves: list[tuple] = []
         for item in self.items:
             rel = item[6]
             for j, i in enumerate(item[1]):
-                at = rel.get(i)
-                if at is None:
+                h = item[2][j]
+                if h is UNHELD:
+                    nbytes, at = rel[i]
+                    moves.append((i, nbytes, [(self.keep[item[3] + p], off) for p, off in at]))
+                elif type(h) is weakref.ref:
+                    weak.append((i, h))
+                else:
                     slots.append(i)
-                    objs.append(item[2][j])
-                else:  # item[2] is updated in place by a relocation, so read it there
-                    moves.append((i, item[2], j,
-                                  [(self.keep[item[3] + p], off) for p, off in at]))
-        self.flat = (writes, slots, objs, moves)
+                    objs.append(h)
+        self.flat = (writes, slots, objs, weak, moves)
         return self.flat
 
     @staticmethod
+    def alive(weak: list[tuple[int, Any]], env: list) -> bool:
+        """Whether each slot of ``weak`` holds its recorded object, still alive."""
+        for i, ref in weak:
+            x = ref()
+            if x is None or x is not env[i]:
+                return False
+        return True
+
+    @staticmethod
     def moved(moves: list[tuple], env: list) -> bool:
-        """Relocate the ``moves`` of :meth:`flatten` whose slot holds a new object (as
-        :meth:`relocate` would); False when one is not relocatable (the run then takes
-        the per-item path, which records that call again)."""
-        for i, objs, j, fields in moves:
-            x = env[i]
-            if x is not objs[j]:
-                span = address_span(x)
-                if span is None:
-                    return False
-                for block, off in fields:
-                    struct.pack_into("q", block, off, span[0])
-                objs[j] = x
+        """Patch the fields of the ``moves`` of :meth:`flatten` to the addresses their
+        slots hold now (as :meth:`relocate` does); False when one is not relocatable
+        (the run then takes the per-item path, which records that call again)."""
+        for i, nbytes, fields in moves:
+            addr = relocated_address(env[i], nbytes)
+            if addr is None:
+                return False
+            for block, off in fields:
+                struct.pack_into("q", block, off, addr)
         return True
 
 
@@ -259,11 +239,11 @@ class NativeRun:
                 for i in frees:
                     env[i] = None
                 continue
-            writes, slots, objs, moves = op.flat or op.flatten()
+            writes, slots, objs, weak, moves = op.flat or op.flatten()
             for i, v in writes:
                 env[i] = v
             if all(map(is_, map(env.__getitem__, slots), objs)) and \
-                    (not moves or op.moved(moves, env)):
+                    (not weak or op.alive(weak, env)) and (not moves or op.moved(moves, env)):
                 self._span(op, env, 0, len(op.pairs))
                 continue
             op.flat = None  # relocated or recorded again below
@@ -275,7 +255,7 @@ class NativeRun:
                     continue
                 objs = item[2]
                 for j, i in enumerate(item[1]):
-                    if env[i] is not objs[j]:
+                    if not held_is(env[i], objs[j]):
                         if item[6] and op.relocate(item, env):
                             break
                         # the calls before it first: recording runs it, as Python would
@@ -344,8 +324,8 @@ class NativeRun:
         if len(rec) != item[4]:
             return k + 1
         writes = [w for w in writes if w[0] in self.needed]
-        item[2] = [before[i] for i in item[1]]
-        item[6] = _relocations(tuple(i for i in item[1] if i in self.movable[k]), before, rec)
+        item[6] = relocations(tuple(i for i in item[1] if i in self.movable[k]), before, rec)
+        item[2] = [hold(before[i], i in item[6]) for i in item[1]]
         for j, (addr, args) in enumerate(rec):
             seg.put(item[3] + j, addr, args)
         if bool(writes) != bool(item[5]):

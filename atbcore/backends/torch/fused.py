@@ -14,7 +14,7 @@ from ...tensor import TensorDesc
 from ..cpu_kernels import torch_ops as ck
 from . import TORCH_KERNELS, kernel
 from .activation import c_activation
-from .linear_dnnl import bind_dnnl_linear_activation, checked_linear_activation, why_not_dnnl
+from .linear_dnnl import bind_dnnl_linear_activation, dnnl_linear_activation, why_not_dnnl
 from .rope import rope_with_v
 
 __all__ = ["composite_linear_activation"]
@@ -41,14 +41,14 @@ def rope_flash_attention(p, ins):
                                         "mask": ins.get("mask"), "seq_lens": ins.get("seq_lens")})
 
 
-@kernel("LinearActivation", impl="oneDNN GEMM with the activation as post-op (CPU fp32/bf16, "
+@kernel("LinearActivation", impl="oneDNN GEMM + C activation in place (CPU fp32/bf16, "
         "gelu/gelu_tanh/relu); else F.linear (fp32 compute) + activation, one rounding; "
         "w8: the Linear kernel then the activation", launches=2,
         bind=bind_dnnl_linear_activation)
 def linear_activation(p, ins):
     x, w, b = ins["x"], ins["weight"], ins.get("bias")
     if ins.get("scale") is None and why_not_dnnl(p, x, w, b) is None:
-        return [checked_linear_activation(p, x, w, b)]
+        return [dnnl_linear_activation(p, x, w, b)]
     return [composite_linear_activation(p, ins)]
 
 

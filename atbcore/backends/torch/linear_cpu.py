@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from ...runtime.binding import Slot, getter, resolve
-from ...runtime.native_run import native_call, not_native
+from ...runtime.native_run import native_call, not_native, slots_of
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_decode import LINEAR_WEIGHT_DTYPES, linear_rows, linear_rows_bound
 from ..cpu_kernels.torch_linear import linear_rows_bound_io
@@ -168,8 +168,9 @@ def bind_cpu_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
         io = lin.bound_io(x, y, r)
         if io is not None:
             gets = [getter(t) for t in ((x, y) if r is None else (x, y, r))]
+            # its C call reads them by address alone (a strided one runs not_native)
             return native_call(lambda env: _io_or_run(io, lin, *[g(env) for g in gets]),
-                               getattr(io, "native", False))
+                               getattr(io, "native", False), slots_of([x, y, r]))
     return lambda env: lin.run(resolve(x, env), resolve(y, env), resolve(r, env))
 
 

@@ -2,15 +2,16 @@
 with their epilogue as post-ops.
 
 * LinearActivation: ``act(x @ W.T + b)`` with fp32 sums and the activation applied
-  before the one rounding -- the op's definition. An encoder's FFN up projection
-  (bias + GELU inside the GEMM) is this call; on large row counts it is faster than
-  a matmul followed by a separate activation pass over the ``[rows, intermediate]``
-  result. Taken for fp32/bf16 activations with weights (and bias) of x's dtype, GELU
-  (exact or tanh) and ReLU, on a torch built with oneDNN; other calls keep the
-  composite. Where oneDNN has no bf16 inner product (CPUs without AVX512-BF16/AMX)
-  a bf16 call of more than :data:`DNNL_MIN_ROWS` rows runs the fp32 GEMM on widened
-  operands (the same fp32 sums the composite takes, with the activation in the
-  epilogue instead of a second pass over the result).
+  before the one rounding -- the op's definition. An encoder's FFN up projection is
+  this call: the oneDNN GEMM with its bias, then atb's C activation in place over the
+  fp32 result (the formula's values, +-inf included, as the composite's). Not
+  oneDNN's own GELU post-op: its erf GELU on AVX2 cost several times the C
+  kernel's pass over the result, and it turns +-inf into NaN, which took a second
+  pass over the result to catch. Taken for fp32/bf16 activations with weights (and bias) of x's
+  dtype, GELU (exact or tanh) and ReLU, on a torch built with oneDNN; other calls keep
+  the composite. Where oneDNN has no bf16 inner product (CPUs without
+  AVX512-BF16/AMX) a bf16 call of more than :data:`DNNL_MIN_ROWS` rows runs the fp32
+  GEMM on widened operands (the same fp32 sums the composite takes).
 * Linear (dense fp32, optional bias and residual): ``x @ W.T + b (+ residual)``,
   the residual add a binary post-op, for more than :data:`DNNL_MIN_ROWS` rows -- a
   prefill or an encoder batch. There the two GEMMs do about the same work per CPU
@@ -32,7 +33,7 @@ import torch
 
 from ...runtime.binding import POOL_ROWS_MAX, Slot, getter
 
-__all__ = ["checked_linear_activation", "why_not_dnnl", "dnnl_linear_activation",
+__all__ = ["why_not_dnnl", "dnnl_linear_activation",
            "bind_dnnl_linear_activation", "dnnl_available", "why_not_dnnl_linear",
            "dnnl_linear", "bind_dnnl_linear", "DNNL_MIN_ROWS"]
 
@@ -93,23 +94,8 @@ def _bf16_inner_product() -> bool:
     return True
 
 
-def checked_linear_activation(p: Any, x: torch.Tensor, w: torch.Tensor, b: Any
-                              ) -> torch.Tensor:
-    """:func:`dnnl_linear_activation`, redone by the composite kernel when its result
-    holds a NaN/Inf (one sum over it): oneDNN's GELU post-op turns +-inf into NaN
-    where the op's formula gives +-inf or 0, and NaN inputs must propagate as the
-    reference's arithmetic does."""
-    y = dnnl_linear_activation(p, x, w, b)
-    if math.isfinite(float(y.sum())):
-        return y
-    from .fused import composite_linear_activation
-
-    return composite_linear_activation(p, {"x": x, "weight": w, "bias": b})
-
-
 def dnnl_linear_activation(p: Any, x: torch.Tensor, w: torch.Tensor, b: Any) -> torch.Tensor:
     """The call itself (``why_not_dnnl`` checked): ``[..., K] -> [..., N]``."""
-    post, algo = POST_OPS[p.activation_type]
     wv = w if p.transpose_weight else w.t()                              # [N, K]
     x2 = x.reshape(-1, x.shape[-1])
     if x.dtype == torch.bfloat16 and not _bf16_inner_product():
@@ -117,10 +103,42 @@ def dnnl_linear_activation(p: Any, x: torch.Tensor, w: torch.Tensor, b: Any) -> 
         # widened per call, not kept: a bf16 model keeps its bf16 memory), the one
         # rounding after the activation -- the op's definition
         y = torch.ops.mkldnn._linear_pointwise(x2.float(), wv.float(),
-                                               None if b is None else b.float(), post, [], algo)
-        return y.to(x.dtype).reshape(*x.shape[:-1], wv.shape[0])
-    y = torch.ops.mkldnn._linear_pointwise(x2, wv, b, post, [], algo)    # [M, N]
-    return y.reshape(*x.shape[:-1], wv.shape[0])
+                                               None if b is None else b.float(), "none", [], "")
+        return _activate(p, y).to(x.dtype).reshape(*x.shape[:-1], wv.shape[0])
+    if x.dtype == torch.bfloat16:  # a bf16 inner product: its post-op rounds once
+        post, algo = POST_OPS[p.activation_type]
+        y = torch.ops.mkldnn._linear_pointwise(x2, wv, b, post, [], algo)
+        return _finite_or_composite(p, x, w, b, y.reshape(*x.shape[:-1], wv.shape[0]))
+    y = torch.ops.mkldnn._linear_pointwise(x2, wv, b, "none", [], "")    # [M, N] fp32
+    return _activate(p, y).reshape(*x.shape[:-1], wv.shape[0])
+
+
+def _activate(p: Any, y: torch.Tensor) -> torch.Tensor:
+    """The activation over the fp32 GEMM result ``y`` as the unfused graph's
+    activation op applies it (the C kernel for the built-in formulas, in place; a
+    plugin's re-registered activation its own function)."""
+    from ...ops.activation import get_activation
+    from ..cpu_kernels import torch_ops as ck
+    from .activation import c_activation
+
+    act = get_activation(p.activation_type, "LinearActivation")
+    name, why = c_activation(act)
+    if not (why or ck.why_not(y)):
+        return ck.activation(y, name, out=y)
+    return act.torch(y)
+
+
+def _finite_or_composite(p: Any, x: torch.Tensor, w: torch.Tensor, b: Any,
+                         y: torch.Tensor) -> torch.Tensor:
+    """``y`` (of oneDNN's bf16 GELU post-op), redone by the composite kernel when it
+    holds a NaN/Inf (one sum over it): that post-op turns +-inf into NaN where the
+    op's formula gives +-inf or 0, and NaN inputs must propagate as the reference's
+    arithmetic does."""
+    if math.isfinite(float(y.sum())):
+        return y
+    from .fused import composite_linear_activation
+
+    return composite_linear_activation(p, {"x": x, "weight": w, "bias": b})
 
 
 def bind_dnnl_linear_activation(p: Any, ins: dict[str, Any], outs: list, ctx: Any
@@ -136,7 +154,7 @@ def bind_dnnl_linear_activation(p: Any, ins: dict[str, Any], outs: list, ctx: An
     gx, i = getter(x), out.index
 
     def call(env: list) -> None:
-        env[i] = checked_linear_activation(p, gx(env), w, b)
+        env[i] = dnnl_linear_activation(p, gx(env), w, b)
     return call
 
 

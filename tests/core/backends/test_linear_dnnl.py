@@ -61,9 +61,9 @@ def _linear_gelu_graph(w, b, x):
 @pytest.mark.parametrize("rows", [DNNL_MIN_ROWS // 2, DNNL_MIN_ROWS + 1, 300])
 def test_bf16_linear_gelu_by_row_count(rows):
     """bf16 Linear + GELU (an encoder's FFN up projection) fused into one
-    LinearActivation: above DNNL_MIN_ROWS one oneDNN GEMM with the GELU post-op, in
-    bf16 where oneDNN has a bf16 inner product, else on operands widened to fp32;
-    fewer rows the composite. Either way fp32 sums and one rounding: the float64
+    LinearActivation: above DNNL_MIN_ROWS one oneDNN GEMM (with the GELU post-op in
+    bf16 where oneDNN has a bf16 inner product, else on operands widened to fp32 and
+    the C GELU after it); fewer rows the composite. Either way fp32 sums and one rounding: the float64
     reference of the bf16 values within bf16's tolerance, bound equal to unbound."""
     from math import erf
 
@@ -89,6 +89,51 @@ def test_bf16_linear_gelu_by_row_count(rows):
     p = get_op("LinearActivation").Params(bias=True, activation_type="gelu")
     again, = linear_activation(p, {"x": x, "weight": w, "bias": b})
     assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("rows", [DNNL_MIN_ROWS + 1, 257])
+def test_fp32_linear_activation_many_rows_matches_reference_and_unfused(act, rows):
+    """fp32 Linear + activation of many rows (the FFN up projection of an encoder
+    batch): the oneDNN GEMM, then the C activation in place. The float64 reference
+    of the formula within fp32's tolerance; with +-inf and NaN among the inputs, the
+    same values as the unfused graph (the GEMM and the activation op run apart)
+    wherever the Linear's own result is finite or +-inf, NaN where it is NaN."""
+    from math import erf, tanh
+
+    g = np.random.default_rng(rows)
+    w = g.standard_normal((72, 40)).astype(np.float32) * 0.2
+    b = g.standard_normal(72).astype(np.float32)
+    x = torch.from_numpy(g.standard_normal((rows, 40)).astype(np.float32))
+    gb = GraphBuilder("lin_act")
+    xi = gb.add_input("x", x)
+    wt, bt = gb.add_weight("w", w), gb.add_weight("b", b)
+    y, = gb.add_node("Linear", [xi, wt, bt], {"bias": True}, name="lin")
+    out, = gb.add_node("Activation", [y], {"activation_type": act}, name="act")
+    gb.mark_output(out)
+    graph = gb.build()
+    fused = atbcore.GraphOp(graph)
+    unfused = atbcore.GraphOp(graph, fusion_config={"fusion_level": "conservative"})
+    pre = x.double().numpy() @ w.T.astype(np.float64) + b
+    formula = {"gelu": np.vectorize(lambda v: 0.5 * v * (1.0 + erf(v / np.sqrt(2.0)))),
+               "gelu_tanh": np.vectorize(lambda v: 0.5 * v * (1.0 + tanh(
+                   np.sqrt(2.0 / np.pi) * (v + 0.044715 * v ** 3)))),
+               "relu": lambda v: np.maximum(v, 0.0)}[act]
+    got = fused(x)
+    assert_close(got, torch.from_numpy(formula(pre)).float(), "fp32", f"{act}, {rows} rows")
+    text = fused.explain()
+    assert "LinearActivation" in text[text.index("After fusion"):]
+    assert ("[out, in] rows (oneDNN)" in text) == dnnl_available()
+    x_bad = x.clone()
+    x_bad[3, 0], x_bad[5, 1], x_bad[7, 2] = float("inf"), float("-inf"), float("nan")
+    w_big = x_bad.clone()
+    w_big[9] = 1e30  # a finite input whose products overflow to +-inf
+    for xb in (x_bad, w_big):
+        a, r = fused(xb), unfused(xb)
+        assert torch.equal(a.isnan(), r.isnan()), act
+        fin = ~r.isnan()
+        assert torch.equal(a[fin].isinf(), r[fin].isinf()), act
+        np.testing.assert_allclose(a[fin].numpy(), r[fin].numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not dnnl_available(), reason="torch built without oneDNN (mkldnn)")
