@@ -104,11 +104,14 @@ def _fastest(candidates: dict[str, Plain], x: Any, sync: Callable[[Any], Any] | 
     return min(candidates.items(), key=lambda kv: _alone_us(lambda: kv[1](x), sync))
 
 
-def _kernels_alone(core: Any) -> Callable[[], Any] | None:
+def _kernels_alone(core: Any, last: Any) -> Callable[[], Any] | None:
     """The C calls of ``core``'s last program made again with no Python around them
     (its recorded native run on the last call's tensors), when that program is one
     native run; None otherwise. Its time against ``atb_us`` splits a call into
-    kernels and the Python before and around them."""
+    kernels and the Python before and around them. ``last`` is that call's result,
+    kept alive here: a native run's record holds no reference to a run's fresh outputs
+    (their addresses are patched before each run), so the table writes where ``last``
+    lives only while something else holds it."""
     hot = getattr(core, "_hot", None)
     prog = hot[1].programs.get(hot[2]) if hot is not None else None
     ops = prog.native.ops if prog is not None and prog.native is not None else None
@@ -117,6 +120,7 @@ def _kernels_alone(core: Any) -> Callable[[], Any] | None:
     seg, run = ops[0], prog.native
 
     def kernels() -> None:
+        assert last is not None  # held by this closure while the table writes into it
         seg.table[0], seg.table[1] = 0, len(seg.pairs)
         run._run_steps(seg.table)
     return kernels
@@ -137,7 +141,7 @@ def _measure(fw: str, mlp: Callable[[Any], Any], plain: dict[str, Plain],
         r = _ratio(lambda: mlp(x), lambda: fn(x), samples, sync=sync)
         out[f"rows_{rows}"] = {**r, "max_abs_diff": d, "plain": name,
                                "atb_first_us": first[rows]}
-        kernels = _kernels_alone(core()) if core is not None else None
+        kernels = _kernels_alone(core(), mlp(x)) if core is not None else None
         if kernels is not None:
             out[f"rows_{rows}"]["kernels_us"] = _alone_us(kernels)
         if plan is not None:
