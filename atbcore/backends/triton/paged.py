@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from . import interpreting
+from .online_softmax import online_softmax_chunk
 from .rounding import round_to
 
 __all__ = ["paged_decode_attention", "choose_splits", "MAX_HEAD_DIM"]
@@ -62,21 +63,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, o_ptr, po_ptr, lse_p
                     mask=kv_mask, other=0.0)                               # [BLOCK_N, BLOCK_D]
         v = tl.load(vc_ptr + (blk * sv_blk + off * sv_tok + kvh * sv_h)[:, None] + d[None, :],
                     mask=kv_mask, other=0.0)
-        if IEEE:
-            sc = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            sc = tl.dot(q, tl.trans(k))
-        sc = tl.where(nmask[None, :], sc * scale_log2, float("-inf"))      # [G_PAD, BLOCK_N]
-        m_new = tl.maximum(m, tl.max(sc, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(sc - m_new[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+        m, l_sum, acc = online_softmax_chunk(q, k, v, nmask[None, :], scale_log2, m, l_sum,
+                                             acc, IEEE)
     safe = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / safe[:, None]
     omask = gmask[:, None] & dmask[None, :]
