@@ -28,7 +28,8 @@ from ..errors import DtypeError, InputError, ShapeError
 from ..tensor import TensorDesc
 from .base import (FLOAT_DTYPES, OpDef, Params, expect_dtype, expect_param_dtype, expect_same_dtype,
                    f64)
-from .linear_quant import W4_GROUP, _check_group, act_q8, ref_w4, ref_w8a8, w4_groups
+from .linear_quant import (W4_GROUP, _check_group, _quant_weight, act_q8, check_quant_weight,
+                           ref_w4, ref_w8a8, w4_groups)
 from .registry import register_op
 
 __all__ = ["LinearParams", "MatMulParams", "Linear", "MatMul", "quantize_w8", "dequantize_w8",
@@ -53,9 +54,7 @@ def quantize_w8(weight: Any) -> tuple[Any, Any]:
         y, = Builder().build_operation("Linear", {"quant": "w8"}).execute([x, wq, s])
     """
     if isinstance(weight, np.ndarray) or not hasattr(weight, "detach"):
-        w = np.asarray(weight).astype(np.float32)
-        if w.ndim != 2:
-            raise ShapeError("quantize_w8", "weight rank", "rank 2 [out, in]", f"shape {list(w.shape)}")
+        w = _quant_weight("quantize_w8", weight)
         amax = np.abs(w).max(axis=1)
         scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
         q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
@@ -63,8 +62,8 @@ def quantize_w8(weight: Any) -> tuple[Any, Any]:
     import torch
 
     w = weight.detach().float()
-    if w.dim() != 2:
-        raise ShapeError("quantize_w8", "weight rank", "rank 2 [out, in]", f"shape {list(w.shape)}")
+    check_quant_weight("quantize_w8", tuple(w.shape),
+                       w.dim() != 2 or bool(torch.isfinite(w).all()))
     amax = w.abs().amax(dim=1)
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)

@@ -56,6 +56,24 @@ def _check_group(op: str, group: Any) -> None:
         raise InputError(op, "group_size", f"a multiple of {ACT_BLOCK}", repr(group))
 
 
+def check_quant_weight(name: str, shape: tuple, finite: bool) -> None:
+    """A weight quantizer's input check (``shape`` and whether every value is finite):
+    rank 2 ``[out, in]`` with at least one input, and no NaN or inf, which would give a
+    NaN or inf scale and codes that mean nothing. Raises the AtbError naming ``name``."""
+    if len(shape) != 2 or shape[1] == 0:
+        raise ShapeError(name, "weight shape", "rank 2 [out, in] with in >= 1",
+                         f"shape {list(shape)}")
+    if not finite:
+        raise InputError(name, "weight values", "finite numbers", "a NaN or inf value")
+
+
+def _quant_weight(name: str, weight: Any) -> np.ndarray:
+    """``weight`` as the fp32 array the NumPy quantizers work on, checked."""
+    w = np.asarray(weight).astype(np.float32)
+    check_quant_weight(name, w.shape, w.ndim != 2 or bool(np.isfinite(w).all()))
+    return w
+
+
 def quantize_w4(weight: Any, group: int = W4_GROUP, symmetric: bool = True
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``weight`` [N, K] (any float array) as ``(codes uint8 [N, K], scales fp16
@@ -64,9 +82,7 @@ def quantize_w4(weight: Any, group: int = W4_GROUP, symmetric: bool = True
     clip(rint(w / s) + 8, 0, 15)``; asymmetric: ``s = (max - min) / 15`` (the range
     holding 0), ``z = clip(rint(-min / s), 0, 15)``, ``q = clip(rint(w / s) + z, 0, 15)``.
     Scales are rounded to fp16 before the codes are chosen; fp32 arithmetic."""
-    w = np.asarray(weight).astype(np.float32)
-    if w.ndim != 2:
-        raise ShapeError("quantize_w4", "weight rank", "rank 2 [out, in]", f"shape {list(w.shape)}")
+    w = _quant_weight("quantize_w4", weight)
     _check_group("quantize_w4", group)
     n, k = w.shape
     kg = w4_groups(k, group) * group
@@ -106,13 +122,15 @@ def quantize_w8a8(weight: Any, levels: int = 127, clips: tuple = W8A8_CLIPS,
         wq, s = quantize_w8a8(w, W8A8_FAST_LEVELS)    # |wq| <= 64
         y, = Builder().build_operation("Linear", {"quant": "w8a8"}).execute([x, wq, s])
     """
-    w = np.asarray(weight).astype(np.float32)
-    if w.ndim != 2:
-        raise ShapeError("quantize_w8a8", "weight rank", "rank 2 [out, in]",
-                         f"shape {list(w.shape)}")
+    w = _quant_weight("quantize_w8a8", weight)
     if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) \
             or not 1 <= levels <= 127:
         raise InputError("quantize_w8a8", "levels", "an int in [1, 127]", repr(levels))
+    if not isinstance(clips, (tuple, list)) or not clips or not all(
+            isinstance(c, (int, float, np.floating)) and not isinstance(c, bool) and 0 < c <= 1
+            for c in clips):
+        raise InputError("quantize_w8a8", "clips", "a non-empty sequence of fractions in (0, 1]",
+                         repr(clips))
     amax = np.abs(w).max(axis=1)
     best_q = best_s = best_e = None
     for c in clips:

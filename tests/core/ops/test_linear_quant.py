@@ -162,3 +162,30 @@ def test_quantize_w8a8_codes_scales_and_clip():
         quantize_w8a8(w, levels=128)
     with pytest.raises(ShapeError, match="rank 2"):
         quantize_w8a8(w[0])
+
+
+@pytest.mark.parametrize("name", ["w8_numpy", "w8_torch", "w4", "w8a8"])
+def test_weight_quantizers_refuse_empty_and_non_finite_weights(name):
+    from atbcore.ops.linear_quant import quantize_w8a8
+    fns = {"w8_numpy": quantize_w8, "w8_torch": lambda w: quantize_w8(torch.from_numpy(w)),
+           "w4": quantize_w4, "w8a8": quantize_w8a8}
+    fn = fns[name]
+    good = rand((3, 40), seed=1).astype(np.float32)
+    fn(good.copy())  # the valid weight goes through
+    for bad, err in ((np.zeros((3, 0), np.float32), ShapeError),
+                     (np.zeros(5, np.float32), ShapeError),
+                     (np.where(np.arange(120).reshape(3, 40) == 7, np.nan, good), InputError),
+                     (np.where(np.arange(120).reshape(3, 40) == 9, np.inf, good), InputError),
+                     (np.full((2, 4), 1e39), InputError)):  # float64 past fp32: inf there
+        before = bad.copy()
+        with pytest.raises(err) as e:
+            fn(bad)
+        assert "quantize_" in str(e.value)
+        np.testing.assert_array_equal(bad, before)  # the caller's array is untouched
+
+
+@pytest.mark.parametrize("clips", [(), (0.0,), (1.5,), (True,), "0.9", (0.9, "x")])
+def test_quantize_w8a8_refuses_bad_clips(clips):
+    from atbcore.ops.linear_quant import quantize_w8a8
+    with pytest.raises(InputError, match="clips"):
+        quantize_w8a8(rand((2, 8), seed=2), clips=clips)
