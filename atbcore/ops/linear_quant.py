@@ -157,8 +157,13 @@ def dequantize_w4(codes: Any, scales: Any, zeros: Any = None, group: int = W4_GR
     return (q - z) * s
 
 
-def _fp32(x: Any) -> np.ndarray:
-    return np.asarray(x).astype(np.float32)
+def _rows(name: str, x: Any) -> np.ndarray:
+    """``x`` as the fp32 rows [M, K] (K >= 1) a row quantizer works on, checked."""
+    xf = np.asarray(x).astype(np.float32)
+    if xf.ndim != 2 or xf.shape[1] == 0:
+        raise ShapeError(name, "x shape", "rank 2 [rows, in] with in >= 1",
+                         f"shape {list(xf.shape)}")
+    return xf
 
 
 def quantize_act_rows(x: Any, block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +171,10 @@ def quantize_act_rows(x: Any, block: int | None = None) -> tuple[np.ndarray, np.
     ``(q int8 [M, K'], dx fp32 [M, K' / block])`` per ``block`` inputs (None: the whole
     row, K' = K; else K' = K rounded up to ``block``, zeros past K), with
     ``dx = max|x| / 127`` and ``q = rint(x * (127 / max|x|))``."""
-    xf = _fp32(x)
+    xf = _rows("quantize_act_rows", x)
+    if block is not None and (isinstance(block, bool) or not isinstance(block, (int, np.integer))
+                              or block < 1):
+        raise InputError("quantize_act_rows", "block", "None or an int >= 1", repr(block))
     m, k = xf.shape
     b = k if block is None else block
     kp = -(-k // b) * b
@@ -208,7 +216,7 @@ def quantize_w8a8_rows(x: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lo) / 254``, ``inv = 254 / (hi - lo)``, ``z = 1 - rint(lo inv)``, ``u = clip(rint(x
     inv) + z, 1, 255)``; a row of zeros gets ``sx = 0, z = 128``. A skewed row (a GELU's
     output) so gets about twice the resolution of a symmetric ``max|x| / 127``."""
-    xf = _fp32(x)
+    xf = _rows("quantize_w8a8_rows", x)
     lo = np.minimum(xf.min(axis=1), 0).astype(np.float32)
     hi = np.maximum(xf.max(axis=1), 0).astype(np.float32)
     rng = (hi - lo).astype(np.float32)

@@ -189,3 +189,17 @@ def test_quantize_w8a8_refuses_bad_clips(clips):
     from atbcore.ops.linear_quant import quantize_w8a8
     with pytest.raises(InputError, match="clips"):
         quantize_w8a8(rand((2, 8), seed=2), clips=clips)
+
+
+@pytest.mark.parametrize("name", ["quantize_act_rows", "quantize_w8a8_rows"])
+def test_row_quantizers_refuse_what_is_not_rows(name):
+    import atbcore.ops.linear_quant as lq
+    fn = getattr(lq, name)
+    fn(rand((2, 8), seed=3))  # rows go through
+    for bad in (np.zeros(5, np.float32), np.zeros((2, 0), np.float32), np.zeros((1, 2, 3))):
+        with pytest.raises(ShapeError, match=name):
+            fn(bad)
+    if name == "quantize_act_rows":
+        for block in (0, -32, 2.5, True):
+            with pytest.raises(InputError, match="block"):
+                fn(rand((2, 8), seed=3), block)
