@@ -4,7 +4,9 @@
  *
  * "stream" mode runs a whole model's weights (LAYERS x {qkv, o, gate|up, down} + head,
  * more than the L3) in decode order, timing each call; "l3" repeats the seed MLP's two
- * fp32 matmuls (5.6 MB, L3-resident). Built and run by gemv_bench.py (which links the
+ * fp32 matmuls (5.6 MB, L3-resident); "rows" runs the gate|up matmul (L3-resident) at the
+ * row counts of GEMV_MS (GF/s: the few-row tiles). GEMV_M sets the x rows of stream / l3 /
+ * l2 (default 1: a 16-row decode step is GEMV_M=16 stream). Built and run by gemv_bench.py (which links the
  * kernel sources with the library's own flags). Output: one line per (mode, kernel,
  * shape, threads): median ns per call, bytes, GB/s. */
 #define _GNU_SOURCE
@@ -117,8 +119,10 @@ static void read_chunk(void *ctx, int64_t c) {
     _mm256_storeu_ps(j->out[c & 1], _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
-static float xbuf[32768], ybuf[65536];
-static int64_t rows = 1; /* x rows (l2 mode: GEMV_M) */
+/* x rows (GEMV_M; rows mode: each of GEMV_MS) up to ROWS_MAX, outputs up to 32000 */
+#define ROWS_MAX 256
+static float xbuf[ROWS_MAX * 2048], ybuf[ROWS_MAX * 32000];
+static int64_t rows = 1;
 
 static void run(const Mat *m, int nth) {
     const Shape s = m->s;
@@ -197,8 +201,11 @@ static void stream(int kind, int nth, int reps) {
                SHAPES[sh].name, nth, med / 1e3, bytes / 1e6, bytes / med, bytes / v[0]);
         free(v);
     }
-    printf("stream %-5s %-18s t%d %9.1f us %9.3f MB %6.1f GB/s\n", KNAME[kind], "STEP", nth,
-           step_ns / 1e3, step_bytes / 1e6, step_bytes / step_ns);
+    double step_flop = 0;
+    for (int i = 0; i < nm; ++i) step_flop += 2.0 * rows * mats[i].s.n * mats[i].s.k;
+    printf("stream %-5s %-18s t%d %9.1f us %9.3f MB %6.1f GB/s m=%lld %.1f GF/s\n", KNAME[kind],
+           "STEP", nth, step_ns / 1e3, step_bytes / 1e6, step_bytes / step_ns, (long long)rows,
+           step_flop / step_ns);
     for (int i = 0; i < nm; ++i) { free(mats[i].w); free(mats[i].scale); }
     free(t);
 }
@@ -237,8 +244,8 @@ static void l2(int kind, int reps) {
     const Shape sh = {n, 512, name};
     const char *em = getenv("GEMV_M");
     rows = em ? atoll(em) : 1;
-    if (rows < 1 || rows * 512 > 32768 || rows * n > 65536) {
-        fprintf(stderr, "GEMV_M x 512 and GEMV_M x GEMV_L2_N must fit the buffers\n");
+    if (rows < 1 || rows > ROWS_MAX || n > 32000) {
+        fprintf(stderr, "GEMV_M must be 1..%d and GEMV_L2_N at most 32000\n", ROWS_MAX);
         exit(2);
     }
     Mat m;
@@ -258,13 +265,47 @@ static void l2(int kind, int reps) {
     free(m.scale);
 }
 
+/* GF/s of the gate|up matmul (512 -> 2752, L3-resident) at each row count of GEMV_MS
+ * (default 1,4,8,12,16,32,64,256) on nth threads: median and fastest of reps calls */
+static void rows_mode(int kind, int nth, int reps) {
+    const char *e = getenv("GEMV_MS");
+    char ms[256];
+    snprintf(ms, sizeof ms, "%s", e ? e : "1,4,8,12,16,32,64,256");
+    const Shape sh = {2752, 512, "gate|up 512->2752"};
+    Mat m;
+    make(&m, kind == K_READ ? K_F32 : kind, sh);
+    double *v = calloc(reps, sizeof(double));
+    char *save = NULL;
+    for (char *tok = strtok_r(ms, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        rows = atoll(tok);
+        if (rows < 1 || rows > ROWS_MAX) { fprintf(stderr, "GEMV_MS: 1..%d\n", ROWS_MAX); exit(2); }
+        const int inner = rows < 16 ? 8 : 2;
+        for (int r = -5; r < reps; ++r) {
+            double t0 = now_ns();
+            for (int i = 0; i < inner; ++i) run(&m, nth);
+            if (r >= 0) v[r] = (now_ns() - t0) / inner;
+        }
+        qsort(v, reps, sizeof(double), cmpd);
+        const double fl = 2.0 * rows * sh.n * sh.k;
+        printf("rows   %-5s %-18s t%d m=%-4lld %9.1f us %6.1f GF/s (fastest %6.1f)\n", KNAME[kind],
+               sh.name, nth, (long long)rows, v[reps / 2] / 1e3, fl / v[reps / 2], fl / v[0]);
+    }
+    free(v);
+    free(m.w);
+    free(m.scale);
+    rows = 1;
+}
+
 int main(int argc, char **argv) {
-    /* argv: mode (stream|l3) kinds (comma list) threads (comma list) reps */
+    /* argv: mode (stream|l3|l2|rows) kinds (comma list) threads (comma list) reps */
     const char *mode = argc > 1 ? argv[1] : "stream";
     const char *kinds = argc > 2 ? argv[2] : "read,fp32,bf16,w8,w8a8,w4";
     const char *ths = argc > 3 ? argv[3] : "1,2";
     int reps = argc > 4 ? atoi(argv[4]) : 21;
-    for (int i = 0; i < 32768; ++i) xbuf[i] = frand();
+    for (int i = 0; i < ROWS_MAX * 2048; ++i) xbuf[i] = frand();
+    const char *em = getenv("GEMV_M"); /* stream and l3 modes: x rows */
+    if (em && strcmp(mode, "l2")) rows = atoll(em);
+    if (rows < 1 || rows > ROWS_MAX) { fprintf(stderr, "GEMV_M: 1..%d\n", ROWS_MAX); return 2; }
     char kb[128];
     snprintf(kb, sizeof kb, "%s", kinds);
     for (char *tok = strtok(kb, ","); tok; tok = strtok(NULL, ",")) {
@@ -277,6 +318,7 @@ int main(int argc, char **argv) {
             int nth = *t - '0';
             if (!strcmp(mode, "l3")) l3(kind, nth, reps);
             else if (!strcmp(mode, "l2")) { if (nth == 1) l2(kind, reps); }
+            else if (!strcmp(mode, "rows")) rows_mode(kind, nth, reps);
             else stream(kind, nth, reps);
         }
     }

@@ -1,7 +1,7 @@
 """Build and run the decode GEMV microbenchmark (gemv_bench.c) against this checkout's
 kernel sources, with the flags the library is built with (build.py).
 
-    python benchmarks/cpu_kernels/gemv_bench.py [--mode stream|l3|l2]
+    python benchmarks/cpu_kernels/gemv_bench.py [--mode stream|l3|l2|rows]
         [--kinds read,fp32,bf16,w8,w8a8,w4] [--threads 1,2] [--reps 21]
         [--against OTHER/csrc --rounds 2]
 
@@ -9,7 +9,10 @@ Each line: mode, kernel, shape, threads, median microseconds per call, megabytes
 per call, GB/s. "stream" runs a decode step's weights (8 layers + head, more than the
 L3) in order; "l3" repeats the seed MLP's two fp32-sized matmuls (5.6 MB, L3-resident);
 "l2" is the fastest of many calls on one weight (GEMV_L2_N outputs, default 128, x 512;
-GEMV_M rows, default 1): the kernel's own rate, robust to a shared machine. "read" is a
+GEMV_M rows, default 1): the kernel's own rate, robust to a shared machine. "rows" is the
+gate|up matmul (L3-resident) at each row count of GEMV_MS (default 1,4,8,12,16,32,64,256):
+median and fastest GF/s. GEMV_M also sets the rows of stream and l3 (GEMV_M=16 --mode
+stream: a 16-row decode step's matmuls from DRAM). "read" is a
 streaming read of the fp32 bytes of each shape on the same thread pool. --against builds
 a second binary from another csrc/ (an older commit's) and the two take turns.
 """
@@ -29,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from atbcore.backends.cpu_kernels import build  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("linear.c", "panel.c", "pool.c", "linear_w4.c", "linear_w4_tile.c", "norm.c",
+SOURCES = ("linear.c", "panel.c", "panel_avx2.c", "pool.c", "linear_w4.c", "linear_w4_tile.c", "norm.c",
            "gemm_bf16.c", "gemm_i8.c", "panel_q8.c")
 
 
@@ -47,7 +50,7 @@ def compile_bench(out: Path, csrc: Path = build.CSRC) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", default="stream", choices=("stream", "l3", "l2"))
+    ap.add_argument("--mode", default="stream", choices=("stream", "l3", "l2", "rows"))
     ap.add_argument("--kinds", default="read,fp32,bf16,w8,w8a8,w4")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=21)

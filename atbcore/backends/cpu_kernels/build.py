@@ -50,7 +50,7 @@ __all__ = ["BuildResult", "build_library", "SOURCES", "cache_dir", "isa_flags", 
            "check_private", "private_dir"]
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "panel.c", "attn.c",
+SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "panel.c", "panel_avx2.c", "attn.c",
            "attn_passes.c", "flash.c",
            "cache.c", "argmax.c", "mt19937.c", "sample.c", "pool.c", "linear_w4.c", "linear_w4_tile.c", "flash_lanes.c",
            "panel_q8.c",

@@ -235,15 +235,18 @@ def test_linear_rows_panels_many_rows(m, k, n):
 
 
 @pytest.mark.parametrize("wdt", [torch.float32, torch.bfloat16, torch.int8])
-def test_linear_rows_panels_row_independent_of_tile(wdt):
+@pytest.mark.parametrize("m", [3, 7, 9, 16, 29])
+def test_linear_rows_panels_row_independent_of_tile(wdt, m):
     """A row's outputs do not depend on which tile of the batch it lands in (the
-    many-row tiles sum each output in the decode tile's order): every row of a 29-row
-    call equals that row alone, bit for bit, for each weight dtype."""
+    many-row tiles sum each output in the decode tile's order): every row of an m-row
+    call equals that row alone, bit for bit, for each weight dtype. The row counts
+    reach every AVX2 tile: 3 (a 3-row half tile), 7 (5 + a pair), 9 (5 + 4), 16
+    (6 + 6 + 4), 29 (two groups: 6 + 5 + 4 and 6 + 6 + 2)."""
     from atbcore.backends.cpu_kernels.torch_decode import linear_rows, pack_panels
 
     g = torch.Generator().manual_seed(29)
     k, n = 300, 70
-    x = torch.randn(29, k, generator=g)
+    x = torch.randn(m, k, generator=g)
     w = torch.randn(n, k, generator=g)
     scale = None
     if wdt == torch.int8:
@@ -253,7 +256,7 @@ def test_linear_rows_panels_row_independent_of_tile(wdt):
         x = x.to(wdt)
     p = pack_panels(w)
     y = linear_rows(x, w, scale=scale, panels=p, threads=2)
-    for i in range(29):
+    for i in range(m):
         assert torch.equal(linear_rows(x[i:i + 1], w, scale=scale, panels=p), y[i:i + 1]), i
     xr = x.double().numpy() if scale is None else act_q8(x.numpy())  # w8: int8 blocks of x
     ref = xr @ w.double().numpy().T

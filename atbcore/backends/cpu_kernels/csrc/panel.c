@@ -13,17 +13,11 @@
  * tiles on [N, K] rows; in L2 116 against 80, this machine's FMA peak). */
 #define ATB_PANEL 32
 
-/* sums over K in blocks of this many, added up in res: fp32 error ~ (block + K / block)
- * roundings instead of K (16 x 768 x 512 against float64: 9e-5 -> 2e-5, as the 4 x 4
- * tiles' split sums) */
-#define ATB_PANEL_KB 128
 /* x rows per chunk of a many-row matmul (64 x K fp32 stays in L2 for K up to ~4000) */
 #define ATB_PANEL_MBLOCK 64
-/* x rows per call of a tile (the AVX2 tile runs them as two sixes) */
-#ifdef ATB_AVX2
-#define ATB_PANEL_MT 12
-#else
-#define ATB_PANEL_MT 8
+/* bytes ahead of the weights a tile reads that it prefetches (AVX2 tiles only) */
+#ifndef ATB_PANEL_PF
+#define ATB_PANEL_PF 16384
 #endif
 
 #ifdef ATB_LIN_AVX512
@@ -63,7 +57,8 @@ static inline __attribute__((always_inline)) void panel_tile(int MB, int WDT, co
     }
 
 static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
-                          int64_t K, float *res) {
+                          int64_t K, int64_t pfd, float *res) {
+    (void)pfd;
 #define ATB_PT(MB, W) panel_tile(MB, W, x, xs, w, K, res)
     switch (mb) {
     case 1: PANEL_BY_WDT(1, ATB_PT) break;
@@ -78,199 +73,13 @@ static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uin
 #undef ATB_PT
 }
 #elif defined(ATB_AVX2)
-/* rows 0..MB (MB 1 or 2) of x against panel rows [k0, k1): 8 accumulators, each
- * output's sum in k order as the AVX-512 tile's (fp32 FMAs), added into res */
-static inline __attribute__((always_inline)) void panel_pair(int MB, int WDT, const float *x,
-                                                             int64_t xs, const uint8_t *w,
-                                                             int64_t k0, int64_t k1, float *res) {
-    const int64_t es = wsize(WDT);
-    __m256 acc[8];
-    for (int i = 0; i < 4 * MB; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t k = k0; k < k1; ++k) {
-        const uint8_t *wk = w + k * ATB_PANEL * es;
-        const __m256 w0 = loadw8(WDT, wk), w1 = loadw8(WDT, wk + 8 * es);
-        const __m256 w2 = loadw8(WDT, wk + 16 * es), w3 = loadw8(WDT, wk + 24 * es);
-        for (int i = 0; i < MB; ++i) {
-            const __m256 xb = _mm256_broadcast_ss(x + i * xs + k);
-            acc[4 * i] = _mm256_fmadd_ps(xb, w0, acc[4 * i]);
-            acc[4 * i + 1] = _mm256_fmadd_ps(xb, w1, acc[4 * i + 1]);
-            acc[4 * i + 2] = _mm256_fmadd_ps(xb, w2, acc[4 * i + 2]);
-            acc[4 * i + 3] = _mm256_fmadd_ps(xb, w3, acc[4 * i + 3]);
-        }
-    }
-    for (int i = 0; i < 4 * MB; ++i) {
-        __m256 v = acc[i];
-        if (k0) v = _mm256_add_ps(v, _mm256_loadu_ps(res + i * 8));
-        _mm256_storeu_ps(res + i * 8, v);
-    }
-}
-
-/* panel_pair for bf16 weights: a 32-bit lane of a bf16 panel row holds outputs 2i and
- * 2i + 1, so a shift (even outputs) and a mask (odd ones) widen 16 weights in two
- * single-uop ops (VPMOVZXWD + VPSLLD took four, two of them on the shuffle ports); the
- * sums, in k order per output, are panel_pair's to the bit, put back in output order
- * once per block of K */
-static inline __attribute__((always_inline)) void panel_pair_bf16(int MB, const float *x,
-                                                                  int64_t xs, const uint8_t *w,
-                                                                  int64_t k0, int64_t k1,
-                                                                  float *res) {
-    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
-    __m256 acc[8];
-    for (int i = 0; i < 4 * MB; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t k = k0; k < k1; ++k) {
-        const uint8_t *wk = w + k * ATB_PANEL * 2;
-        const __m256i v0 = _mm256_loadu_si256((const __m256i *)wk);
-        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wk + 32));
-        const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
-        const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
-        const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
-        const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
-        for (int i = 0; i < MB; ++i) {
-            const __m256 xb = _mm256_broadcast_ss(x + i * xs + k);
-            acc[4 * i] = _mm256_fmadd_ps(xb, e0, acc[4 * i]);
-            acc[4 * i + 1] = _mm256_fmadd_ps(xb, o0, acc[4 * i + 1]);
-            acc[4 * i + 2] = _mm256_fmadd_ps(xb, e1, acc[4 * i + 2]);
-            acc[4 * i + 3] = _mm256_fmadd_ps(xb, o1, acc[4 * i + 3]);
-        }
-    }
-    for (int i = 0; i < MB; ++i)
-        for (int h = 0; h < 2; ++h) {
-            const __m256 e = acc[4 * i + 2 * h], o = acc[4 * i + 2 * h + 1];
-            /* lanes (e0 o0 e1 o1 | e4 o4 e5 o5) and (e2 o2 e3 o3 | e6 o6 e7 o7) */
-            const __m256 lo = _mm256_unpacklo_ps(e, o), up = _mm256_unpackhi_ps(e, o);
-            float *r = res + i * ATB_PANEL + 16 * h;
-            __m256 a = _mm256_permute2f128_ps(lo, up, 0x20), b = _mm256_permute2f128_ps(lo, up, 0x31);
-            if (k0) {
-                a = _mm256_add_ps(a, _mm256_loadu_ps(r));
-                b = _mm256_add_ps(b, _mm256_loadu_ps(r + 8));
-            }
-            _mm256_storeu_ps(r, a);
-            _mm256_storeu_ps(r + 8, b);
-        }
-}
-
-/* one row against two panels (w and w + ps bytes) over panel rows [k0, k1): 8
- * accumulators where one panel has 4, so two FMAs a cycle rather than one FMA chain's
- * latency set the pace (one row, one panel: 4 FMAs per 4-cycle FMA latency); each
- * output's sum is panel_pair's (panel_pair_bf16's) to the bit; res: 64 sums */
-static inline __attribute__((always_inline)) void panel_row2(int WDT, const float *x,
-                                                             const uint8_t *w, int64_t ps,
-                                                             int64_t k0, int64_t k1, float *res) {
-    const int64_t es = wsize(WDT);
-    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
-    __m256 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t k = k0; k < k1; ++k) {
-        const __m256 xb = _mm256_broadcast_ss(x + k);
-        for (int q = 0; q < 2; ++q) {
-            const uint8_t *wk = w + q * ps + k * ATB_PANEL * es;
-            __m256 v[4];
-            if (WDT == W_BF16) { /* even outputs, odd outputs of each half */
-                const __m256i h0 = _mm256_loadu_si256((const __m256i *)wk);
-                const __m256i h1 = _mm256_loadu_si256((const __m256i *)(wk + 32));
-                v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(h0, 16));
-                v[1] = _mm256_castsi256_ps(_mm256_and_si256(h0, hi));
-                v[2] = _mm256_castsi256_ps(_mm256_slli_epi32(h1, 16));
-                v[3] = _mm256_castsi256_ps(_mm256_and_si256(h1, hi));
-            } else {
-                for (int u = 0; u < 4; ++u) v[u] = loadw8(WDT, wk + 8 * u * es);
-            }
-            for (int u = 0; u < 4; ++u) acc[4 * q + u] = _mm256_fmadd_ps(xb, v[u], acc[4 * q + u]);
-        }
-    }
-    for (int q = 0; q < 2; ++q)
-        for (int h = 0; h < 2; ++h) {
-            float *r = res + q * ATB_PANEL + 16 * h;
-            __m256 a = acc[4 * q + 2 * h], b = acc[4 * q + 2 * h + 1];
-            if (WDT == W_BF16) { /* back to output order, as panel_pair_bf16 */
-                const __m256 lo = _mm256_unpacklo_ps(a, b), up = _mm256_unpackhi_ps(a, b);
-                a = _mm256_permute2f128_ps(lo, up, 0x20);
-                b = _mm256_permute2f128_ps(lo, up, 0x31);
-            }
-            if (k0) {
-                a = _mm256_add_ps(a, _mm256_loadu_ps(r));
-                b = _mm256_add_ps(b, _mm256_loadu_ps(r + 8));
-            }
-            _mm256_storeu_ps(r, a);
-            _mm256_storeu_ps(r + 8, b);
-        }
-}
-
-static void panel_row2_rt(int wdt, const float *x, const uint8_t *w, int64_t ps, int64_t K,
-                          float *res) {
-    for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
-        const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
-        switch (wdt) {
-        case W_F32: panel_row2(W_F32, x, w, ps, k0, k1, res); break;
-        case W_BF16: panel_row2(W_BF16, x, w, ps, k0, k1, res); break;
-        default: panel_row2(W_F16, x, w, ps, k0, k1, res); break; /* no int8 panels here */
-        }
-    }
-}
+#define panel_tile_rt atb_panel_tile_avx2 /* panel_avx2.c */
+#define panel_row2_rt atb_panel_row2_avx2
 #define ATB_PANEL_ROW2 1
-
-/* six rows against one half (16 outputs) of the panel rows [k0, k1): the many-row
- * tile, 12 accumulators, each weight vector (widened once) feeding six FMAs; the same
- * sums in the same order as panel_pair's */
-static inline __attribute__((always_inline)) void panel_six(int WDT, const float *x, int64_t xs,
-                                                            const uint8_t *w, int64_t k0,
-                                                            int64_t k1, float *res) {
-    const int64_t es = wsize(WDT);
-    __m256 acc[12];
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t k = k0; k < k1; ++k) {
-        const uint8_t *wk = w + k * ATB_PANEL * es;
-        __m256 w0 = loadw8(WDT, wk), w1 = loadw8(WDT, wk + 8 * es);
-        /* in registers: GCC otherwise folds an fp32 load into each of the six FMAs (three
-         * loads per two FMAs, load-port bound) */
-        __asm__("" : "+x"(w0), "+x"(w1));
-        for (int i = 0; i < 6; ++i) {
-            const __m256 xb = _mm256_broadcast_ss(x + i * xs + k);
-            acc[2 * i] = _mm256_fmadd_ps(xb, w0, acc[2 * i]);
-            acc[2 * i + 1] = _mm256_fmadd_ps(xb, w1, acc[2 * i + 1]);
-        }
-    }
-    for (int i = 0; i < 6; ++i)
-        for (int u = 0; u < 2; ++u) {
-            __m256 v = acc[2 * i + u];
-            if (k0) v = _mm256_add_ps(v, _mm256_loadu_ps(res + i * ATB_PANEL + 8 * u));
-            _mm256_storeu_ps(res + i * ATB_PANEL + 8 * u, v);
-        }
-}
-
-/* mb rows: sixes on each half of the panel, the rest in pairs (16 registers hold two
- * rows' 32 sums), each block of K across all rows while it is in L1 */
-static inline __attribute__((always_inline)) void panel_rows(int WDT, int mb, const float *x,
-                                                             int64_t xs, const uint8_t *w,
-                                                             int64_t K, float *res) {
-    const int64_t es = wsize(WDT);
-    for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
-        const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
-        int i = 0;
-        for (; i + 6 <= mb; i += 6)
-            for (int h = 0; h < 2; ++h)
-                panel_six(WDT, x + i * xs, xs, w + 16 * h * es, k0, k1, res + i * ATB_PANEL + 16 * h);
-        if (WDT == W_BF16) {
-            for (; i + 2 <= mb; i += 2) panel_pair_bf16(2, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
-            if (i < mb) panel_pair_bf16(1, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
-            continue;
-        }
-        for (; i + 2 <= mb; i += 2) panel_pair(2, WDT, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
-        if (i < mb) panel_pair(1, WDT, x + i * xs, xs, w, k0, k1, res + i * ATB_PANEL);
-    }
-}
-
-static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
-                          int64_t K, float *res) {
-    switch (wdt) {
-    case W_F32: panel_rows(W_F32, mb, x, xs, w, K, res); break;
-    case W_BF16: panel_rows(W_BF16, mb, x, xs, w, K, res); break;
-    default: panel_rows(W_F16, mb, x, xs, w, K, res); break; /* no int8 panels here */
-    }
-}
 #else
 static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
-                          int64_t K, float *res) {
+                          int64_t K, int64_t pfd, float *res) {
+    (void)pfd;
     memset(res, 0, (size_t)mb * ATB_PANEL * sizeof(float));
     for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
         const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
@@ -351,11 +160,16 @@ static void run_panels(void *ctx, int64_t chunk) {
             continue;
         }
 #endif
-        for (int64_t m = m0; m < M; m += ATB_PANEL_MT) {
-            const int mb = M - m < ATB_PANEL_MT ? (int)(M - m) : ATB_PANEL_MT;
+        /* the block's rows in groups of at most ATB_PANEL_MT, as even as can be (24 rows:
+         * 12 + 12, not 16 + 8); the first group prefetches the weights further on */
+        const int64_t ng = (M - m0 + ATB_PANEL_MT - 1) / ATB_PANEL_MT;
+        for (int64_t g = 0, m = m0; g < ng; ++g) {
+            const int mb = (int)((M - m + (ng - g) - 1) / (ng - g));
             float res[ATB_PANEL_MT * ATB_PANEL];
-            panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp, K, res);
+            panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp, K, g ? 0 : ATB_PANEL_PF,
+                          res);
             atb_panel_emit(a, m, p * ATB_PANEL, mb, res);
+            m += mb;
         }
     }
 }
