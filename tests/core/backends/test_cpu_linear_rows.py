@@ -235,13 +235,14 @@ def test_linear_rows_panels_many_rows(m, k, n):
 
 
 @pytest.mark.parametrize("wdt", [torch.float32, torch.bfloat16, torch.int8])
-@pytest.mark.parametrize("m", [3, 7, 9, 16, 29])
+@pytest.mark.parametrize("m", [3, 7, 9, 16, 20, 29])
 def test_linear_rows_panels_row_independent_of_tile(wdt, m):
     """A row's outputs do not depend on which tile of the batch it lands in (the
     many-row tiles sum each output in the decode tile's order): every row of an m-row
     call equals that row alone, bit for bit, for each weight dtype. The row counts
-    reach every AVX2 tile: 3 (a 3-row half tile), 7 (5 + a pair), 9 (5 + 4), 16
-    (6 + 6 + 4), 29 (two groups: 6 + 5 + 4 and 6 + 6 + 2)."""
+    reach every AVX2 tile (half tiles of 3..6 rows, pairs) and group split: 3 (a 3-row
+    half tile), 7 (5 + a pair), 9 (5 + 4), 16 (6 + 6 + 4), 20 (groups of 14 = 6 + 6 + 2
+    and 6), 29 (18 = 6 + 6 + 6 and 11 = 6 + 5)."""
     from atbcore.backends.cpu_kernels.torch_decode import linear_rows, pack_panels
 
     g = torch.Generator().manual_seed(29)

@@ -160,14 +160,15 @@ static void run_panels(void *ctx, int64_t chunk) {
             continue;
         }
 #endif
-        /* the block's rows in groups of at most ATB_PANEL_MT, as even as can be (24 rows:
-         * 12 + 12, not 16 + 8); the first group prefetches the weights further on */
-        const int64_t ng = (M - m0 + ATB_PANEL_MT - 1) / ATB_PANEL_MT;
-        for (int64_t g = 0, m = m0; g < ng; ++g) {
-            const int mb = (int)((M - m + (ng - g) - 1) / (ng - g));
+        /* the block's rows in groups of ATB_PANEL_MT, but at least 6 left for the last
+         * (20 rows: 14 + 6, not 18 + 2); the first group prefetches the weights on */
+        for (int64_t m = m0; m < M;) {
+            const int64_t left = M - m;
+            const int mb = (int)(left <= ATB_PANEL_MT ? left
+                                 : left - ATB_PANEL_MT >= 6 ? ATB_PANEL_MT : left - 6);
             float res[ATB_PANEL_MT * ATB_PANEL];
-            panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp, K, g ? 0 : ATB_PANEL_PF,
-                          res);
+            panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp, K,
+                          m == m0 ? ATB_PANEL_PF : 0, res);
             atb_panel_emit(a, m, p * ATB_PANEL, mb, res);
             m += mb;
         }

@@ -28,38 +28,6 @@ static inline __attribute__((always_inline)) void put8(float *r, __m256 v, int64
     _mm256_storeu_ps(r, v);
 }
 
-/* R rows (R <= 6) against one half (16 outputs) of the panel rows [k0, k1). Every loop
- * runs to a constant with R as a guard, so each unrolls before R is known: a loop to
- * 2R left the accumulators an array in memory, zeroed by a memset (rep stos, slow to
- * start on AMD) before each block. */
-static inline __attribute__((always_inline)) void panel_half(int R, int WDT, int PF,
-                                                             const float *x, int64_t xs,
-                                                             const uint8_t *w, int64_t k0,
-                                                             int64_t k1, int64_t pfd, float *res) {
-    const int64_t es = wsize(WDT);
-    __m256 acc[12];
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t k = k0; k < k1; ++k) {
-        const uint8_t *wk = w + k * ATB_GEMM_PANEL * es;
-        if (PF) prefetch(wk + pfd);
-        __m256 w0 = loadw8(WDT, wk), w1 = loadw8(WDT, wk + 8 * es);
-        /* in registers: GCC otherwise folds an fp32 load into each of the R FMAs (three
-         * loads per two FMAs, load-port bound) */
-        __asm__("" : "+x"(w0), "+x"(w1));
-        for (int i = 0; i < 6; ++i)
-            if (i < R) {
-                const __m256 xb = _mm256_broadcast_ss(x + i * xs + k);
-                acc[2 * i] = _mm256_fmadd_ps(xb, w0, acc[2 * i]);
-                acc[2 * i + 1] = _mm256_fmadd_ps(xb, w1, acc[2 * i + 1]);
-            }
-    }
-    for (int i = 0; i < 6; ++i)
-        if (i < R) {
-            put8(res + i * ATB_GEMM_PANEL, acc[2 * i], k0);
-            put8(res + i * ATB_GEMM_PANEL + 8, acc[2 * i + 1], k0);
-        }
-}
-
 /* the 16 widened weights of a bf16 panel row half (32 bytes): a 32-bit lane holds
  * outputs 2j and 2j + 1, so a shift gives the even outputs and a mask the odd ones
  * (two single-uop ops; VPMOVZXWD + VPSLLD take four, two on the shuffle ports) */
@@ -77,6 +45,49 @@ static inline __attribute__((always_inline)) void put16_even_odd(float *r, __m25
     const __m256 lo = _mm256_unpacklo_ps(e, o), up = _mm256_unpackhi_ps(e, o);
     put8(r, _mm256_permute2f128_ps(lo, up, 0x20), k0);
     put8(r + 8, _mm256_permute2f128_ps(lo, up, 0x31), k0);
+}
+
+/* R rows (R <= 6) against one half (16 outputs) of the panel rows [k0, k1). Every loop
+ * runs to a constant with R as a guard, so each unrolls before R is known: a loop to
+ * 2R left the accumulators an array in memory, zeroed by a memset (rep stos, slow to
+ * start on AMD) before each block. */
+static inline __attribute__((always_inline)) void panel_half(int R, int WDT, int PF,
+                                                             const float *x, int64_t xs,
+                                                             const uint8_t *w, int64_t k0,
+                                                             int64_t k1, int64_t pfd, float *res) {
+    const int64_t es = wsize(WDT);
+    __m256 acc[12];
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; ++k) {
+        const uint8_t *wk = w + k * ATB_GEMM_PANEL * es;
+        if (PF) prefetch(wk + pfd);
+        __m256 w0, w1; /* bf16: even and odd outputs */
+        if (WDT == W_BF16) {
+            bf16_even_odd(wk, &w0, &w1);
+        } else {
+            w0 = loadw8(WDT, wk);
+            w1 = loadw8(WDT, wk + 8 * es);
+        }
+        /* in registers: GCC otherwise folds an fp32 load into each of the R FMAs (three
+         * loads per two FMAs, load-port bound) */
+        __asm__("" : "+x"(w0), "+x"(w1));
+        for (int i = 0; i < 6; ++i)
+            if (i < R) {
+                const __m256 xb = _mm256_broadcast_ss(x + i * xs + k);
+                acc[2 * i] = _mm256_fmadd_ps(xb, w0, acc[2 * i]);
+                acc[2 * i + 1] = _mm256_fmadd_ps(xb, w1, acc[2 * i + 1]);
+            }
+    }
+    for (int i = 0; i < 6; ++i)
+        if (i < R) {
+            float *r = res + i * ATB_GEMM_PANEL;
+            if (WDT == W_BF16) {
+                put16_even_odd(r, acc[2 * i], acc[2 * i + 1], k0);
+            } else {
+                put8(r, acc[2 * i], k0);
+                put8(r + 8, acc[2 * i + 1], k0);
+            }
+        }
 }
 
 /* rows 0..MB (MB 1 or 2) of x against all 32 outputs of panel rows [k0, k1): 4MB
@@ -99,6 +110,7 @@ static inline __attribute__((always_inline)) void panel_pair(int MB, int WDT, in
         } else {
             for (int u = 0; u < 4; ++u) v[u] = loadw8(WDT, wk + 8 * u * es);
         }
+        __asm__("" : "+x"(v[0]), "+x"(v[1]), "+x"(v[2]), "+x"(v[3])); /* see panel_half */
         for (int i = 0; i < 2; ++i)
             if (i < MB) {
                 const __m256 xb = _mm256_broadcast_ss(x + i * xs + k);
