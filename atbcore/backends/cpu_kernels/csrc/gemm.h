@@ -23,10 +23,10 @@
 
 #ifdef ATB_AVX2
 /* panel_avx2.c. res[i * 32 + j] = x row i . panel column j for mb <= ATB_PANEL_MT rows
- * (xs elements apart) of the panel w (K rows of 32 weights of dtype wdt), the weight
- * bytes pfd further on prefetched while the first tile runs (0: none) */
+ * (xs elements apart) of the panel w (K rows of 32 weights of dtype wdt); pf 1: each
+ * block of K prefetches the weights' next block (the next panel's after the last) */
 void atb_panel_tile_avx2(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
-                         int64_t K, int64_t pfd, float *res);
+                         int64_t K, int pf, float *res);
 /* one x row against the two panels w and w + ps bytes: res holds 64 sums */
 void atb_panel_row2_avx2(int wdt, const float *x, const uint8_t *w, int64_t ps, int64_t K,
                          float *res);

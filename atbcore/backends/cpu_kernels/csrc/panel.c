@@ -15,10 +15,6 @@
 
 /* x rows per chunk of a many-row matmul (64 x K fp32 stays in L2 for K up to ~4000) */
 #define ATB_PANEL_MBLOCK 64
-/* bytes ahead of the weights a tile reads that it prefetches (AVX2 tiles only) */
-#ifndef ATB_PANEL_PF
-#define ATB_PANEL_PF 16384
-#endif
 
 #ifdef ATB_LIN_AVX512
 /* res[i * 32 + j] = x row i . panel column j for MB rows; a panel row is 32 weights
@@ -57,8 +53,8 @@ static inline __attribute__((always_inline)) void panel_tile(int MB, int WDT, co
     }
 
 static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
-                          int64_t K, int64_t pfd, float *res) {
-    (void)pfd;
+                          int64_t K, int pf, float *res) {
+    (void)pf;
 #define ATB_PT(MB, W) panel_tile(MB, W, x, xs, w, K, res)
     switch (mb) {
     case 1: PANEL_BY_WDT(1, ATB_PT) break;
@@ -78,8 +74,8 @@ static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uin
 #define ATB_PANEL_ROW2 1
 #else
 static void panel_tile_rt(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
-                          int64_t K, int64_t pfd, float *res) {
-    (void)pfd;
+                          int64_t K, int pf, float *res) {
+    (void)pf;
     memset(res, 0, (size_t)mb * ATB_PANEL * sizeof(float));
     for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
         const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
@@ -167,8 +163,7 @@ static void run_panels(void *ctx, int64_t chunk) {
             const int mb = (int)(left <= ATB_PANEL_MT ? left
                                  : left - ATB_PANEL_MT >= 6 ? ATB_PANEL_MT : left - 6);
             float res[ATB_PANEL_MT * ATB_PANEL];
-            panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp, K,
-                          m == m0 ? ATB_PANEL_PF : 0, res);
+            panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp, K, m == m0, res);
             atb_panel_emit(a, m, p * ATB_PANEL, mb, res);
             m += mb;
         }

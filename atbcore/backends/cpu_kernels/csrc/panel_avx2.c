@@ -10,10 +10,11 @@
  * in flight: a group of rows is split into half tiles of 4..6 rows (a pair or a 3-row
  * half tile for what is left), never into one-row tiles.
  *
- * Prefetch: weights come from DRAM in a decode step (a 16-row step of the default fp32
- * model reads 167 MB), so the first tile over each block of K asks for the weight bytes
- * pfd further on while it computes (the hardware prefetcher alone left the FMAs idle
- * for DRAM's latency at each new stretch); later tiles over the same block pass 0. */
+ * Prefetch: in a decode step the weights come from DRAM (a 16-row step of the default
+ * fp32 model reads 167 MB), and compute and the weight stream must overlap: while the
+ * tiles run over one block of K, every FMA step of every pass also prefetches a slice
+ * of the next block (panel_rows), so the stream is spread evenly over the block's time.
+ * Only the first group of rows over a panel prefetches; later groups re-read it. */
 #include "gemm.h"
 #include "linear.h"
 
@@ -54,13 +55,14 @@ static inline __attribute__((always_inline)) void put16_even_odd(float *r, __m25
 static inline __attribute__((always_inline)) void panel_half(int R, int WDT, int PF,
                                                              const float *x, int64_t xs,
                                                              const uint8_t *w, int64_t k0,
-                                                             int64_t k1, int64_t pfd, float *res) {
+                                                             int64_t k1, const uint8_t *pf,
+                                                             int64_t pstep, float *res) {
     const int64_t es = wsize(WDT);
     __m256 acc[12];
     for (int i = 0; i < 12; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t k = k0; k < k1; ++k) {
         const uint8_t *wk = w + k * ATB_GEMM_PANEL * es;
-        if (PF) prefetch(wk + pfd);
+        if (PF) prefetch(pf + (k - k0) * pstep);
         __m256 w0, w1; /* bf16: even and odd outputs */
         if (WDT == W_BF16) {
             bf16_even_odd(wk, &w0, &w1);
@@ -95,14 +97,14 @@ static inline __attribute__((always_inline)) void panel_half(int R, int WDT, int
 static inline __attribute__((always_inline)) void panel_pair(int MB, int WDT, int PF,
                                                              const float *x, int64_t xs,
                                                              const uint8_t *w, int64_t k0,
-                                                             int64_t k1, int64_t pfd, float *res) {
+                                                             int64_t k1, const uint8_t *pf,
+                                                             int64_t pstep, float *res) {
     const int64_t es = wsize(WDT);
     __m256 acc[8]; /* loops to constants, MB a guard: see panel_half */
     for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t k = k0; k < k1; ++k) {
         const uint8_t *wk = w + k * ATB_GEMM_PANEL * es;
-        if (PF) prefetch(wk + pfd);
-        if (PF && es == 4) prefetch(wk + pfd + 64);
+        if (PF) prefetch(pf + (k - k0) * pstep);
         __m256 v[4];
         if (WDT == W_BF16) {
             bf16_even_odd(wk, &v[0], &v[1]);
@@ -176,19 +178,23 @@ void atb_panel_row2_avx2(int wdt, const float *x, const uint8_t *w, int64_t ps, 
 }
 
 /* rows [0, r) of x (r <= 6) against the panel rows [k0, k1): a pair for 1 or 2 rows,
- * else a half tile on each half of the panel; PF: prefetching pfd bytes ahead */
+ * else a half tile on each half of the panel (two passes over the block); PF: each
+ * pass's iteration t prefetches pf + t * pstep (the second half's pass goes on from
+ * where the first stopped) */
 static inline __attribute__((always_inline)) void panel_part(int WDT, int PF, int r,
                                                              const float *x, int64_t xs,
                                                              const uint8_t *w, int64_t k0,
-                                                             int64_t k1, int64_t pfd, float *res) {
+                                                             int64_t k1, const uint8_t *pf,
+                                                             int64_t pstep, float *res) {
     const int64_t es = wsize(WDT);
-#define PA_HALVES(R)                                                                  \
-    for (int h = 0; h < 2; ++h)                                                       \
-        panel_half(R, WDT, PF, x, xs, w + 16 * h * es, k0, k1, pfd, res + 16 * h);    \
+#define PA_HALVES(R)                                                                      \
+    for (int h = 0; h < 2; ++h)                                                           \
+        panel_half(R, WDT, PF, x, xs, w + 16 * h * es, k0, k1, pf + h * (k1 - k0) * pstep, \
+                   pstep, res + 16 * h);                                                  \
     break
     switch (r) {
-    case 1: panel_pair(1, WDT, PF, x, xs, w, k0, k1, pfd, res); break;
-    case 2: panel_pair(2, WDT, PF, x, xs, w, k0, k1, pfd, res); break;
+    case 1: panel_pair(1, WDT, PF, x, xs, w, k0, k1, pf, pstep, res); break;
+    case 2: panel_pair(2, WDT, PF, x, xs, w, k0, k1, pf, pstep, res); break;
     case 3: PA_HALVES(3);
     case 4: PA_HALVES(4);
     case 5: PA_HALVES(5);
@@ -199,11 +205,15 @@ static inline __attribute__((always_inline)) void panel_part(int WDT, int PF, in
 
 /* mb rows (mb <= ATB_PANEL_MT) in parts of six, the rest as one part of 2..5 rows, or as
  * 5 + 4 (for 3 left) or 5 + 2 (for 1 left), so no part is a lone row beside others;
- * each block of K across all parts while it is in L1 */
+ * each block of K across all parts while it is in L1. With pf, the passes over a block
+ * prefetch the next block of weights (the next panel's first after the last) evenly
+ * spread over all of them: one prefetch per FMA step, not a burst from the first pass
+ * (which filled the L1's miss buffers and stalled the FMAs). */
 static inline __attribute__((always_inline)) void panel_rows(int WDT, int mb, const float *x,
                                                              int64_t xs, const uint8_t *w,
-                                                             int64_t K, int64_t pfd, float *res) {
-    int parts[ATB_PANEL_MT], np = 0, left = mb;
+                                                             int64_t K, int pf, float *res) {
+    const int64_t es = wsize(WDT);
+    int parts[ATB_PANEL_MT], np = 0, left = mb, passes = 0;
     while (left > 6 && !(left == 7 || left == 9)) {
         parts[np++] = 6;
         left -= 6;
@@ -211,24 +221,29 @@ static inline __attribute__((always_inline)) void panel_rows(int WDT, int mb, co
     if (left == 7) { parts[np++] = 5; left = 2; }
     if (left == 9) { parts[np++] = 5; left = 4; }
     parts[np++] = left;
+    for (int p = 0; p < np; ++p) passes += parts[p] > 2 ? 2 : 1;
+    /* bytes per FMA step so that the passes cover a panel row's bytes per k */
+    const int64_t pstep = (ATB_GEMM_PANEL * es + passes - 1) / passes;
     for (int64_t k0 = 0; k0 < K; k0 += ATB_PANEL_KB) {
         const int64_t k1 = K - k0 < ATB_PANEL_KB ? K : k0 + ATB_PANEL_KB;
+        const uint8_t *next = w + k1 * ATB_GEMM_PANEL * es;
         for (int p = 0, i = 0; p < np; i += parts[p++]) {
             float *r = res + i * ATB_GEMM_PANEL;
-            if (p == 0 && pfd)
-                panel_part(WDT, 1, parts[p], x + i * xs, xs, w, k0, k1, pfd, r);
+            if (pf)
+                panel_part(WDT, 1, parts[p], x + i * xs, xs, w, k0, k1, next, pstep, r);
             else
-                panel_part(WDT, 0, parts[p], x + i * xs, xs, w, k0, k1, 0, r);
+                panel_part(WDT, 0, parts[p], x + i * xs, xs, w, k0, k1, next, 0, r);
+            next += (parts[p] > 2 ? 2 : 1) * (k1 - k0) * pstep;
         }
     }
 }
 
 void atb_panel_tile_avx2(int mb, int wdt, const float *x, int64_t xs, const uint8_t *w,
-                         int64_t K, int64_t pfd, float *res) {
+                         int64_t K, int pf, float *res) {
     switch (wdt) {
-    case W_F32: panel_rows(W_F32, mb, x, xs, w, K, pfd, res); break;
-    case W_BF16: panel_rows(W_BF16, mb, x, xs, w, K, pfd, res); break;
-    default: panel_rows(W_F16, mb, x, xs, w, K, pfd, res); break; /* no int8 panels here */
+    case W_F32: panel_rows(W_F32, mb, x, xs, w, K, pf, res); break;
+    case W_BF16: panel_rows(W_BF16, mb, x, xs, w, K, pf, res); break;
+    default: panel_rows(W_F16, mb, x, xs, w, K, pf, res); break; /* no int8 panels here */
     }
 }
 #else
