@@ -46,6 +46,8 @@ typedef struct {
     int64_t chunk_rows; /* weight rows per pool chunk (a multiple of 16); panels when packed */
     int64_t mblock;     /* packed: x rows per chunk (a block kept in L2 across its panels) */
     int64_t pchunks;    /* packed: panel chunks per block of rows */
+    int64_t guide;      /* packed, one block of rows: chunk sizes ~ panels left / guide
+                           (panel.c: guided_chunk); 0: chunk_rows panels each */
 } Job;
 
 #define P(v) ((const void *)(intptr_t)(v))

@@ -133,6 +133,25 @@ void atb_panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float 
     }
 }
 
+/* Decode rows (one block of rows): chunk sizes fall with the panels left, each about
+ * left / guide (rounded up to whole units: pairs of panels for one row), so the first
+ * chunks are long weight streams and the last ones short enough that the threads finish
+ * together. Returns the chunk count; for chunk c (when c >= 0) its panels [*p0, *p1). */
+static int64_t guided_chunk(int64_t np, int64_t guide, int64_t unit, int64_t c, int64_t *p0,
+                            int64_t *p1) {
+    int64_t start = 0, i = 0;
+    for (; start < np; ++i) {
+        int64_t size = ((np - start + guide - 1) / guide + unit - 1) / unit * unit;
+        if (size > np - start) size = np - start;
+        if (i == c) {
+            *p0 = start;
+            *p1 = start + size;
+        }
+        start += size;
+    }
+    return i;
+}
+
 /* chunk: panels [p0, p1) against x rows [m0, m1) (one block of rows) */
 static void run_panels(void *ctx, int64_t chunk) {
     const Job *job = (const Job *)ctx;
@@ -141,7 +160,8 @@ static void run_panels(void *ctx, int64_t chunk) {
     const int64_t K = a->k, np = (a->n + ATB_PANEL - 1) / ATB_PANEL;
     const int64_t pc = chunk % job->pchunks, m0 = chunk / job->pchunks * job->mblock;
     const int64_t M = m0 + job->mblock < a->m ? m0 + job->mblock : a->m;
-    const int64_t p0 = pc * job->chunk_rows, p1 = p0 + job->chunk_rows < np ? p0 + job->chunk_rows : np;
+    int64_t p0 = pc * job->chunk_rows, p1 = p0 + job->chunk_rows < np ? p0 + job->chunk_rows : np;
+    if (job->guide) guided_chunk(np, job->guide, a->m == 1 ? 2 : 1, chunk, &p0, &p1);
     const uint8_t *w = (const uint8_t *)P(a->w);
     const int64_t ps = K * ATB_PANEL * wsize(wdt); /* bytes per panel */
     for (int64_t p = p0; p < p1; ++p) {
@@ -186,8 +206,14 @@ void atb_linear_panels(Job *job, int nth) {
     if (a->m == 1 && job->chunk_rows % 2 && job->chunk_rows < np)
         ++job->chunk_rows; /* whole pairs of panels (panel_row2) */
     job->pchunks = (np + job->chunk_rows - 1) / job->chunk_rows;
-    if (big)
+    job->guide = 0;
+    if (big) {
         atb_parallel_chunks_big(run_panels, job, nmb * job->pchunks, nth);
-    else
-        atb_parallel_chunks(run_panels, job, job->pchunks, nth);
+        return;
+    }
+    /* decode rows: guided chunks (equal ones left the threads up to a chunk apart at
+     * the end of each matmul, and each chunk start is a new weight stream) */
+    job->guide = 2 * (int64_t)nth;
+    job->pchunks = guided_chunk(np, job->guide, a->m == 1 ? 2 : 1, -1, NULL, NULL);
+    atb_parallel_chunks(run_panels, job, job->pchunks, nth);
 }
