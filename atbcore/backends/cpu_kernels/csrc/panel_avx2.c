@@ -208,7 +208,9 @@ static inline __attribute__((always_inline)) void panel_part(int WDT, int PF, in
  * each block of K across all parts while it is in L1. With pf, the passes over a block
  * prefetch the next block of weights (the next panel's first after the last) evenly
  * spread over all of them: one prefetch per FMA step, not a burst from the first pass
- * (which filled the L1's miss buffers and stalled the FMAs). */
+ * (which filled the L1's miss buffers and stalled the FMAs). One or two rows (a lone
+ * pair) do not: their block is over too soon for a block's distance to run ahead of
+ * the hardware prefetcher, which alone streams them at the read bandwidth. */
 static inline __attribute__((always_inline)) void panel_rows(int WDT, int mb, const float *x,
                                                              int64_t xs, const uint8_t *w,
                                                              int64_t K, int pf, float *res) {
@@ -229,7 +231,7 @@ static inline __attribute__((always_inline)) void panel_rows(int WDT, int mb, co
         const uint8_t *next = w + k1 * ATB_GEMM_PANEL * es;
         for (int p = 0, i = 0; p < np; i += parts[p++]) {
             float *r = res + i * ATB_GEMM_PANEL;
-            if (pf)
+            if (pf && passes > 1)
                 panel_part(WDT, 1, parts[p], x + i * xs, xs, w, k0, k1, next, pstep, r);
             else
                 panel_part(WDT, 0, parts[p], x + i * xs, xs, w, k0, k1, next, 0, r);
