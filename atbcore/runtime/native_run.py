@@ -157,6 +157,12 @@ class _Segment:
         objs: list[Any] = []
         weak: list[tuple[int, Any]] = []
         moves: list[tuple] = []
+        # a slot many calls read (a step's index tensors, read by every layer) is
+        # checked once per entry: weak references to one object are one object; a slot
+        # of the writes is not checked at all (the write just made puts there the very
+        # object its readers were recorded with)
+        seen: set[tuple[int, int]] = set()
+        written = {i for i, _ in writes}
         for item in self.items:
             rel = item[6]
             for j, i in enumerate(item[1]):
@@ -164,7 +170,11 @@ class _Segment:
                 if h is UNHELD:
                     nbytes, at = rel[i]
                     moves.append((i, nbytes, [(self.keep[item[3] + p], off) for p, off in at]))
-                elif type(h) is weakref.ref:
+                    continue
+                if i in written or (i, id(h)) in seen:
+                    continue
+                seen.add((i, id(h)))
+                if type(h) is weakref.ref:
                     weak.append((i, h))
                 else:
                     slots.append(i)
