@@ -46,7 +46,8 @@ import os
 import struct
 import threading
 import weakref
-from operator import is_
+from itertools import repeat
+from operator import is_, is_not
 from typing import Any, Callable, Iterable, Sequence
 
 from .native_held import UNHELD, address_span, held_is, hold, relocated_address, relocations
@@ -58,6 +59,8 @@ __all__ = ["NativeRun", "slots_of", "native_call", "not_native", "NATIVE", "addr
 NATIVE = [os.environ.get("ATB_NATIVE_RUN", "1").strip().lower() not in ("0", "off", "no")]
 
 _ident = threading.get_ident
+_deref = weakref.ref.__call__  # a weak reference's object (None once it died)
+_NONES = repeat(None)
 
 
 def slots_of(given: Iterable[Any]) -> tuple[int, ...]:
@@ -148,7 +151,7 @@ class _Segment:
         """``(env writes, slots, objects, weak, moves)`` of every item at once: a run
         whose kept slots all hold what was recorded (a decode loop's steps, a GraphOp
         call) checks them in one pass (``slots``/``objects`` held as they are,
-        ``weak``: ``(slot, weakref)``, see :meth:`alive`), and relocates its relocatable
+        ``weak``: ``(slots, weakrefs)``, see :meth:`alive`), and relocates its relocatable
         slots (``moves``, see :meth:`moved`) without leaving that pass. (Writes first
         is safe: a slot's one writer comes before its readers.) Dropped when an item is
         recorded again."""
@@ -179,17 +182,18 @@ class _Segment:
                 else:
                     slots.append(i)
                     objs.append(h)
-        self.flat = (writes, slots, objs, weak, moves)
+        self.flat = (writes, slots, objs, (tuple(i for i, _ in weak),
+                                           tuple(r for _, r in weak)) if weak else (), moves)
         return self.flat
 
     @staticmethod
-    def alive(weak: list[tuple[int, Any]], env: list) -> bool:
-        """Whether each slot of ``weak`` holds its recorded object, still alive."""
-        for i, ref in weak:
-            x = ref()
-            if x is None or x is not env[i]:
-                return False
-        return True
+    def alive(weak: tuple[tuple[int, ...], tuple[Any, ...]], env: list) -> bool:
+        """Whether each slot of ``weak`` (slots, their weak references) holds its
+        recorded object, still alive (a dead reference gives None, which no slot may
+        hold then: checked apart)."""
+        objs = list(map(_deref, weak[1]))
+        return all(map(is_, map(env.__getitem__, weak[0]), objs)) and \
+            all(map(is_not, objs, _NONES))
 
     @staticmethod
     def moved(moves: list[tuple], env: list) -> bool:
