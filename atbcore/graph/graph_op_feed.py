@@ -285,9 +285,10 @@ class CacheFeeder:
         _, _, shape, got, layers, pairs, info = st
         b, s = shape[0], shape[1]
         lens = cache.lens_view(layers, b)
-        p = lens[0]
-        if (lens != p).any() or int(p.max()) + s > cache.max_seq_len:
+        rows = lens.tolist()  # (a few ints: list compares beat NumPy reductions here)
+        if rows.count(rows[0]) != len(rows) or max(rows[0]) + s > cache.max_seq_len:
             return None
+        p = lens[0]
         pos = None
         if positions is not None:
             pos = np.asarray(positions).reshape(-1)

@@ -270,7 +270,7 @@ class CoreRunner:
         if cache.batch != b:
             raise InputError("compile", "batch rows of the cache", cache.batch, b)
         lens = cache.real_lens()
-        top = int(lens.max())
+        top = max(lens.tolist())
         # the default positions, each row's real tokens, are its cache slots (the rows
         # hold real tokens only): the feeder's own default, which moves them in place
         pos = None if positions is None else _host_ints(positions, b)
