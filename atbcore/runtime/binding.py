@@ -113,14 +113,6 @@ class BoundProgram:
     park: bool = False
     native: Any = None  # the NativeRun of its C calls (native_run.py), made on first run
     kept: dict[int, Any] = field(default_factory=dict)
-    # the inputs take slots 0..n-1: a run's env is the inputs and these empty slots
-    # (made in one go), else None
-    leading: tuple | None = field(init=False, default=None)
-
-    def __post_init__(self) -> None:
-        n = len(self.input_slots)
-        if n and self.input_slots == tuple(range(n)):
-            self.leading = (None,) * (self.size - n)
 
     def run(self, inputs: Sequence[Any], keep_outputs: bool = False) -> list:
         """Outputs for graph inputs ``inputs``: fresh tensors, or (``keep_outputs``) the
@@ -134,12 +126,9 @@ class BoundProgram:
         return self._run(inputs, keep_outputs)
 
     def _run(self, inputs: Sequence[Any], keep_outputs: bool = False) -> list:
-        if self.leading and len(inputs) == len(self.input_slots):
-            env: list[Any] = [*inputs, *self.leading]
-        else:
-            env = [None] * self.size
-            for i, x in zip(self.input_slots, inputs):
-                env[i] = x
+        env: list[Any] = [None] * self.size
+        for i, x in zip(self.input_slots, inputs):
+            env[i] = x
         kept = self.kept if keep_outputs else None
         for i, alloc in self.allocs:
             env[i] = alloc() if kept is None or i not in self.output_slots else \
