@@ -7,7 +7,9 @@ native tables made back to back), so ``step - C alone`` is everything else (Pyth
 the feeder, argmax, and the kernels' in-step slowdown).
 
     python benchmarks/decode_split.py [--precision w4] [--threads 2] [--repeats 5]
-                                      [--per-kernel]
+                                      [--per-kernel] [--python]
+
+``--python``: the step's Python alone (its C calls skipped), and the greedy pick's.
 
 ``--per-kernel``: each recorded C call's time inside decode steps against its time in
 the same tables made back to back (``atb_run_steps_timed``), per entry point: the
@@ -43,6 +45,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--per-kernel", action="store_true")
+    ap.add_argument("--python", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
@@ -90,6 +93,8 @@ def main() -> None:
           f"{sum(type(o) is int for o in prog.native.ops)}")
     if a.per_kernel:
         per_kernel(prog.native, segs, steps)
+    if a.python:
+        python_only(prog.native, r, cache, ids)
 
 
 def per_kernel(native: object, segs: list, steps: object) -> None:
@@ -142,6 +147,34 @@ def per_kernel(native: object, segs: list, steps: object) -> None:
     for name, (n, st, bk) in sorted(rows.items(), key=lambda kv: kv[1][1] - kv[1][2], reverse=True):
         print(f"{name:28s} {n:5d}  {st / 1e3:10.1f}  {bk / 1e3:15.1f}  {(st - bk) / 1e3:7.1f}")
     attention_work(segs, names)
+
+
+def python_only(native: object, r: object, cache: object, ids: torch.Tensor) -> None:
+    """A decode step's Python alone: ``CoreRunner.decode`` with its program's native runs
+    making no C call (the feeding, the hot-call dispatch, the record's checks), and
+    the greedy pick on its logits (its one C call included), in thread CPU time (so
+    another process on the cores adds little), the best of 21 rounds of 40 steps."""
+    def best(f: object) -> float:
+        got = []
+        for _ in range(21):
+            cache.reset()
+            nxt = _argmax(r.prefill(ids, cache))
+            logits = r.decode(nxt, cache)
+            t = time.thread_time_ns()
+            for _ in range(40):
+                f(nxt, logits)
+            got.append((time.thread_time_ns() - t) / 40 / 1e3)
+        return min(got)
+
+    with torch.inference_mode():
+        pick = best(lambda nxt, logits: _argmax(logits))
+        native._run_steps = lambda table: 0
+        try:
+            step = best(lambda nxt, logits: r.decode(nxt, cache))
+        finally:
+            native._run_steps = run_steps
+    print(f"python per decode step (thread CPU time, best of 21 x 40): decode {step:.1f} us "
+          f"(C calls skipped), greedy pick {pick:.1f} us")
 
 
 def attention_work(segs: list, names: dict) -> None:

@@ -97,19 +97,20 @@ class _IndexSet:
                        ra.astype(np.int32)[:, None], (p + qa).astype(np.int32),
                        qa.astype(np.int32), pos.astype(np.int64), np.cumsum(qa) - 1]
         self.p, self.where = p.copy(), (framework_of(x), getattr(x, "device", None))
+        self.one_each = len(self.row_of) == b  # a decode step: token t is row t
         self.tensors = [_on(*self.where, a) for a in self.arrays]
         self.shared = all(_shares(t, a) for t, a in zip(self.tensors, self.arrays))
 
     def at(self, p: np.ndarray, positions: np.ndarray | None = None) -> list:
         """The tensors for pasts ``p``; RoPE ``positions`` [T] when the caller gives
         them (else each token's cache slot)."""
-        moved = not np.array_equal(p, self.p)
-        if moved:
-            delta = p - self.p
-            self.p = p.copy()
-            per_token = delta[self.row_of]
-            self.arrays[0] += per_token.astype(np.int32)   # slots
-            self.arrays[2] += delta.astype(np.int32)       # context lengths
+        delta = p - self.p
+        moved = bool(delta.any())
+        if moved:  # in place, no temporaries: a decode step makes this once
+            self.p += delta
+            per_token = delta if self.one_each else delta[self.row_of]
+            self.arrays[0] += per_token                    # slots (int32 += int64)
+            self.arrays[2] += delta                        # context lengths
             if not self.custom:
                 self.arrays[4] += per_token                # positions
         if positions is not None:
@@ -179,6 +180,8 @@ class CacheFeeder:
         # feeds the same tensor each step (its own buffer) gets the same view, so the
         # bound program's native run sees the input it was recorded with
         self._x_view: tuple = (None, None)
+        # the last assembled call: (index tensor list, pairs, block input, inputs, raw)
+        self._last: tuple | None = None
         if len(self.slots) != len(layers.slots):
             raise InputError(graph.name, "attention layers with a KV cache", len(layers.slots),
                              len(self.slots))
@@ -282,9 +285,10 @@ class CacheFeeder:
         _, _, shape, got, layers, pairs, info = st
         b, s = shape[0], shape[1]
         lens = cache.lens_view(layers, b)
-        p = lens[0]
-        if (lens != p).any() or int(p.max()) + s > cache.max_seq_len:
+        rows = lens.tolist()  # (a few ints: list compares beat NumPy reductions here)
+        if rows.count(rows[0]) != len(rows) or max(rows[0]) + s > cache.max_seq_len:
             return None
+        p = lens[0]
         pos = None
         if positions is not None:
             pos = np.asarray(positions).reshape(-1)
@@ -294,12 +298,19 @@ class CacheFeeder:
         if seen is not x:
             xt = x.reshape([b * s, *shape[2:]])
             self._x_view = (x, xt)
-        return self._assemble(got.at(p, pos), pairs, xt), info
+        return self._assemble(got.at(p, pos), pairs, xt, True), info
 
-    def _assemble(self, idx: list, pairs: list, xt: Any) -> list:
+    def _assemble(self, idx: list, pairs: list, xt: Any, steady: bool = False) -> list:
         """The graph inputs: index tensors ``idx`` (slots, tables, context lengths,
         new-token lengths, positions, last rows), the layers' caches ``pairs`` and
-        the token-major block input ``xt``; sets :attr:`raw`."""
+        the token-major block input ``xt``; sets :attr:`raw`. ``steady``: a steady
+        step's (:meth:`_prepare_steady`), remembered for the next one."""
+        last = self._last
+        if last is not None and last[0] is idx and last[1] is pairs and last[2] is xt:
+            # a decode loop's step: the very lists and block input of the last call (the
+            # index set's own tensor list, the steady pairs, the caller's buffer's view)
+            self.raw = last[4]
+            return list(last[3])
         tkey = (id(idx[0]), *map(id, (t for kv in pairs for t in kv)))
         tpl = self._template
         if tpl is None or tpl[0] != tkey:  # the inputs but x, while the same tensors serve
@@ -324,7 +335,9 @@ class CacheFeeder:
         inputs[self._x_at] = xt
         xs = raw_signature([xt])
         self.raw = None if xs is None or not tpl[2] + tpl[3] else tpl[2] + xs + tpl[3]
-        return inputs
+        if steady:  # (xt is held by _x_view already: nothing more is kept alive)
+            self._last = (idx, pairs, xt, inputs, self.raw)
+        return list(inputs) if steady else inputs
 
     def prepare_paged(self, x: Any, cache: Any, batch: Any, all_logits: bool = False) -> list:
         """Graph inputs for the packed new tokens ``x`` ``[T, ...]`` of the sequences of

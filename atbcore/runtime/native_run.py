@@ -46,7 +46,8 @@ import os
 import struct
 import threading
 import weakref
-from operator import is_
+from itertools import repeat
+from operator import is_, is_not
 from typing import Any, Callable, Iterable, Sequence
 
 from .native_held import UNHELD, address_span, held_is, hold, relocated_address, relocations
@@ -58,6 +59,8 @@ __all__ = ["NativeRun", "slots_of", "native_call", "not_native", "NATIVE", "addr
 NATIVE = [os.environ.get("ATB_NATIVE_RUN", "1").strip().lower() not in ("0", "off", "no")]
 
 _ident = threading.get_ident
+_deref = weakref.ref.__call__  # a weak reference's object (None once it died)
+_NONES = repeat(None)
 
 
 def slots_of(given: Iterable[Any]) -> tuple[int, ...]:
@@ -148,7 +151,7 @@ class _Segment:
         """``(env writes, slots, objects, weak, moves)`` of every item at once: a run
         whose kept slots all hold what was recorded (a decode loop's steps, a GraphOp
         call) checks them in one pass (``slots``/``objects`` held as they are,
-        ``weak``: ``(slot, weakref)``, see :meth:`alive`), and relocates its relocatable
+        ``weak``: ``(slots, weakrefs)``, see :meth:`alive`), and relocates its relocatable
         slots (``moves``, see :meth:`moved`) without leaving that pass. (Writes first
         is safe: a slot's one writer comes before its readers.) Dropped when an item is
         recorded again."""
@@ -157,6 +160,12 @@ class _Segment:
         objs: list[Any] = []
         weak: list[tuple[int, Any]] = []
         moves: list[tuple] = []
+        # a slot many calls read (a step's index tensors, read by every layer) is
+        # checked once per entry: weak references to one object are one object; a slot
+        # of the writes is not checked at all (the write just made puts there the very
+        # object its readers were recorded with)
+        seen: set[tuple[int, int]] = set()
+        written = {i for i, _ in writes}
         for item in self.items:
             rel = item[6]
             for j, i in enumerate(item[1]):
@@ -164,22 +173,27 @@ class _Segment:
                 if h is UNHELD:
                     nbytes, at = rel[i]
                     moves.append((i, nbytes, [(self.keep[item[3] + p], off) for p, off in at]))
-                elif type(h) is weakref.ref:
+                    continue
+                if i in written or (i, id(h)) in seen:
+                    continue
+                seen.add((i, id(h)))
+                if type(h) is weakref.ref:
                     weak.append((i, h))
                 else:
                     slots.append(i)
                     objs.append(h)
-        self.flat = (writes, slots, objs, weak, moves)
+        self.flat = (writes, slots, objs, (tuple(i for i, _ in weak),
+                                           tuple(r for _, r in weak)) if weak else (), moves)
         return self.flat
 
     @staticmethod
-    def alive(weak: list[tuple[int, Any]], env: list) -> bool:
-        """Whether each slot of ``weak`` holds its recorded object, still alive."""
-        for i, ref in weak:
-            x = ref()
-            if x is None or x is not env[i]:
-                return False
-        return True
+    def alive(weak: tuple[tuple[int, ...], tuple[Any, ...]], env: list) -> bool:
+        """Whether each slot of ``weak`` (slots, their weak references) holds its
+        recorded object, still alive (a dead reference gives None, which no slot may
+        hold then: checked apart)."""
+        objs = list(map(_deref, weak[1]))
+        return all(map(is_, map(env.__getitem__, weak[0]), objs)) and \
+            all(map(is_not, objs, _NONES))
 
     @staticmethod
     def moved(moves: list[tuple], env: list) -> bool:

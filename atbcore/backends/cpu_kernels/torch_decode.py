@@ -386,8 +386,15 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
                          list(logits.shape))
     if logits.numel() == 0:
         return torch.empty(logits.shape[:-1], dtype=torch.long)
-    x2, rows, xs = _rows(logits, logits.shape[-1])
+    v = logits.shape[-1]
+    flat = logits.dim() == 2  # a decode step's [B, V] logits: no reshaping either way
+    if flat and logits.is_contiguous():
+        x2, rows, xs = logits, logits.shape[0], v
+    else:
+        x2, rows, xs = _rows(logits, v)
     out = torch.empty(rows, dtype=torch.long)
-    _check(_fn("argmax")(_ARGMAX.pack(x2.data_ptr(), out.data_ptr(), DTYPE_CODES[logits.dtype],
-                                      rows, logits.shape[-1], xs, pool_threads())), "argmax")
-    return out.view(logits.shape[:-1])
+    status = _fn("argmax")(_ARGMAX.pack(x2.data_ptr(), out.data_ptr(), DTYPE_CODES[logits.dtype],
+                                        rows, v, xs, pool_threads()))
+    if status:
+        _check(status, "argmax")
+    return out if flat else out.view(logits.shape[:-1])

@@ -296,6 +296,11 @@ def test_argmax_rows_matches_torch_including_ties_nan_and_inf(dt):
     assert torch.equal(argmax_rows(x), want)
     assert want.tolist()[1:4] == [2000, 0, 10]
     assert torch.equal(argmax_rows(x[:, ::2]), torch.argmax(x[:, ::2], dim=-1))  # strided rows
+    assert torch.equal(argmax_rows(x[::2]), want[::2])               # rows apart, 2-D
+    got = argmax_rows(x.view(2, 3, 3001))                             # [.., V]: shape kept
+    assert got.shape == (2, 3) and torch.equal(got.reshape(-1), want)
+    one = argmax_rows(x[4])                                           # one row, 1-D: 0-d
+    assert one.shape == () and int(one) == 3000
 
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16])

@@ -93,3 +93,20 @@ def test_hold_entries():
     assert relocations((0,), [x], [(0, block)]) == {0: (32, [(0, 8), (0, 24)])}
     inside = np.array([addr + 8], dtype=np.int64).tobytes()
     assert relocations((0,), [x], [(0, inside)]) == {}
+
+
+def test_segment_alive_checks_identity_and_refuses_a_dead_reference_over_none():
+    """The one-pass check of a segment's weakly held slots: the very objects pass, any
+    other object fails, and a reference that died fails even when its slot now holds
+    None (a dead reference reads as None)."""
+    from atbcore.runtime.native_run import _Segment
+
+    a, b = np.zeros(3), np.ones(3)
+    weak = ((0, 2), (weakref.ref(a), weakref.ref(b)))
+    assert _Segment.alive(weak, [a, None, b])
+    assert not _Segment.alive(weak, [a, None, np.ones(3)])
+    dead = np.zeros(2)
+    weak_dead = ((0, 1), (weakref.ref(a), weakref.ref(dead)))
+    del dead
+    gc.collect()
+    assert not _Segment.alive(weak_dead, [a, None])

@@ -123,6 +123,9 @@ class CoreRunner:
         self.vocab_size = int(w.embed.shape[0])
         self.stats = {"plans_built": 0, "plan_steps": 0, "general_steps": 0}
         self._ids: torch.Tensor | None = None  # decode steps' token ids (_step_ids)
+        self._ids_flat: torch.Tensor | None = None  # its [B] view
+        # positions past which RoPE's frequencies change (dynamic scaling; None: none)
+        self._rope_limit = spec.rope.max_len if spec.rope is not None else None
 
     @classmethod
     def from_hf(cls, model: Any, **kw: Any) -> "CoreRunner":
@@ -243,12 +246,18 @@ class CoreRunner:
         return self.forward(input_ids, cache, position_ids=position_ids,
                             attention_mask=attention_mask, logits_to_keep=1)[:, -1]
 
-    @torch.no_grad()
     def decode(self, ids: torch.Tensor, cache: RowKVCache, positions: Any = None,
                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """One new token per row (``ids`` [B] or [B, 1]); positions default to one past
         each row's last real token. Returns logits ``[B, V]`` (the plan's buffer:
         read it before the next step)."""
+        if torch.is_grad_enabled():  # (a no_grad decorator costs a step's feeding again)
+            with torch.no_grad():
+                return self._decode(ids, cache, positions, attention_mask)
+        return self._decode(ids, cache, positions, attention_mask)
+
+    def _decode(self, ids: torch.Tensor, cache: RowKVCache, positions: Any,
+                attention_mask: torch.Tensor | None) -> torch.Tensor:
         if ids.dim() != 1:
             ids = ids.reshape(-1)
         if ids.device != self.device:
@@ -261,9 +270,13 @@ class CoreRunner:
         if cache.batch != b:
             raise InputError("compile", "batch rows of the cache", cache.batch, b)
         lens = cache.real_lens()
-        pos = lens if positions is None else _host_ints(positions, b)
-        self._check_positions(int(pos.max()))
-        cache.reserve(int(lens.max()) + 1)
+        top = max(lens.tolist())
+        # the default positions, each row's real tokens, are its cache slots (the rows
+        # hold real tokens only): the feeder's own default, which moves them in place
+        pos = None if positions is None else _host_ints(positions, b)
+        if self._rope_limit is not None:
+            self._check_positions(top if pos is None else int(pos.max()))
+        cache.reserve(top + 1)
         out = run_in_place(self.op, self._step_ids(ids), cache, positions=pos, raw=True)
         cache.extend(None, 1)
         self.stats["plan_steps"] += 1
@@ -278,7 +291,8 @@ class CoreRunner:
             with torch.inference_mode(False):  # writable inside and outside inference mode
                 buf = self._ids = torch.empty(ids.shape[0], 1, dtype=ids.dtype,
                                               device=ids.device)
-        buf.view(-1).copy_(ids)
+                self._ids_flat = buf.view(-1)
+        self._ids_flat.copy_(ids)
         return buf
 
     def _check_positions(self, top: int) -> None:

@@ -88,8 +88,10 @@ class RowKVCache(KVCache):
         return out
 
     def real_lens(self) -> np.ndarray:
-        """Real tokens per row (every layer holds the same)."""
-        return self.seq_lens(None, 0)
+        """Real tokens per row (every layer holds the same): ``seq_lens(None, 0)`` read
+        directly (a decode step reads it once)."""
+        self._alive()
+        return self._lens[0].copy()
 
     # ------------------------------------------------------------------ capacity
     def reserve(self, needed: int) -> None:

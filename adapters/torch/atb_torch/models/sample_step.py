@@ -178,7 +178,7 @@ def _run(procs: list[Processor], ids: torch.Tensor, scores: torch.Tensor) -> tor
 def _argmax(scores: torch.Tensor) -> torch.Tensor:
     """``scores.argmax(dim=-1)``: one C call on CPU rows (torch's argmax reduction is
     not vectorised over a row and runs single-threaded in a parked step)."""
-    if scores.device.type == "cpu" and scores.dtype in _ARGMAX_DTYPES and scores.dim() == 2 \
+    if scores.is_cpu and scores.dtype in _ARGMAX_DTYPES and scores.dim() == 2 \
             and scores.shape[-1] and available():
         return argmax_rows(scores)
     return scores.argmax(dim=-1)

@@ -175,9 +175,10 @@ static int64_t decode_attention(DecAttnArgs a) {
             int64_t e = ival(a.ends, (int)a.ends_i32, b);
             if (e < 0 || e > a.n) return ATB_ERR_CACHE_OVERFLOW;
         }
-    /* threads only when the cache read is worth a hand-off (a few microseconds) */
+    /* threads only when the cache read is worth a hand-off (a few microseconds); a
+     * single decode row's kv heads already are (one head per thread) */
     int64_t bytes = a.B * a.KV * (a.n > a.lo ? a.n - a.lo : 1) * a.D * 2 * atb_dt_size((int)a.kv_dt);
-    int nth = bytes < (256 << 10) ? 1 : (int)(a.threads > 0 ? a.threads : 1);
+    int nth = bytes < (32 << 10) ? 1 : (int)(a.threads > 0 ? a.threads : 1);
     /* a chunk per batch row (its kv heads in turn: the heads of a position are
      * adjacent, so its rows are read whole) when the rows alone keep the threads
      * busy, else per (row, kv head) */

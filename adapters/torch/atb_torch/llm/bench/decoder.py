@@ -16,6 +16,9 @@ from typing import Any, Callable
 
 import torch
 
+# the greedy token as atb's own ``generate`` picks it: one C call on CPU logits, as
+# llama.cpp's loop here picks with NumPy's argmax rather than a torch op
+from ...models.sample_step import _argmax
 from .hf import DecodeRun, StaticCompiled, hf_greedy
 from .measure import allocator_peak, count_ops, interleaved, median, read_bandwidth, \
     resident_bytes, weight_matmul_floor
@@ -110,12 +113,6 @@ class AtbDecoder:
         return counts[-1] if counts else None
 
 
-def _argmax(logits: torch.Tensor) -> torch.Tensor:
-    """The greedy token as atb's own ``generate`` picks it (one C call on CPU logits), as
-    llama.cpp's loop here picks with NumPy's argmax rather than a torch op."""
-    from ...models.sample_step import _argmax as pick
-
-    return pick(logits)
 
 
 def decode_weights(model: Any) -> list[torch.Tensor]:
