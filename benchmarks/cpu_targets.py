@@ -235,7 +235,6 @@ def gemms(args: argparse.Namespace) -> dict:
     repeats: time slices lost to other processes on a shared machine do not count)."""
     from atbcore.backends.cpu_kernels.torch_linear import linear_rows, pack_panels
     from atbcore.backends.cpu_kernels.torch_w8a8 import linear_w8a8, pack_w8a8
-    from atbcore.backends.torch.linear_dnnl import dnnl_linear
     from atbcore.ops.linear_quant import quantize_w8a8
     from atb_torch.llm.bench.models import default_llama_config
 
@@ -255,9 +254,9 @@ def gemms(args: argparse.Namespace) -> dict:
                 xb, wb, wq_s = x.bfloat16(), w.bfloat16(), quantize_w8a8(w)
                 pf, pb = pack_panels(w), pack_panels(wb)
                 pq, sq = pack_w8a8(torch.from_numpy(wq_s[0])), torch.from_numpy(wq_s[1])
-                lin = type("P", (), {"transpose_weight": True})
                 fns = {"torch_mm_fp32": lambda: torch.mm(x, w.t()),
-                       "onednn_fp32": lambda: dnnl_linear(lin, x, w, None),
+                       "onednn_fp32": lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none",
+                                                                          [], ""),
                        "atb_fp32": lambda: linear_rows(x, w, panels=pf, threads=1),
                        "atb_bf16": lambda: linear_rows(xb, wb, panels=pb, threads=1),
                        "atb_w8a8": lambda: linear_w8a8(x, pq, sq, threads=1)}

@@ -15,11 +15,6 @@ their kernel's description: run it for two precisions to see which nodes one of
 them loses time in. ``--onnxruntime`` adds ONNX Runtime's
 transformer-optimized export in the same rounds (its dynamic int8 quantization beside
 w8a8, the fp32 model beside fp32 and bf16) when onnxruntime is installed.
-``--c-linears`` adds a second atb engine whose dense fp32 Linears (QKV, O, down) all
-run on atb's C matmul instead of oneDNN (the single-thread-pool hypothesis of issue
-16: fewer switches between torch's OpenMP team and atb's pool) in the same rounds;
-the FFN up projection (LinearActivation) stays on oneDNN, whose alternative is an
-F.linear on torch's team too.
 ``--memory`` instead measures, per precision in a fresh child process, atb's resident
 memory over Hugging Face's: RSS (after ``malloc_trim``, as
 ``benchmarks/weight_layout.py`` reads it) once HF has encoded the sentences, then again
@@ -29,7 +24,6 @@ after ``compile`` and the same encode by atb; with the memory pool's statistics.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -60,8 +54,6 @@ def main() -> int:
                     help="add ONNX Runtime (int8 beside w8a8) to the rounds")
     ap.add_argument("--profile", action="store_true",
                     help="add atb's per-node times (summed per node kind)")
-    ap.add_argument("--c-linears", action="store_true",
-                    help="add atb with every dense Linear on the C matmul (no oneDNN)")
     ap.add_argument("--memory", action="store_true",
                     help="atb's resident memory over HF's (one child per precision)")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
@@ -92,19 +84,16 @@ def main() -> int:
 
         cpu: dict[str, list[float]] = defaultdict(list)
 
-        def enc(model, name, ctx=contextlib.nullcontext):
+        def enc(model, name):
             def run():
                 c0 = time.process_time()
-                with ctx(), torch.inference_mode():
+                with torch.inference_mode():
                     out = model.encode(sents, batch_size=32, convert_to_tensor=True,
                                        show_progress_bar=False).float()
                 cpu[name].append(time.process_time() - c0)
                 return out
             return run
         engines = {"hf": enc(st, "hf"), "core": enc(core, "core")}
-        if args.c_linears:
-            core_c = atb_compile(st, dtype=dtype, quantize=quant)
-            engines["core_c_linears"] = enc(core_c, "core_c_linears", c_linears)
         if args.onnxruntime:
             ort = OrtEncoder.create(st, str(path), int8=quant is not None)
             if isinstance(ort, dict):
@@ -126,20 +115,6 @@ def main() -> int:
             out[label]["core_speedup_vs_onnxruntime"] = med["onnxruntime"] / med["core"]
         print(label, json.dumps(out[label], indent=1), flush=True)
     return 0
-
-
-@contextlib.contextmanager
-def c_linears():
-    """Within: oneDNN refuses every dense Linear (asked at bind time, so an engine
-    run only within binds the C matmul for them)."""
-    import atbcore.backends.torch.linear_dnnl as dnnl
-
-    rows = dnnl.DNNL_MIN_ROWS
-    dnnl.DNNL_MIN_ROWS = 1 << 62
-    try:
-        yield
-    finally:
-        dnnl.DNNL_MIN_ROWS = rows
 
 
 def _rss_mib() -> float:

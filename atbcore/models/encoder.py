@@ -89,8 +89,8 @@ def _cast(dtype: Dtype | None):
 
 def _mlp(i: int, spec: ModelSpec, lw: Any, a: Any, quantize: str | None) -> list[Any]:
     """The block's FFN as up / activation / down Linears: the pipeline fuses the
-    activation into the up projection (``LinearActivation``: one oneDNN GEMM with a
-    GELU post-op on the CPU) and the residual add into the down projection's
+    activation into the up projection (``LinearActivation``: one oneDNN GEMM, then the
+    C activation in place, on the CPU) and the residual add into the down projection's
     epilogue."""
     return [_linear(f"l{i}.up", [lw.up], [lw.up_b], quantize, a),
             L.Activation(f"l{i}.act", activation_type=spec.activation),

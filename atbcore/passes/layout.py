@@ -11,7 +11,7 @@ weight whose readers all agree is rewritten into that layout (an
 are packed together, each input holding its own part, and are packed all or none):
 the graph's ``weight_map`` then holds the packed form only, and the binders take it
 as it is. A weight some reader takes
-as it is (an fp32 Linear that oneDNN runs for many rows; a kernel with no packed
+as it is (a LinearActivation that oneDNN runs; a kernel with no packed
 layout) stays as it is, and so does a weight held as a framework's own tensor (an
 ``nn.Parameter`` of an atb_torch module: the user may update it in place, and its
 panels, made at binding, follow its version counter). Lowered models (``compile()``)

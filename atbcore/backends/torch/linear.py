@@ -1,6 +1,9 @@
 """Torch kernels for Linear (dense and weight-only int8) and MatMul.
 
-Dense: ``F.linear`` on the CPU; for one-row fp32 inputs with out >= in, a GEMV
+On the CPU the C matmul (:mod:`.linear_cpu`, panel-packed weights) takes every call it
+can, at every row count: at prefill and encoder-batch shapes it matched or beat oneDNN's
+GEMM, which ran here for many rows before, and one path keeps one copy of each weight.
+Dense calls it cannot take: ``F.linear`` on the CPU; for one-row fp32 inputs with out >= in, a GEMV
 against a cached pre-transposed contiguous copy of the weight is faster (measured
 1.1-1.5x at 2k-32k outputs, 2 threads) and is used once a weight has been seen
 twice (so per-call temporary weights never pay for a copy). CUDA half types use
@@ -26,7 +29,6 @@ import torch.nn.functional as F
 from ...log import logger
 from . import kernel
 from .linear_cpu import bind_cpu_linear, cpu_linear, is_packed, plain_ins, why_not_cpu_linear
-from .linear_dnnl import bind_dnnl_linear, dnnl_linear, why_not_dnnl_linear
 from .linear_quant import quant_linear_torch
 
 __all__ = ["w8_plan", "mm_fp32", "transposed_weight_cache", "TransposedWeightCache"]
@@ -197,17 +199,15 @@ def _dense_linear(p, x, w, b):
 
 
 def _bind_linear(p, ins, outs, ctx):
-    """oneDNN for many-row dense fp32 calls, else the C matmul (see :func:`linear`)."""
-    call = None if is_packed(ins["weight"]) else bind_dnnl_linear(p, ins, outs, ctx)
-    return call if call is not None else bind_cpu_linear(p, ins, outs, ctx)
+    """The C matmul at every row count (see :func:`linear`)."""
+    return bind_cpu_linear(p, ins, outs, ctx)
 
 
 _bind_linear.takes_packed = True  # type: ignore[attr-defined]
 
 
-@kernel("Linear", impl="oneDNN GEMM (+ residual post-op) for dense fp32 calls of many rows "
-        "(CPU); else the C matmul on 32-output panels (CPU; fp32/bf16/fp16/w8 weights), the "
-        "C w4 / w8a8 kernels on their packed layouts; else F.linear / cached-transposed GEMV; "
+@kernel("Linear", impl="the C matmul on 32-output panels at every row count (CPU; "
+        "fp32/bf16/fp16/w8 weights, residual in its epilogue), the C w4 / w8a8 kernels on their packed layouts; else F.linear / cached-transposed GEMV; "
         "w8: aten._weight_int8pack_mm or fp32 dequantize + GEMM; w4/w8a8: fp32 torch ops",
         writes_out=True, bind=_bind_linear)
 def linear(p, ins, out=None):
@@ -218,11 +218,6 @@ def linear(p, ins, out=None):
             return [cpu_linear(p, w, b, s, z=z).run(x, None if out is None else out[0], r)]
         ins = plain_ins(ins)
         w = ins["weight"]
-    if why_not_dnnl_linear(p, x, w, b, ins) is None:
-        y = dnnl_linear(p, x, w, b, r)
-        if out is not None and out[0] is not None:
-            return [out[0].copy_(y)]
-        return [y]
     if why_not_cpu_linear(p, x.dtype, str(x.device), w, b, s, z) is None:
         return [cpu_linear(p, w, b, s, z=z).run(x, None if out is None else out[0], r)]
     if p.quant in ("w4", "w8a8"):

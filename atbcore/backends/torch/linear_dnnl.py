@@ -1,5 +1,4 @@
-"""Linears on the CPU as one oneDNN GEMM (``torch.ops.mkldnn._linear_pointwise``)
-with their epilogue as post-ops.
+"""LinearActivation on the CPU as one oneDNN GEMM (``torch.ops.mkldnn._linear_pointwise``).
 
 * LinearActivation: ``act(x @ W.T + b)`` with fp32 sums and the activation applied
   before the one rounding -- the op's definition. An encoder's FFN up projection is
@@ -12,16 +11,10 @@ with their epilogue as post-ops.
   the composite. Where oneDNN has no bf16 inner product (CPUs without
   AVX512-BF16/AMX) a bf16 call of more than :data:`DNNL_MIN_ROWS` rows runs the fp32
   GEMM on widened operands (the same fp32 sums the composite takes).
-* Linear (dense fp32, optional bias and residual): ``x @ W.T + b (+ residual)``,
-  the residual add a binary post-op, for more than :data:`DNNL_MIN_ROWS` rows -- a
-  prefill or an encoder batch. There the two GEMMs do about the same work per CPU
-  second, and a whole encoder ran faster with oneDNN taking every many-row Linear
-  than with the dense ones moved to the C matmul (the up projection's oneDNN GEMM
-  with its GELU post-op has no C counterpart, so moving them mixes two thread pools
-  in each layer; ``benchmarks/encoder_core.py --c-linears`` and
-  ``benchmarks/dense_linear_route.py`` measure both). Fewer rows (decode steps)
-  keep the C matmul, which reads each weight once without packing. bf16 stays on the C matmul: the
-  oneDNN bf16 inner product needs AVX512-BF16/AMX, which many CPUs lack."""
+
+Plain Linears run on the C matmul at every row count (:mod:`.linear`):
+``benchmarks/dense_linear_route.py`` measures the two GEMMs at encoder and prefill
+shapes."""
 
 from __future__ import annotations
 
@@ -34,11 +27,11 @@ import torch
 from ...runtime.binding import POOL_ROWS_MAX, Slot, getter
 
 __all__ = ["why_not_dnnl", "dnnl_linear_activation",
-           "bind_dnnl_linear_activation", "dnnl_available", "why_not_dnnl_linear",
-           "dnnl_linear", "bind_dnnl_linear", "DNNL_MIN_ROWS"]
+           "bind_dnnl_linear_activation", "dnnl_available", "DNNL_MIN_ROWS"]
 
-# Above this many rows a dense fp32 Linear runs on oneDNN; up to it, on the C matmul
-# (the rows the C matmul splits over atb's own pool: few-row decode steps).
+# Above this many rows a bf16 LinearActivation on a CPU without a oneDNN bf16 inner
+# product runs the fp32 GEMM on widened operands; up to it, the composite (few-row
+# calls: widening the weight per call would cost more than the GEMM).
 DNNL_MIN_ROWS = POOL_ROWS_MAX
 
 # atb activation -> (oneDNN post-op, algorithm)
@@ -57,15 +50,15 @@ def dnnl_available() -> bool:
 
 def why_not_dnnl(p: Any, x: Any, w: Any, b: Any) -> str | None:
     """Why the oneDNN GEMM does not take this LinearActivation (None = it does)."""
-    def desc(t: Any) -> tuple[Any, str]:
+    def desc(t: Any) -> tuple[Any, str, tuple[int, ...]]:
         if type(t) is Slot:
-            return t.desc.dtype.torch, str(t.desc.device)
-        return t.dtype, str(t.device)
+            return t.desc.dtype.torch, str(t.desc.device), tuple(t.desc.shape)
+        return t.dtype, str(t.device), tuple(t.shape)
     if p.quant is not None:
         return f"quant {p.quant}"
     if p.activation_type not in POST_OPS:
         return f"activation {p.activation_type} is no oneDNN post-op here"
-    xd, dev = desc(x)
+    xd, dev, xs = desc(x)
     if not dev.startswith("cpu"):
         return f"oneDNN runs on the CPU, not {dev}"
     if xd not in _DTYPES or desc(w)[0] != xd or (b is not None and desc(b)[0] != xd):
@@ -75,7 +68,7 @@ def why_not_dnnl(p: Any, x: Any, w: Any, b: Any) -> str | None:
     if not dnnl_available():
         return "torch built without oneDNN (mkldnn)"
     if xd == torch.bfloat16 and not _bf16_inner_product() and \
-            math.prod(_desc(x)[2][:-1]) <= DNNL_MIN_ROWS:
+            math.prod(xs[:-1]) <= DNNL_MIN_ROWS:
         return (f"bf16 without a oneDNN bf16 inner product on this CPU: widened to fp32 "
                 f"only above {DNNL_MIN_ROWS} rows")
     return None
@@ -159,71 +152,3 @@ def bind_dnnl_linear_activation(p: Any, ins: dict[str, Any], outs: list, ctx: An
 
 
 bind_dnnl_linear_activation.fills_slots = True  # type: ignore[attr-defined]
-
-
-def _desc(t: Any) -> tuple[Any, str, tuple[int, ...]]:
-    if type(t) is Slot:
-        return t.desc.dtype.torch, str(t.desc.device), tuple(t.desc.shape)
-    return t.dtype, str(t.device), tuple(t.shape)
-
-
-def why_not_dnnl_linear(p: Any, x: Any, w: Any, b: Any, ins: dict[str, Any]) -> str | None:
-    """Why a Linear does not run as one oneDNN GEMM (None = it does): dense fp32,
-    more than :data:`DNNL_MIN_ROWS` rows, fixed weight and bias, no fused norm."""
-    if p.quant is not None:
-        return f"quant {p.quant}"
-    if any(ins.get(n) is not None for n in ("scale", "zeros", "norm_weight")):
-        return "a scale, zeros or a fused norm"
-    xd, dev, xs = _desc(x)
-    if not dev.startswith("cpu"):
-        return f"oneDNN runs on the CPU, not {dev}"
-    if xd != torch.float32 or _desc(w)[0] != xd or (b is not None and _desc(b)[0] != xd):
-        return "x, weight and bias not all fp32"
-    rows = math.prod(xs[:-1])
-    if rows <= DNNL_MIN_ROWS:
-        return f"{rows} rows (the C matmul takes <= {DNNL_MIN_ROWS})"
-    r = ins.get("residual")
-    if r is not None and _desc(r)[2] != xs[:-1] + (_desc(w)[2][0 if p.transpose_weight else 1],):
-        return "a residual broadcast to the output"
-    if type(w) is Slot or type(b) is Slot:
-        return "the weight or bias changes per run"
-    if not dnnl_available():
-        return "torch built without oneDNN (mkldnn)"
-    return None
-
-
-def dnnl_linear(p: Any, x: torch.Tensor, w: torch.Tensor, b: Any,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W.T + b (+ residual)`` as one oneDNN GEMM (``why_not_dnnl_linear``
-    checked): ``[..., K] -> [..., N]``."""
-    wv = w if p.transpose_weight else w.t()                              # [N, K]
-    x2 = x.reshape(-1, x.shape[-1])
-    if residual is None:
-        y = torch.ops.mkldnn._linear_pointwise(x2, wv, b, "none", [], "")  # [M, N]
-    else:
-        y = torch.ops.mkldnn._linear_pointwise.binary(
-            x2, residual.reshape(-1, wv.shape[0]).contiguous(), wv, b, "add")
-    return y.reshape(*x.shape[:-1], wv.shape[0])
-
-
-def bind_dnnl_linear(p: Any, ins: dict[str, Any], outs: list, ctx: Any
-                     ) -> Callable[[list], None] | None:
-    """The bound oneDNN Linear: the GEMM's result fills an output slot, or is copied
-    into a planned buffer (oneDNN writes no given buffer); None where it does not
-    apply."""
-    x, w, b, r = ins["x"], ins["weight"], ins.get("bias"), ins.get("residual")
-    if why_not_dnnl_linear(p, x, w, b, ins) is not None:
-        return None
-    ctx.note_layout("weight", "[out, in] rows (oneDNN)")
-    ctx.note_torch_pool()
-    gx, gr, out = getter(x), (None if r is None else getter(r)), outs[0]
-    if type(out) is Slot:
-        i = out.index
-
-        def call(env: list) -> None:
-            env[i] = dnnl_linear(p, gx(env), w, b, None if gr is None else gr(env))
-        return call
-
-    def call_into(env: list) -> None:
-        out.copy_(dnnl_linear(p, gx(env), w, b, None if gr is None else gr(env)))
-    return call_into

@@ -111,10 +111,6 @@ def preferred_layout(op: str, p: Any, name: str, descs: dict[str, Any]) -> Any:
             return None
         if s is not None and s.dtype.torch != torch.float32:
             return None
-        if op == "Linear" and p.quant is None and wd == torch.float32 and xd == wd:
-            from .linear_dnnl import dnnl_available
-            if dnnl_available():  # many-row calls run oneDNN on the [out, in] weight
-                return None
         return Layout(PANELS, transposed=not p.transpose_weight)
     if op == "FusedFeedForward" and name.endswith("_w"):
         from ...ops.ffn import ffn_layout

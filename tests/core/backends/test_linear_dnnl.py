@@ -1,6 +1,7 @@
-"""Dense fp32 Linears of many rows on the CPU run as one oneDNN GEMM (residual as a
-binary post-op), fewer rows on the C matmul: a GraphOp's bound plan equals the
-NumPy reference and the unbound kernel bit for bit, and explain() names the layout."""
+"""Dense fp32 Linears on the CPU run on the C matmul at every row count (residual in
+its epilogue), LinearActivation of many rows as one oneDNN GEMM: a GraphOp's bound plan
+equals the NumPy reference and the unbound kernel bit for bit, and explain() names the
+layout."""
 
 import numpy as np
 import pytest
@@ -35,9 +36,9 @@ def test_linear_with_residual_by_row_count(rows):
     assert_close(out, torch.from_numpy(ref).float(), "fp32", f"linear + residual, {rows} rows")
     text = op.explain()
     assert "ResidualAdd" not in text[text.index("After fusion"):]      # in the GEMM epilogue
-    many = rows > DNNL_MIN_ROWS and dnnl_available()
-    assert ("[out, in] rows (oneDNN)" in text) == many
-    assert ("weight weight: 32-output panels" in text) == (not many)
+    # one path at every row count: the layout pass packed the weight for the C matmul
+    assert "oneDNN" not in text
+    assert "weight weight: 32-output panels" in text
     # the unbound kernel (what an unbound plan runs) computes the same bits
     from atbcore.backends.torch.linear import linear
     from atbcore.ops.registry import get_op
@@ -139,8 +140,9 @@ def test_fp32_linear_activation_many_rows_matches_reference_and_unfused(act, row
 @pytest.mark.skipif(not dnnl_available(), reason="torch built without oneDNN (mkldnn)")
 def test_onednn_linear_runs_on_torch_threads_beside_few_row_c_matmuls(monkeypatch):
     """A program whose C matmuls are all few-row runs parks torch's pool at one thread;
-    a oneDNN GEMM in it runs on torch's pool, so the program must not park (parked, the
-    compiled MiniLM's oneDNN Linears ran on one thread: 0.5x HF's time)."""
+    a oneDNN GEMM in it (a many-row LinearActivation) runs on torch's pool, so the
+    program must not park (parked, the compiled MiniLM's oneDNN GEMMs ran on one
+    thread: 0.5x HF's time)."""
     import atbcore.backends.torch.linear_dnnl as ld
 
     g = np.random.default_rng(3)
@@ -149,18 +151,19 @@ def test_onednn_linear_runs_on_torch_threads_beside_few_row_c_matmuls(monkeypatc
     y = torch.from_numpy(g.standard_normal((2, 40)).astype(np.float32))
     gb = GraphBuilder("many_and_few")
     xi, yi = gb.add_input("x", x), gb.add_input("y", y)
-    a, = gb.add_node("Linear", [xi, gb.add_weight("w1", w1)], {"bias": False}, name="many")
+    a, = gb.add_node("LinearActivation", [xi, gb.add_weight("w1", w1)],
+                     {"bias": False, "activation_type": "relu"}, name="many")
     b, = gb.add_node("Linear", [yi, gb.add_weight("w2", w2)], {"bias": False}, name="few")
     gb.mark_output(a)
     gb.mark_output(b)
     op = atbcore.GraphOp(gb.build())
     seen = []
-    orig = ld.dnnl_linear
+    orig = ld.dnnl_linear_activation
 
     def spy(*args, **kw):
         seen.append(torch.get_num_threads())
         return orig(*args, **kw)
-    monkeypatch.setattr(ld, "dnnl_linear", spy)
+    monkeypatch.setattr(ld, "dnnl_linear_activation", spy)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -169,7 +172,7 @@ def test_onednn_linear_runs_on_torch_threads_beside_few_row_c_matmuls(monkeypatc
     finally:
         torch.set_num_threads(before)
     assert seen == [2, 2, 2]
-    assert_close(out_a, torch.from_numpy(x.double().numpy() @ w1.T.astype(np.float64)).float(),
-                 "fp32", "oneDNN Linear")
+    ref_a = np.maximum(x.double().numpy() @ w1.T.astype(np.float64), 0.0)
+    assert_close(out_a, torch.from_numpy(ref_a).float(), "fp32", "oneDNN LinearActivation")
     assert_close(out_b, torch.from_numpy(y.double().numpy() @ w2.T.astype(np.float64)).float(),
                  "fp32", "C Linear")

@@ -146,9 +146,9 @@ def test_decoder_holds_panels_only_and_matches_hf(llama, quantize):
         ref = llama(torch.cat([ids, tok[:, None]], 1)).logits[:, -1]
     _close(step, ref, quantize, "decode vs HF")
     packed, own = _held(r)
-    # fp32: QKV, gate|up, down and the LM head in panels (o runs oneDNN at many rows,
-    # so it stays as stored: a view of HF's tensor); w8: every projection's int8 codes
-    want = _panels_bytes(llama, 4, False, 4) if quantize is None else \
+    # fp32: every projection (o too: the C matmul runs it at every row count) and the
+    # LM head in panels; w8: every projection's int8 codes
+    want = _panels_bytes(llama, 4, True, 4) if quantize is None else \
         _panels_bytes(llama, 1, True, 1)
     assert packed == want, (packed, want)
     assert own == 0, f"{own} B of unpacked weights held beside the panels"
