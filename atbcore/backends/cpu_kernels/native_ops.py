@@ -27,8 +27,8 @@ from typing import Any, Callable, Mapping, Sequence
 from ...dtypes import Dtype
 from ...errors import DtypeError, InputError, ShapeError
 from .bindings import entry
-from .native import (ACT, ACT_CODES, DTYPE_CODES, LINEAR, NORM, SM_DIMS, SOFTMAX, WEIGHT_CODES,
-                     NativeView, check_status, pool_threads)
+from .native import (ACT, ACT_CODES, DTYPE_CODES, LINEAR, NORM, PANEL, SM_DIMS, SOFTMAX,
+                     WEIGHT_CODES, NativeView, check_status, pool_threads)
 
 __all__ = ["Ref", "Step", "THREADS", "TableTooShort", "compile_steps", "rms_norm_steps",
            "layer_norm_steps", "linear_steps", "activation_steps", "softmax_steps", "copy_step",
@@ -209,7 +209,7 @@ def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: Nativ
                  norm_weight: NativeView | None = None,
                  norm_eps: float | None = None,
                  residual: NativeView | None = None,
-                 panels: NativeView | None = None) -> list[Step]:
+                 panels: NativeView | None = None, gated: str | None = None) -> list[Step]:
     """``y (+)= x @ w.T * scale + bias`` for ``x`` [..., K] and a row-major ``w`` [N, K]
     (its rows may be any stride apart); fp32 sums, one rounding into ``y`` [..., N]
     (``y``'s dtype may differ from x's: fp32 intermediates). With ``norm_eps`` the
@@ -217,7 +217,10 @@ def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: Nativ
     x's dtype as the RmsNorm kernel would store them. ``residual`` (shaped as ``y``,
     contiguous; not with ``accumulate``) is added to the result, one rounding.
     ``panels``: ``w`` packed in 32-output panels (:mod:`.native_panels`), streamed
-    instead of ``w``."""
+    instead of ``w``. ``gated`` (an activation name): ``w`` is gate | up [2 I, K] given
+    as float ``panels``, I a multiple of 32, and ``y`` [..., I] is
+    ``act(x @ gate.T + b_gate) * (x @ up.T + b_up)`` (the torch binding's
+    ``linear_rows(gated=...)``; no scale, accumulate or residual)."""
     op = "linear_rows"
     xdt = _float(op, "x", x)
     wdt = _float(op, "w", w, WEIGHT_CODES)
@@ -231,8 +234,21 @@ def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: Nativ
     rows = rows_of(op, "x", x, k)
     ydt = _float(op, "out", y)
     _contiguous(op, "out", y)
-    if y.shape != (*x.shape[:-1], n):
-        raise ShapeError(op, "'out' shape", [*x.shape[:-1], n], list(y.shape))
+    gate = (0, 0)
+    if gated is not None:
+        if gated not in ACT_CODES or gated == "none" or panels is None or \
+                w.dtype == Dtype.INT8 or n % (2 * PANEL):
+            raise InputError(op, "gated", f"an activation over float gate | up panels "
+                             f"[2 I, K], I a multiple of {PANEL}",
+                             f"{gated!r}, {w.dtype.value} {list(w.shape)}, panels "
+                             f"{'given' if panels is not None else 'None'}")
+        if scale is not None or residual is not None or accumulate:
+            raise InputError(op, "gated", "no scale, residual or accumulate beside it",
+                             "one of them")
+        gate = (n // 2 // PANEL, ACT_CODES[gated])
+    if y.shape != (*x.shape[:-1], n // 2 if gated else n):
+        raise ShapeError(op, "'out' shape", [*x.shape[:-1], n // 2 if gated else n],
+                         list(y.shape))
     sp = _vector(op, "scale", scale, n)[0]
     if scale is not None and scale.dtype != Dtype.FP32:
         raise DtypeError(op, "'scale' dtype", "float32", scale.dtype.value)
@@ -254,10 +270,11 @@ def linear_steps(x: NativeView, w: NativeView, bias: NativeView | None, y: Nativ
         res = (residual.address, _float(op, "residual", residual), n)
     if rows == 0 or n == 0:
         return []
+    n_out = n // 2 if gated else n
     head = (x.address, w.address if panels is None else panels.address, sp, bp, y.address,
-            xdt, wdt, bdt, ydt, rows, k, n, k, w.strides[0] if n > 1 else k, n)
+            xdt, wdt, bdt, ydt, rows, k, n_out, k, w.strides[0] if n > 1 else k, n_out)
     tail = (THREADS, int(accumulate), int(norm_eps is not None), nwp, nwdt,
-            float(norm_eps or 0.0), 0.0, int(panels is not None), *res)
+            float(norm_eps or 0.0), 0.0, int(panels is not None), *res, *gate)
     return [Step("linear_rows", LINEAR, (*head, *tail))]
 
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from ...dtypes import Dtype
 from ...ops.activation import get_activation
 from ...ops.ffn import ffn_layout
-from .native import CACHE, DTYPE_CODES, NativeView
+from .native import CACHE, DTYPE_CODES, PANEL, NativeView
 from .native_ops import (Step, activation_steps, layer_norm_steps, linear_steps,
                          rms_norm_steps, softmax_steps)
 from .native_attention import PagedDecodeSpec, RopeKVCacheSpec
@@ -286,10 +286,15 @@ class FfnSpec(_Spec):
         norm = {} if p.norm_eps is None else {"norm_weight": views["norm_weight"],
                                               "norm_eps": float(p.norm_eps)}
         steps: list = []
-        if p.gate_up_merged:
+        gu_panels = panel_view(views["gate_up_w"]) if p.gate_up_merged else None
+        if gu_panels is not None and inter % PANEL == 0:  # the activation in its epilogue
+            h = buf(0, inter)                                                      # [T, I]
+            steps += linear_steps(x2, views["gate_up_w"], views.get("gate_up_b"), h,
+                                  panels=gu_panels, gated=act, **norm)
+        elif p.gate_up_merged:
             gu, h = buf(0, 2 * inter), buf(2 * inter, inter)                       # [T, 2I], [T, I]
             steps += linear_steps(x2, views["gate_up_w"], views.get("gate_up_b"), gu,
-                                  panels=panel_view(views["gate_up_w"]), **norm)
+                                  panels=gu_panels, **norm)
             steps += activation_steps(gu, act, h, split=True)
         elif p.activation.gated:
             g, u = buf(0, inter), buf(inter, inter)

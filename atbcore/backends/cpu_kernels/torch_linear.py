@@ -82,7 +82,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
                 rms_norm_eps: float | None = None,
                 rms_norm_weight: torch.Tensor | None = None,
                 panels: torch.Tensor | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, gated: str | None = None) -> torch.Tensor:
     """``x @ w.T * scale + bias`` for few rows of ``x`` [..., K] (``w`` [N, K]); with
     ``accumulate`` the result is added into ``out``, with ``residual`` (shaped as the
     output, contiguous; not with ``accumulate``) that tensor is added (it may be
@@ -95,12 +95,18 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
     row count: more than 64 rows run in 64-row blocks on torch's OpenMP team.
     An int8 ``w`` needs ``scale`` (fp32 [N]) and reads each row of ``x`` as int8 blocks of
     32 inputs (one fp32 scale each, :func:`atbcore.ops.linear_quant.act_q8`: integer dot
-    products, as llama.cpp's Q8_0); ``bias`` is [N]."""
+    products, as llama.cpp's Q8_0); ``bias`` is [N].
+
+    ``gated`` (an activation of the C activation kernel, e.g. ``"silu"``): ``w`` is
+    gate | up ``[2 I, K]`` given as ``panels``, I a multiple of 32, and the result is
+    ``act(x @ gate.T + b_gate) * (x @ up.T + b_up)`` ``[..., I]`` -- a gated FFN's first
+    projection and its activation in one pass, the bits of the plain call into an fp32
+    buffer followed by the activation kernel (no scale, accumulate or residual)."""
     _linear_check("linear_rows", x, w, scale, bias, out, accumulate, rms_norm_eps,
-                  rms_norm_weight, panels, residual)
+                  rms_norm_weight, panels, residual, gated)
     if threads is not None:
         chk.integer("linear_rows", "threads", threads, 1, 1 << 16)
-    k, n = x.shape[-1], w.shape[0]
+    k, n = x.shape[-1], _out_features(w, gated)
     shape = (*x.shape[:-1], n)
     if x.numel() == 0 or n == 0:  # no rows or no outputs: the C kernel has nothing to do
         return empty_result(x, out, shape, accumulate, residual)
@@ -115,7 +121,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, *, scale: torch.Tensor | None 
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
     head, tail = _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, rms_norm_eps,
-                                rms_norm_weight, panels, residual)
+                                rms_norm_weight, panels, residual, gated)
     _check(_fn("linear_rows")(head + _Q.pack(threads or pool_threads()) + tail), "linear_rows")
     return _deliver(out, y)
 
@@ -142,12 +148,38 @@ def check_epilogue(op: str, shape: tuple, k: int, out, accumulate, residual, eps
     chk.vector(op, "rms_norm_weight", nw, k)
 
 
+def _out_features(w: torch.Tensor, gated: str | None) -> int:
+    """The outputs of a matmul on ``w`` [N, K]: N, or N / 2 for a gated one."""
+    return w.shape[0] // 2 if gated is not None else w.shape[0]
+
+
+def _check_gated(op: str, w, scale, accumulate, panels, residual, gated) -> None:
+    """A gated call (see :func:`linear_rows`): float panels of gate | up, I = N / 2 a
+    multiple of 32, an activation the C kernel has, nothing else in the epilogue."""
+    if gated not in native.ACT_CODES or gated == "none":
+        raise InputError(op, "gated", "None or one of " + ", ".join(
+            a for a in native.ACT_CODES if a != "none"), repr(gated))
+    if panels is None or w.dtype == torch.int8:
+        raise InputError(op, "gated", "float weights given as panels", f"{w.dtype} weights"
+                         + ("" if panels is not None else " without panels"))
+    if w.shape[0] % (2 * PANEL):
+        raise ShapeError(op, "w (gated: gate | up)", f"[2 I, K] with I a multiple of {PANEL}",
+                         list(w.shape))
+    for name, v in (("scale", scale), ("residual", residual)):
+        if v is not None:
+            raise InputError(op, name, "None in a gated call", "a tensor")
+    if accumulate:
+        raise InputError(op, "accumulate", "False in a gated call", "True")
+
+
 def _linear_check(op: str, x, w, scale, bias, out, accumulate, eps, nw, panels,
-                  residual=None) -> None:
+                  residual=None, gated=None) -> None:
     """Every tensor of a few-row matmul against ``x`` [..., K] and ``w`` [N, K]."""
     chk.tensor(op, "x", x, dims=tuple(range(1, 65)))
     # with panels, w only gives the shape and dtype (it may be a meta tensor)
     chk.tensor(op, "w", w, LINEAR_WEIGHT_DTYPES, dims=(2,), cpu=panels is None)
+    if gated is not None:
+        _check_gated(op, w, scale, accumulate, panels, residual, gated)
     n, k = w.shape
     if x.shape[-1] != k:
         raise ShapeError(op, "'x' last dim (K, w's columns)", k,
@@ -159,7 +191,8 @@ def _linear_check(op: str, x, w, scale, bias, out, accumulate, eps, nw, panels,
         raise InputError(op, "scale", "a per-output-channel fp32 [N] scale for an int8 w",
                          "None")
     chk.vector(op, "bias", bias, n)
-    check_epilogue(op, (*x.shape[:-1], n), k, out, accumulate, residual, eps, nw)
+    check_epilogue(op, (*x.shape[:-1], _out_features(w, gated)), k, out, accumulate, residual,
+                   eps, nw)
     if panels is not None:
         chk.tensor(op, "panels", panels, LINEAR_WEIGHT_DTYPES)
         if not _panels_fit(panels, w):
@@ -180,9 +213,9 @@ _LINEAR_TAIL = native.LINEAR_TAIL  # after threads
 
 
 def _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, panels,
-                   residual=None) -> tuple:
+                   residual=None, gated=None) -> tuple:
     """LinArgs packed around its threads field: (before, after)."""
-    k, n = x2.shape[-1], w.shape[0]
+    k, n = x2.shape[-1], _out_features(w, gated)
     head = _LINEAR_HEAD.pack(
         x2.data_ptr(), w.data_ptr() if panels is None else panels.data_ptr(),
         0 if scale is None else scale.data_ptr(),
@@ -192,7 +225,8 @@ def _linear_fields(x2, rows, xs, w, scale, bias, y, accumulate, eps, nw, panels,
     tail = _LINEAR_TAIL.pack(
         int(accumulate), int(eps is not None), 0 if nw is None else nw.data_ptr(),
         0 if nw is None else DTYPE_CODES[nw.dtype], float(eps or 0.0), 0.0,
-        int(panels is not None), *_residual_fields(residual, n))
+        int(panels is not None), *_residual_fields(residual, n),
+        *((0, 0) if gated is None else (n // PANEL, native.ACT_CODES[gated])))
     return head, tail
 
 
@@ -208,7 +242,8 @@ def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
                       accumulate: bool = False, rms_norm_eps: float | None = None,
                       rms_norm_weight: torch.Tensor | None = None,
                       panels: torch.Tensor | None = None,
-                      residual: torch.Tensor | None = None) -> Callable[[], None] | None:
+                      residual: torch.Tensor | None = None,
+                      gated: str | None = None) -> Callable[[], None] | None:
     """:func:`linear_rows` of these very buffers, its arguments packed once: the
     returned ``call()`` reruns it (the pool's thread count read per call), for a
     prebuilt decode plan whose ``x`` and ``out`` are fixed. None when the buffers are
@@ -216,8 +251,8 @@ def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     kernel dtype, w contiguous or given as panels): then call :func:`linear_rows`.
     Bad arguments raise as in :func:`linear_rows`, here at bind time."""
     _linear_check("linear_rows_bound", x, w, scale, bias, out, accumulate, rms_norm_eps,
-                  rms_norm_weight, panels, residual)
-    k, n = x.shape[-1], w.shape[0]
+                  rms_norm_weight, panels, residual, gated)
+    k, n = x.shape[-1], _out_features(w, gated)
     if x.numel() == 0 or n == 0:
         return None
     if (not x.is_contiguous() or (scale is not None and not scale.is_contiguous())
@@ -229,7 +264,7 @@ def linear_rows_bound(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
             or (panels is not None and not _panels_fit(panels, w))):
         return None
     head, tail = _linear_fields(x, x.numel() // k, k, w, scale, bias, out, accumulate,
-                                rms_norm_eps, rms_norm_weight, panels, residual)
+                                rms_norm_eps, rms_norm_weight, panels, residual, gated)
     fn, keep = _fn("linear_rows"), (x, w, out, scale, bias, rms_norm_weight, panels, residual)
 
     def call() -> None:
@@ -269,7 +304,7 @@ def linear_rows_bound_io(x_like: torch.Tensor, w: torch.Tensor, out_like: torch.
                          accumulate: bool = False, rms_norm_eps: float | None = None,
                          rms_norm_weight: torch.Tensor | None = None,
                          panels: torch.Tensor | None = None,
-                         residual_like: torch.Tensor | None = None
+                         residual_like: torch.Tensor | None = None, gated: str | None = None
                          ) -> Callable[..., None] | None:
     """:func:`linear_rows_bound` for an input and an output that change per call (a
     plan's input and fresh output): ``call(x, out)`` checks only that each is a
@@ -279,12 +314,12 @@ def linear_rows_bound_io(x_like: torch.Tensor, w: torch.Tensor, out_like: torch.
     where :func:`linear_rows_bound` would be None."""
     if linear_rows_bound(x_like, w, out_like, scale=scale, bias=bias, accumulate=accumulate,
                          rms_norm_eps=rms_norm_eps, rms_norm_weight=rms_norm_weight,
-                         panels=panels, residual=residual_like) is None:
+                         panels=panels, residual=residual_like, gated=gated) is None:
         return None
     k = x_like.shape[-1]
     head, tail = _linear_fields(x_like, x_like.numel() // k, k, w, scale, bias, out_like,
                                 accumulate, rms_norm_eps, rms_norm_weight, panels,
-                                residual_like)
+                                residual_like, gated)
     fields = _LINEAR_HEAD.unpack(head)
     mid, after = _LINEAR_W.pack(*fields[1:4]), _LINEAR_REST.pack(*fields[5:])
     tail_pre, tail_res = tail[:_TAIL_RES], tail[_TAIL_RES + 8:]  # the residual's address cut out

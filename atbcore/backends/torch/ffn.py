@@ -34,10 +34,11 @@ def _wt(ins, lay, w: str) -> torch.Tensor:
     return ins[w] if lay.transposed[w] else ins[w].t()                     # [in, out]
 
 
-@kernel("FusedFeedForward", impl="C matmuls on 32-output panels + C bias+activation, residual "
+@kernel("FusedFeedForward", impl="C matmuls on 32-output panels, a merged gate|up one applying "
+        "the gated activation in its epilogue (else + C bias+activation), residual "
         "accumulated in the down matmul (CPU); else mm + C activation + addmm, or the registry "
         "torch activation; fp32 compute",
-        launches=ck.c_launches(5, with_c=3), bind=bind_cpu_ffn,
+        launches=ck.c_launches(5, with_c=2), bind=bind_cpu_ffn,
         workspace=lambda p, shapes: ffn_workspace_bytes(p, shapes))
 def fused_feed_forward(p, ins):
     x = ins["x"]

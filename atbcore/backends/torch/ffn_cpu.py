@@ -5,6 +5,10 @@
     h = act(gate [, up])            C activation, fp32
     y = h @ Wd^T + bd [+ residual]  C matmul adding the residual as it stores y, one rounding
 
+A merged gate|up projection of whole panels (I a multiple of 32) applies the activation
+in its epilogue instead (``linear_rows(gated=...)``): h in one pass, the same bits,
+without the [T, 2I] intermediate written and read again.
+
 The fp32 intermediates live in a workspace: the plan's arena when the kernel is
 bound (``FusedFeedForward``'s ``workspace`` declares its size), fresh tensors in an
 unbound call. Bound and unbound calls run the same kernels on the same panels
@@ -22,7 +26,8 @@ from ...runtime.binding import Slot, resolve
 from ...runtime.native_run import native_call, not_native, slots_of
 from ..cpu_kernels import torch_ops as ck
 from ..cpu_kernels.torch_act import activation_bound
-from ..cpu_kernels.torch_linear import linear_rows, linear_rows_bound, linear_rows_bound_io
+from ..cpu_kernels.torch_linear import (PANEL, linear_rows, linear_rows_bound,
+                                        linear_rows_bound_io)
 from .activation import c_activation
 from .linear_cpu import is_packed
 from .weight_layout import packed_panels, panels, panels_enabled
@@ -56,8 +61,16 @@ def why_not_cpu_ffn(p: Any, ins: dict[str, Any]) -> str | None:
     return None
 
 
+def _gated_epilogue(p: Any, lay: Any) -> bool:
+    """Whether the merged gate|up projection applies the activation itself (its up half
+    starts at a panel boundary)."""
+    return bool(p.gate_up_merged) and lay.inter % PANEL == 0
+
+
 def _parts(p: Any, lay: Any) -> tuple[list[str], int]:
     """The first projections' weight names and the fp32 workspace floats per row."""
+    if _gated_epilogue(p, lay):
+        return ["gate_up_w"], lay.inter          # h [I]
     if p.gate_up_merged:
         return ["gate_up_w"], 3 * lay.inter      # gu [2I] + h [I]
     if p.activation.gated:
@@ -81,6 +94,7 @@ class CpuFfn:
         self.p = p
         self.lay = lay = ffn_layout("FusedFeedForward", p, shapes)
         self.act = c_activation(p.activation)[0]
+        self.gated = _gated_epilogue(p, lay)
         self.first, self.ws_floats = _parts(p, lay)
         self.weights: dict[str, tuple[torch.Tensor, torch.Tensor, Any]] = {}
         for w in (*self.first, "down_w"):
@@ -93,6 +107,8 @@ class CpuFfn:
     def _buffers(self, rows: int, ws: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The fp32 workspace views: (first projection outputs..., h)."""
         inter = self.lay.inter
+        if self.gated:
+            return (ws[:rows * inter].view(rows, inter),)                   # h [T, I]
         if self.p.gate_up_merged:
             gu = ws[:rows * 2 * inter].view(rows, 2 * inter)               # [T, 2I] gate|up
             return gu, ws[rows * 2 * inter:rows * 3 * inter].view(rows, inter)   # h [T, I]
@@ -116,6 +132,8 @@ class CpuFfn:
         meta, pan, b = self.weights[w]
         if w == "down_w":
             return meta, {"bias": b, "panels": pan}
+        if self.gated:
+            return meta, {"bias": b, "panels": pan, "gated": self.act, **self.norm}
         return meta, {"bias": b, "panels": pan, **self.norm}
 
     def run(self, x: torch.Tensor, residual: torch.Tensor | None, y: torch.Tensor,
@@ -126,8 +144,9 @@ class CpuFfn:
         for xi, w, out in self._first(x.reshape(rows, lay.hidden), bufs):     # [T, H]
             meta, kw = self._linear_args(w)
             linear_rows(xi, meta, out=out, **kw)
-        g, kw = self._act_args(bufs)
-        ck.activation(g, self.act, **kw)
+        if not self.gated:
+            g, kw = self._act_args(bufs)
+            ck.activation(g, self.act, **kw)
         y2 = y.view(rows, lay.hidden)                                      # [T, H]
         r2 = None if residual is None else residual.reshape(rows, lay.hidden).contiguous()
         meta, kw = self._linear_args("down_w")
@@ -182,15 +201,23 @@ class CpuFfn:
                 call = call or (
                     lambda x2=x2, meta=meta, out=out, kw=kw: linear_rows(x2, meta, out=out, **kw))
                 steps.append(lambda env, call=call: call())
-        g, kw = self._act_args(bufs)
-        act = activation_bound(g, self.act, **kw)
-        pure = pure and act is not None
-        act = act or (lambda: ck.activation(g, self.act, **kw))
-        steps.append(lambda env: act())
+        if not self.gated:
+            g, kw = self._act_args(bufs)
+            act = activation_bound(g, self.act, **kw)
+            pure = pure and act is not None
+            act = act or (lambda: ck.activation(g, self.act, **kw))
+            steps.append(lambda env: act())
         steps.append(self._bind_down(bufs[-1], residual, y, rows))
         pure = pure and getattr(steps[-1], "native", False)
         # the down step reads the residual by address alone (its io path: contiguous)
         by_address = slots_of([residual])
+        if len(steps) == 2:
+            s0, s1 = steps
+
+            def run2(env: list) -> None:
+                s0(env)
+                s1(env)
+            return native_call(run2, pure, by_address)
         if len(steps) == 3:
             s0, s1, s2 = steps
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import atbcore as atb
-from oracle import FLOATS, check_error, check_op, rand
+from oracle import FLOATS, as_torch, check_error, check_op, rand, run
 
 GATED = ["swiglu", "geglu"]
 PLAIN = ["gelu", "gelu_tanh", "relu", "silu"]
@@ -209,3 +209,42 @@ def test_wrong_outputs_leave_them_untouched():
                 outputs=[np.full((2, H), 3.0, np.float32)] * 2)
     check_error("FusedFeedForward", {}, [X, *W], atb.ShapeError, "output",
                 outputs=[np.full((2, I), 3.0, np.float32)])
+
+
+@pytest.mark.parametrize("inter", [64, 48])
+def test_merged_gate_up_activation_in_the_matmul_epilogue(inter, monkeypatch):
+    """A merged gate|up projection of whole 32-output panels (I = 64) applies the gated
+    activation in its epilogue, so no activation kernel runs; I = 48 (the up half starts
+    mid-panel) keeps the activation kernel. Both match the NumPy reference, and the
+    NumPy backend's C path gives the torch kernel's bits."""
+    from atbcore.backends.cpu_kernels import available, torch_ops
+
+    h = 72
+    x, res = rand((3, h), "float32", 1), rand((3, h), "float32", 2)
+    g, u, d = weights(h, inter, "float32", True)
+    bgu, bd = rand((2 * inter,), "float32", 3), rand((h,), "float32", 4)
+    params = {"gate_up_merged": True, "bias": True, "has_residual": True}
+    calls = []
+    act = torch_ops.activation
+    monkeypatch.setattr(torch_ops, "activation",
+                        lambda *a, **k: calls.append(1) or act(*a, **k))
+    got = run("FusedFeedForward", params, [as_torch(v) for v in
+                                           (x, np.concatenate([g, u]), d, bgu, bd, res)], "torch")
+    ref = check_op("FusedFeedForward", params, [x, np.concatenate([g, u]), d, bgu, bd, res])
+    if available():
+        assert (len(calls) == 0) == (inter % 32 == 0), calls
+    gu_w = np.concatenate([g, u])
+    op = atb.GraphOp(_ffn_graph(params, x, gu_w, d, bgu, bd, res))
+    native = op(x, res)
+    np.testing.assert_array_equal(np.asarray(native), got[0].numpy())
+    atb.assert_close(native, ref[0], "fp32", "NumPy backend GraphOp")
+
+
+def _ffn_graph(params, x, gu_w, d, bgu, bd, res):
+    gb = atb.GraphBuilder("ffn")
+    xi, ri = gb.add_input("x", x), gb.add_input("r", res)
+    ins = [xi, gb.add_weight("gu", gu_w), gb.add_weight("d", d), gb.add_weight("bgu", bgu),
+           gb.add_weight("bd", bd), ri]
+    y, = gb.add_node("FusedFeedForward", ins, params, name="ffn")
+    gb.mark_output(y)
+    return gb.build()

@@ -4,11 +4,9 @@
  * Rows of n elements; a one-input gated call passes up = x + n with both row
  * strides 2n. fp32 math, one rounding at the store.
  */
+#include "act.h"
 #include "common.h"
 #include "pool.h"
-
-enum { ACT_SILU = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_QUICK_GELU = 3, ACT_RELU = 4,
-       ACT_NONE = 5 };
 
 typedef struct {
     int64_t x, up, y, bias, bias_up;  /* addresses; 0 = absent */
@@ -34,7 +32,7 @@ static inline float atb_erfcf(float z) {
 }
 
 /* v[i] = act(x[i]); x may be v */
-static void apply(int act, int64_t m, const float *x, float *v) {
+void atb_act_apply(int act, int64_t m, const float *x, float *v) {
     switch (act) {
     case ACT_SILU:
 #pragma omp simd
@@ -83,7 +81,7 @@ static void act_rows(void *ctx, int64_t r0, int64_t r1) {
             }
             /* fp32 output: compute straight into it (elementwise, so y may alias x) */
             float *o = dt == ATB_F32 ? (float *)P(a.y) + r * a.y_stride + j : bx;
-            apply((int)a.act, m, x, o);
+            atb_act_apply((int)a.act, m, x, o);
             if (a.up) {
                 const float *u = atb_load(P(a.up), dt, r * a.up_stride + j, m, bu);
                 if (a.bias_up) {

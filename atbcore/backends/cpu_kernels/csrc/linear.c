@@ -12,6 +12,7 @@
  * Other builds: plain loops the compiler vectorises. With LinArgs.packed the
  * weight is in 32-output panels instead and panel.c runs it (at any row count).
  */
+#include "act.h"
 #include "gemm.h"
 #include "linear.h"
 #include "norm.h"
@@ -255,6 +256,11 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
         return ATB_ERR_ARGS;
     if (a->x_dt < 0 || a->x_dt > ATB_F16 || a->y_dt < 0 || a->y_dt > ATB_F16) return ATB_ERR_ARGS;
     if (a->res && (a->accumulate || a->res_dt < 0 || a->res_dt > ATB_F16)) return ATB_ERR_ARGS;
+    /* gated (act(gate) * up in the epilogue): float panels of 2n outputs, n whole panels,
+     * no other addend */
+    if (a->gated && (a->gated < 0 || !a->packed || a->w_dt == W_I8 || a->scale || a->res ||
+                     a->accumulate || a->n != 32 * a->gated || a->act < 0 || a->act > ACT_NONE))
+        return ATB_ERR_ARGS;
     if (a->m == 0) return 0;
     Job job = {a, NULL, a->x_stride, 0};
     float *tmp = NULL;
@@ -274,7 +280,7 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     int64_t bytes = a->n * a->k * wsize((int)a->w_dt) * ((a->m + 3) / 4);
     if (bytes < (64 << 10)) nth = 1;
     /* a bf16 prefill GEMM on bf16 panels: VDPBF16PS where the CPU has it (gemm_bf16.c) */
-    if (a->m > ATB_GEMM_MBLOCK && atb_linear_bf16(a, x, xs, nth) == 0) {
+    if (a->m > ATB_GEMM_MBLOCK && !a->gated && atb_linear_bf16(a, x, xs, nth) == 0) {
         free(normed);
         return 0;
     }

@@ -24,6 +24,10 @@ typedef struct {
     int64_t packed;                             /* 1: w in 32-output panels (see run_panels) */
     int64_t res, res_dt, res_stride;            /* res != 0: y = result + res (a residual read
                                                    from its own rows; accumulate must be 0) */
+    int64_t gated, act;                         /* gated > 0 (float panels only): the weight
+                                                   is gate | up, each n = 32 gated outputs, and
+                                                   y = act(gate) * up (act.h codes), the bias
+                                                   (2n: gate's, up's) added to each first */
 } LinArgs;
 
 /* the addend of output row m (y itself when accumulating, the residual rows, or none),

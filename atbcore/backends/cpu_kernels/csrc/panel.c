@@ -1,6 +1,7 @@
 /* Few-row (and many-row) matmul on panel-packed weights: see linear.h and the
  * layout note below. fp32, bf16 and fp16 panels only: int8 panels (w8) read their
  * activations as int8 blocks (panel_q8.c), so no tile here widens int8 weights. */
+#include "act.h"
 #include "gemm.h"
 #include "linear.h"
 #include "pool.h"
@@ -133,6 +134,36 @@ void atb_panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float 
     }
 }
 
+/* y[m .. m+mb, n .. n+32) of a gated call (LinArgs.gated): rg / ru the gate and up
+ * panels' sums (mb rows of 32 each). Each plus its bias as the plain call would store
+ * it in fp32, then act(gate) * up as the activation kernel computes it (act.c), one
+ * rounding to y's dtype: the bits of the matmul into an fp32 buffer and the
+ * activation kernel after it. */
+static void panel_emit_gated(const LinArgs *a, int64_t m, int64_t n, int mb, const float *rg,
+                             const float *ru) {
+    const int64_t nv = a->n - n < ATB_PANEL ? a->n - n : ATB_PANEL;
+    float bg[ATB_PANEL], bu[ATB_PANEL], g[ATB_PANEL], h[ATB_PANEL];
+    const float *big = a->bias ? atb_load(P(a->bias), (int)a->bias_dt, n, nv, bg) : NULL;
+    const float *biu = a->bias ? atb_load(P(a->bias), (int)a->bias_dt, a->n + n, nv, bu) : NULL;
+    for (int i = 0; i < mb; ++i) {
+        const float *r = rg + i * ATB_PANEL, *u = ru + i * ATB_PANEL;
+        if (big) {
+#pragma omp simd
+            for (int64_t j = 0; j < nv; ++j) g[j] = r[j] + big[j];
+            r = g;
+        }
+        atb_act_apply((int)a->act, nv, r, h);
+        if (biu) {
+#pragma omp simd
+            for (int64_t j = 0; j < nv; ++j) h[j] *= u[j] + biu[j];
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < nv; ++j) h[j] *= u[j];
+        }
+        atb_store((void *)P(a->y), (int)a->y_dt, (m + i) * a->y_stride + n, nv, h);
+    }
+}
+
 /* Decode rows (one block of rows): chunk sizes fall with the panels left, each about
  * left / guide (rounded up to whole units: pairs of panels for one row), so the first
  * chunks are long weight streams and the last ones short enough that the threads finish
@@ -152,7 +183,12 @@ static int64_t guided_chunk(int64_t np, int64_t guide, int64_t unit, int64_t c, 
     return i;
 }
 
-/* chunk: panels [p0, p1) against x rows [m0, m1) (one block of rows) */
+/* panels per unit of work in a one-row call: pairs (panel_row2), except gated calls,
+ * whose gate panel and up panel are the pair */
+static int64_t pair_unit(const LinArgs *a) { return a->m == 1 && !a->gated ? 2 : 1; }
+
+/* chunk: panels [p0, p1) against x rows [m0, m1) (one block of rows); gated: gate
+ * panels, each with its up panel */
 static void run_panels(void *ctx, int64_t chunk) {
     const Job *job = (const Job *)ctx;
     const LinArgs *a = job->a;
@@ -161,12 +197,20 @@ static void run_panels(void *ctx, int64_t chunk) {
     const int64_t pc = chunk % job->pchunks, m0 = chunk / job->pchunks * job->mblock;
     const int64_t M = m0 + job->mblock < a->m ? m0 + job->mblock : a->m;
     int64_t p0 = pc * job->chunk_rows, p1 = p0 + job->chunk_rows < np ? p0 + job->chunk_rows : np;
-    if (job->guide) guided_chunk(np, job->guide, a->m == 1 ? 2 : 1, chunk, &p0, &p1);
+    if (job->guide) guided_chunk(np, job->guide, pair_unit(a), chunk, &p0, &p1);
     const uint8_t *w = (const uint8_t *)P(a->w);
     const int64_t ps = K * ATB_PANEL * wsize(wdt); /* bytes per panel */
+    /* gated: panel p is a gate panel, its up panel gated panels on */
+    const int64_t up = a->gated * ps;
     for (int64_t p = p0; p < p1; ++p) {
         const uint8_t *wp = w + p * ps;
 #ifdef ATB_PANEL_ROW2
+        if (M - m0 == 1 && up) { /* one row: the gate panel and its up panel at a time */
+            float res2[2 * ATB_PANEL];
+            panel_row2_rt(wdt, job->xf + m0 * job->xs, wp, up, K, res2);
+            panel_emit_gated(a, m0, p * ATB_PANEL, 1, res2, res2 + ATB_PANEL);
+            continue;
+        }
         if (M - m0 == 1 && p + 1 < p1) { /* one row: two panels at a time */
             float res2[2 * ATB_PANEL];
             panel_row2_rt(wdt, job->xf + m0 * job->xs, wp, ps, K, res2);
@@ -184,7 +228,14 @@ static void run_panels(void *ctx, int64_t chunk) {
                                  : left - ATB_PANEL_MT >= 6 ? ATB_PANEL_MT : left - 6);
             float res[ATB_PANEL_MT * ATB_PANEL];
             panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp, K, m == m0, res);
-            atb_panel_emit(a, m, p * ATB_PANEL, mb, res);
+            if (up) {
+                float resu[ATB_PANEL_MT * ATB_PANEL];
+                panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp + up, K, m == m0,
+                              resu);
+                panel_emit_gated(a, m, p * ATB_PANEL, mb, res, resu);
+            } else {
+                atb_panel_emit(a, m, p * ATB_PANEL, mb, res);
+            }
             m += mb;
         }
     }
@@ -203,7 +254,7 @@ void atb_linear_panels(Job *job, int nth) {
     const int64_t nmb = (a->m + job->mblock - 1) / job->mblock;
     const int64_t per_block = (8 * nth + nmb - 1) / nmb;   /* panel chunks a block needs */
     job->chunk_rows = (np + per_block - 1) / per_block;
-    if (a->m == 1 && job->chunk_rows % 2 && job->chunk_rows < np)
+    if (pair_unit(a) == 2 && job->chunk_rows % 2 && job->chunk_rows < np)
         ++job->chunk_rows; /* whole pairs of panels (panel_row2) */
     job->pchunks = (np + job->chunk_rows - 1) / job->chunk_rows;
     job->guide = 0;
@@ -214,6 +265,6 @@ void atb_linear_panels(Job *job, int nth) {
     /* decode rows: guided chunks (equal ones left the threads up to a chunk apart at
      * the end of each matmul, and each chunk start is a new weight stream) */
     job->guide = 2 * (int64_t)nth;
-    job->pchunks = guided_chunk(np, job->guide, a->m == 1 ? 2 : 1, -1, NULL, NULL);
+    job->pchunks = guided_chunk(np, job->guide, pair_unit(a), -1, NULL, NULL);
     atb_parallel_chunks(run_panels, job, job->pchunks, nth);
 }
