@@ -249,6 +249,21 @@ static void run_rows(void *ctx, int64_t chunk) {
     }
 }
 
+/* rows [r0, r1) of the RmsNorm'd copy of x (LinArgs.norm) */
+typedef struct {
+    const LinArgs *a;
+    const void *x;
+    int64_t xs;
+    void *normed; /* [m, k] at x's dtype */
+} NormJob;
+
+static void norm_rows(void *ctx, int64_t r0, int64_t r1) {
+    const NormJob *j = (const NormJob *)ctx;
+    const LinArgs *a = j->a;
+    atb_rms_norm_rows(j->x, NULL, NULL, j->normed, P(a->norm_w), (int)a->x_dt, (int)a->norm_w_dt,
+                      r0, r1, a->k, j->xs, 0, 0, a->k, (float)a->norm_eps, (float)a->norm_offset);
+}
+
 /* Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_NOMEM when x cannot be widened. */
 ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     if (!a || a->m < 0 || a->k <= 0 || a->n <= 0 || !a->x || !a->w || !a->y) return ATB_ERR_ARGS;
@@ -267,16 +282,18 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     const void *x = P(a->x);
     int64_t xs = a->x_stride;
     void *normed = NULL;
+    int nth = (int)(a->threads > 0 ? a->threads : 1);
     if (a->norm) { /* RmsNorm rows stored at x's dtype, as the separate kernel would */
         normed = malloc((size_t)(a->m * a->k * atb_dt_size((int)a->x_dt)));
         if (!normed) return ATB_ERR_NOMEM;
-        atb_rms_norm_rows(x, NULL, NULL, normed, P(a->norm_w), (int)a->x_dt, (int)a->norm_w_dt, 0,
-                          a->m, a->k, xs, 0, 0, a->k, (float)a->norm_eps, (float)a->norm_offset);
+        /* over the pool: a prefill's rows (thousands) on one thread left the other
+         * cores idle for milliseconds before every normed matmul */
+        NormJob nj = {a, x, xs, normed};
+        atb_parallel_rows(norm_rows, &nj, a->m, a->m * a->k, nth);
         x = normed;
         xs = a->k;
         job.xs = xs;
     }
-    int nth = (int)(a->threads > 0 ? a->threads : 1);
     int64_t bytes = a->n * a->k * wsize((int)a->w_dt) * ((a->m + 3) / 4);
     if (bytes < (64 << 10)) nth = 1;
     /* a bf16 prefill GEMM on bf16 panels: VDPBF16PS where the CPU has it (gemm_bf16.c) */
