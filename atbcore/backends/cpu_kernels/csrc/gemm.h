@@ -35,6 +35,11 @@ void atb_panel_row2_avx2(int wdt, const float *x, const uint8_t *w, int64_t ps, 
 /* y[m .. m+mb, n .. n+32) from res (mb rows of 32 fp32 sums): panel.c's epilogue */
 void atb_panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float *res);
 
+/* a gated call's epilogue (LinArgs.gated): rg / ru the gate and up panels' sums, y =
+ * act(gate + bias) * (up + bias) over y[m .. m+mb, n .. n+32) */
+void atb_panel_emit_gated(const LinArgs *a, int64_t m, int64_t n, int mb, const float *rg,
+                          const float *ru);
+
 /* y = x w^T for bf16 rows x (xs elements apart, already RmsNorm'd when asked) and
  * bf16 panels, with VDPBF16PS. Returns 0 when it ran, -1 when it cannot here
  * (dtypes, layout, or a CPU without AVX512_BF16): the caller runs the fp32 path. */

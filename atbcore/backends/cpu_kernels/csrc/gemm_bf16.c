@@ -115,12 +115,20 @@ static void run_bf16(void *ctx, int64_t chunk) {
     const int64_t p0 = chunk % job->pchunks * job->chunk_panels;
     const int64_t p1 = p0 + job->chunk_panels < np ? p0 + job->chunk_panels : np;
     const uint16_t *w = (const uint16_t *)P(a->w);
+    const int64_t up = a->gated * K * ATB_GEMM_PANEL; /* gated: a gate panel's up panel */
     for (int64_t p = p0; p < p1; ++p)
         for (int64_t m = m0; m < m1; m += 8) {
             const int mb = m1 - m < 8 ? (int)(m1 - m) : 8;
             float res[8 * ATB_GEMM_PANEL];
-            bf16_tile_rt(mb, job->x + m * job->xs, job->xs, w + p * K * ATB_GEMM_PANEL, K, res);
-            atb_panel_emit(a, m, p * ATB_GEMM_PANEL, mb, res);
+            const uint16_t *wp = w + p * K * ATB_GEMM_PANEL;
+            bf16_tile_rt(mb, job->x + m * job->xs, job->xs, wp, K, res);
+            if (up) {
+                float resu[8 * ATB_GEMM_PANEL];
+                bf16_tile_rt(mb, job->x + m * job->xs, job->xs, wp + up, K, resu);
+                atb_panel_emit_gated(a, m, p * ATB_GEMM_PANEL, mb, res, resu);
+            } else {
+                atb_panel_emit(a, m, p * ATB_GEMM_PANEL, mb, res);
+            }
         }
 }
 #endif

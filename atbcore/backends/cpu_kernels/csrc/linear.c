@@ -297,7 +297,7 @@ ATB_API int64_t atb_linear_rows(const LinArgs *a) {
     int64_t bytes = a->n * a->k * wsize((int)a->w_dt) * ((a->m + 3) / 4);
     if (bytes < (64 << 10)) nth = 1;
     /* a bf16 prefill GEMM on bf16 panels: VDPBF16PS where the CPU has it (gemm_bf16.c) */
-    if (a->m > ATB_GEMM_MBLOCK && !a->gated && atb_linear_bf16(a, x, xs, nth) == 0) {
+    if (a->m > ATB_GEMM_MBLOCK && atb_linear_bf16(a, x, xs, nth) == 0) {
         free(normed);
         return 0;
     }

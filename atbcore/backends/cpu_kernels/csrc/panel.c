@@ -139,8 +139,8 @@ void atb_panel_emit(const LinArgs *a, int64_t m, int64_t n, int mb, const float 
  * it in fp32, then act(gate) * up as the activation kernel computes it (act.c), one
  * rounding to y's dtype: the bits of the matmul into an fp32 buffer and the
  * activation kernel after it. */
-static void panel_emit_gated(const LinArgs *a, int64_t m, int64_t n, int mb, const float *rg,
-                             const float *ru) {
+void atb_panel_emit_gated(const LinArgs *a, int64_t m, int64_t n, int mb, const float *rg,
+                          const float *ru) {
     const int64_t nv = a->n - n < ATB_PANEL ? a->n - n : ATB_PANEL;
     float bg[ATB_PANEL], bu[ATB_PANEL], g[ATB_PANEL], h[ATB_PANEL];
     const float *big = a->bias ? atb_load(P(a->bias), (int)a->bias_dt, n, nv, bg) : NULL;
@@ -208,7 +208,7 @@ static void run_panels(void *ctx, int64_t chunk) {
         if (M - m0 == 1 && up) { /* one row: the gate panel and its up panel at a time */
             float res2[2 * ATB_PANEL];
             panel_row2_rt(wdt, job->xf + m0 * job->xs, wp, up, K, res2);
-            panel_emit_gated(a, m0, p * ATB_PANEL, 1, res2, res2 + ATB_PANEL);
+            atb_panel_emit_gated(a, m0, p * ATB_PANEL, 1, res2, res2 + ATB_PANEL);
             continue;
         }
         if (M - m0 == 1 && p + 1 < p1) { /* one row: two panels at a time */
@@ -232,7 +232,7 @@ static void run_panels(void *ctx, int64_t chunk) {
                 float resu[ATB_PANEL_MT * ATB_PANEL];
                 panel_tile_rt(mb, wdt, job->xf + m * job->xs, job->xs, wp + up, K, m == m0,
                               resu);
-                panel_emit_gated(a, m, p * ATB_PANEL, mb, res, resu);
+                atb_panel_emit_gated(a, m, p * ATB_PANEL, mb, res, resu);
             } else {
                 atb_panel_emit(a, m, p * ATB_PANEL, mb, res);
             }
