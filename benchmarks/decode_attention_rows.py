@@ -2,8 +2,8 @@
 shape, with each call's KV cache out of the L3 as in a real decode step.
 
     python benchmarks/decode_attention_rows.py [--rows 16] [--lens 16:512] [--threads 2]
-        [--layout scattered|ordered] [--dtype f32|bf16|f16] [--calls 400]
-        [--against OTHER/csrc]
+        [--layout scattered|ordered] [--dtype f32|bf16|f16] [--calls 400] [--warm]
+        [--cpu-time] [--csrc THIS/csrc] [--against OTHER/csrc]
 
 The rows attend over context lengths spaced evenly over ``--lens`` (default 16..512,
 the default model's 8 query heads on 2 KV heads, head_dim 64, block_size 16). The
@@ -13,8 +13,11 @@ each row blocks in random order; ``ordered`` hands them out in turn, as the bloc
 manager does for prompts prefilled together. ``--rows 1 --lens 2048:2048`` is a
 single decode row. With ``--against`` a library built from that csrc/ (an older
 commit's) and this checkout's take turns call by call on the same caches, and
-their outputs are compared. Prints per library: median and fastest microseconds
-per call, and the GB/s of the cache bytes read at the median.
+their outputs are compared. ``--warm`` calls one cache over and over (L2/L3
+resident: the kernel's compute); ``--cpu-time`` times the calling thread's CPU
+time, which with ``--threads 1`` leaves out the time other processes take the core
+(a shared machine's medians otherwise measure its load). Prints per library: median
+and fastest microseconds per call, and the GB/s of the cache bytes read at the median.
 """
 
 from __future__ import annotations
