@@ -19,10 +19,13 @@
  * weight is multiplied by its scale, so the rows are dequantized on the fly and
  * the cache read is one byte per element.
  *
- * Work is one chunk per (b, kv head): the G query heads of a group read each key
- * and value row once. Two passes over the keys (scores, then the weighted sum of
- * values: attn_passes.c), the scores of a chunk in one buffer: decode reads the
- * cache once per step and the scores are a few KiB.
+ * Work is one chunk per (b, kv head), or per row b when the rows alone keep the
+ * threads busy: the G query heads of a group read each key and value row once, and
+ * a row's kv heads go through the passes together (a few at a time for long rows),
+ * each position's rows of them read whole. Two passes over the keys (scores, then
+ * the weighted sum of values: attn_passes.c), the scores of a chunk in one buffer:
+ * decode reads the cache once per step and the scores are a few KiB. A head's sums
+ * are the same however its chunk is cut.
  */
 #include <stddef.h>
 
@@ -204,9 +207,8 @@ static int64_t decode_attention(DecAttnArgs a) {
      * single decode row's kv heads already are (one head per thread) */
     int64_t bytes = a.B * a.KV * (a.n > a.lo ? a.n - a.lo : 1) * a.D * 2 * atb_dt_size((int)a.kv_dt);
     int nth = bytes < (32 << 10) ? 1 : (int)(a.threads > 0 ? a.threads : 1);
-    /* a chunk per batch row (its kv heads in turn: the heads of a position are
-     * adjacent, so its rows are read whole) when the rows alone keep the threads
-     * busy, else per (row, kv head) */
+    /* a chunk per batch row (its kv heads together: run_chunk) when the rows alone
+     * keep the threads busy, else per (row, kv head) */
     AttnJob job = {&a, 0, 0, a.B >= 4 * nth ? a.KV : 1, NULL};
     int64_t *order = NULL;
     if (a.ends && nth > 1 && (order = (int64_t *)malloc((size_t)a.B * sizeof(int64_t)))) {
