@@ -51,9 +51,18 @@ def compile_lib(out: Path, csrc: Path) -> ctypes.CDLL:
     cmd = ["cc", *build.BASE_FLAGS, *build.isa_flags()[0][1], "-I", str(csrc),
            *[str(csrc / s) for s in SOURCES], "-o", str(lib), "-lm", "-lpthread", "-ldl"]
     subprocess.run(cmd, check=True)
-    fn = ctypes.CDLL(str(lib)).atb_decode_attention
+    dll = ctypes.CDLL(str(lib))
+    fn = dll.atb_decode_attention
     fn.argtypes, fn.restype = [ctypes.c_char_p], ctypes.c_int64
+    fn.pool_stats = dll.atb_pool_stats
     return fn
+
+
+def backoff_jobs(fn) -> int:
+    """Jobs the library's pool ran on the caller alone after a late worker (pool.c)."""
+    out = (ctypes.c_int64 * 8)()
+    fn.pool_stats(out)
+    return out[1]
 
 
 def make_cache(lens: list[int], layout: str, dtype: torch.dtype, gen: torch.Generator) -> dict:
@@ -127,10 +136,11 @@ def main() -> None:
     print(f"# {args.rows} rows, keys {first}..{last} (sum {sum(lens)}), {args.layout} blocks, "
           f"{args.dtype}, {args.threads} threads, {nbytes / 1e6:.2f} MB of cache per call, "
           f"{ncaches} caches in turn")
-    for name, t in times.items():
+    for (name, t), (_, fn) in zip(times.items(), libs):
         med = statistics.median(t)
         print(f"{name:6s} median {med:8.1f} us  fastest {min(t):8.1f} us  "
-              f"{nbytes / med / 1e3:6.1f} GB/s")
+              f"{nbytes / med / 1e3:6.1f} GB/s  ({backoff_jobs(fn)} calls on one thread: "
+              "its pool backed off from a late worker)")
     if len(libs) == 2:
         diff = max((a - b).abs().max().item() for a, b in zip(ys["this"], ys["other"]))
         print(f"max |this - other| over the outputs: {diff:.3g}")
