@@ -19,16 +19,23 @@
  * weight is multiplied by its scale, so the rows are dequantized on the fly and
  * the cache read is one byte per element.
  *
- * Work is one chunk per (b, kv head): the G query heads of a group read each key
- * and value row once. Two passes over the keys (scores, then the weighted sum of
- * values: attn_passes.c), the scores of a chunk in one buffer: decode reads the
- * cache once per step and the scores are a few KiB.
+ * Work is one chunk per (b, kv head), or per row b when the rows alone keep the
+ * threads busy: the G query heads of a group read each key and value row once, and
+ * a row's kv heads go through the passes together (a few at a time for long rows),
+ * each position's rows of them read whole. Two passes over the keys (scores, then
+ * the weighted sum of values: attn_passes.c), the scores of a chunk in one buffer:
+ * decode reads the cache once per step and the scores are a few KiB. A head's sums
+ * are the same however its chunk is cut.
  */
 #include <stddef.h>
 
 #include "attn.h"
 #include "common.h"
 #include "pool.h"
+
+/* the most key and value bytes of a row a chunk reads in one go (its kv heads
+ * together): what L2 holds between the passes, with room to spare */
+#define ATB_ATTN_FUSE_BYTES (448 << 10)
 
 typedef struct {
     const DecAttnArgs *a;
@@ -45,49 +52,60 @@ static inline float scale_at(const DecAttnArgs *a, int sh, int64_t addr, int64_t
     return *atb_load(P(addr), (int)a->s_dt, row_at(a, sh, b, s, sb, ss) + kh * shh, 1, &tmp);
 }
 
-static void run_group(AttnJob *job, int64_t b, int64_t kh) {
-    const DecAttnArgs *a = job->a;
-    int64_t lo = a->lo, end = a->n;
+/* the keys [lo, end) row b attends */
+static void row_keys(const DecAttnArgs *a, int64_t b, int64_t *lo, int64_t *end) {
+    *lo = a->lo;
+    *end = a->n;
     if (a->ends) {
-        end = ival(a->ends, (int)a->ends_i32, b);
-        if (a->window > 0 && end - a->window > lo) lo = end - a->window;
+        *end = ival(a->ends, (int)a->ends_i32, b);
+        if (a->window > 0 && *end - a->window > *lo) *lo = *end - a->window;
     }
-    const int64_t D = a->D, G = a->H / a->KV, L = end > lo ? end - lo : 0;
+}
+
+/* the G query heads of each of the nk kv heads from kh of row b (query head
+ * (kh + i) * G + j at index i * G + j of the buffers) */
+static void run_group(AttnJob *job, int64_t b, int64_t kh, int64_t nk) {
+    const DecAttnArgs *a = job->a;
+    int64_t lo, end;
+    row_keys(a, b, &lo, &end);
+    const int64_t D = a->D, G = a->H / a->KV, NH = nk * G, L = end > lo ? end - lo : 0;
     const int sh = a->table ? block_shift(a->block_size) : -1;
     const uint8_t *mask = a->mask ? (const uint8_t *)P(a->mask) + b * a->mask_sb : NULL;
-    float *buf = (float *)malloc((size_t)(G * L + 2 * G * D + 16 * D) * sizeof(float));
+    float *buf = (float *)malloc((size_t)(NH * L + 2 * NH * D + 16 * D) * sizeof(float));
     if (!buf) {
         job->nomem = 1;
         return;
     }
-    float *sc = buf, *qf = buf + G * L, *acc = qf + G * D, *row = acc + G * D;
+    float *sc = buf, *qf = buf + NH * L, *acc = qf + NH * D, *row = acc + NH * D;
     const float scale = (float)a->scale;
-    for (int64_t j = 0; j < G; ++j) {
+    for (int64_t j = 0; j < NH; ++j) {
         const int64_t h = kh * G + j;
         const float *qv = atb_load(P(a->q), (int)a->q_dt, b * a->q_sb + h * a->q_sh, D, qf + j * D);
         for (int64_t d = 0; d < D; ++d) qf[j * D + d] = qv[d] * scale;
     }
     /* pass 1: scores, and each head's max */
     float mx[64];
-    float *mxp = G <= 64 ? mx : (float *)malloc((size_t)G * sizeof(float));
+    float *mxp = NH <= 64 ? mx : (float *)malloc((size_t)NH * sizeof(float));
     if (!mxp) {
         free(buf);
         job->nomem = 1;
         return;
     }
-    for (int64_t j = 0; j < G; ++j) mxp[j] = -INFINITY;
-    atb_attn_scores(a, b, kh, lo, L, qf, G, sc, row);
+    for (int64_t j = 0; j < NH; ++j) mxp[j] = -INFINITY;
+    atb_attn_scores(a, b, kh, nk, lo, L, qf, G, sc, row);
     if (a->ks)  /* int8 keys: q . (c * s) = s * (q . c) */
-        for (int64_t s = 0; s < L; ++s) {
-            const float f = scale_at(a, sh, a->ks, b, lo + s, kh, a->ks_sb, a->ks_ss, a->ks_sh);
-            if (!isfinite(f)) job->nonfinite = 1;
-            for (int64_t j = 0; j < G; ++j) sc[j * L + s] *= f;
-        }
+        for (int64_t i = 0; i < nk; ++i)
+            for (int64_t s = 0; s < L; ++s) {
+                const float f = scale_at(a, sh, a->ks, b, lo + s, kh + i, a->ks_sb, a->ks_ss,
+                                         a->ks_sh);
+                if (!isfinite(f)) job->nonfinite = 1;
+                for (int64_t j = i * G; j < (i + 1) * G; ++j) sc[j * L + s] *= f;
+            }
     if (mask)
         for (int64_t s = 0; s < L; ++s)
             if (!mask[(lo + s) * a->mask_ss])
-                for (int64_t j = 0; j < G; ++j) sc[j * L + s] = -INFINITY;
-    for (int64_t j = 0; j < G; ++j) {  /* a head's scores are contiguous: one pass each */
+                for (int64_t j = 0; j < NH; ++j) sc[j * L + s] = -INFINITY;
+    for (int64_t j = 0; j < NH; ++j) {  /* a head's scores are contiguous: one pass each */
         const float *z = sc + j * L;
         float m = -INFINITY;
 #pragma omp simd reduction(max : m)
@@ -95,7 +113,7 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
         mxp[j] = m;
     }
     /* softmax numerators in place; the sums normalise once at the end */
-    for (int64_t j = 0; j < G; ++j) {
+    for (int64_t j = 0; j < NH; ++j) {
         float *z = sc + j * L, m = mxp[j], sum = 0.0f;
         if (m == -INFINITY) { /* every key masked */
             mxp[j] = 0.0f;
@@ -109,14 +127,16 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
         mxp[j] = 1.0f / sum;
     }
     if (a->vs)  /* int8 values: p (c * s) = (p s) c; the sums above normalise */
-        for (int64_t s = 0; s < L; ++s) {
-            const float f = scale_at(a, sh, a->vs, b, lo + s, kh, a->vs_sb, a->vs_ss, a->vs_sh);
-            if (!isfinite(f)) job->nonfinite = 1;
-            for (int64_t j = 0; j < G; ++j) sc[j * L + s] *= f;
-        }
+        for (int64_t i = 0; i < nk; ++i)
+            for (int64_t s = 0; s < L; ++s) {
+                const float f = scale_at(a, sh, a->vs, b, lo + s, kh + i, a->vs_sb, a->vs_ss,
+                                         a->vs_sh);
+                if (!isfinite(f)) job->nonfinite = 1;
+                for (int64_t j = i * G; j < (i + 1) * G; ++j) sc[j * L + s] *= f;
+            }
     /* pass 2: weighted sum of the value rows */
-    atb_attn_values(a, sh, b, kh, lo, L, mask, sc, G, row, acc);
-    for (int64_t j = 0; j < G; ++j) {
+    atb_attn_values(a, sh, b, kh, nk, lo, L, mask, sc, G, row, acc);
+    for (int64_t j = 0; j < NH; ++j) {
         float *o = acc + j * D;
         const float inv = mxp[j];
 #pragma omp simd
@@ -129,14 +149,22 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh) {
 
 static void run_chunk(void *ctx, int64_t chunk) {
     AttnJob *job = (AttnJob *)ctx;
-    const int64_t KV = job->a->KV;
+    const DecAttnArgs *a = job->a;
+    const int64_t KV = a->KV;
     const int64_t r = job->heads == KV ? chunk : chunk / KV;
     const int64_t b = job->order ? job->order[r] : r;
-    if (job->heads == KV) {
-        for (int64_t kh = 0; kh < KV; ++kh) run_group(job, b, kh);
-    } else {
-        run_group(job, b, chunk % KV);
+    if (job->heads != KV) {
+        run_group(job, b, chunk % KV, 1);
+        return;
     }
+    /* as many kv heads at once as keep the row's key and value rows of them in L2
+     * from pass 1 (which prefetches the value rows) to pass 2 */
+    int64_t lo, end;
+    row_keys(a, b, &lo, &end);
+    const int64_t head_bytes = (end > lo ? end - lo : 1) * a->D * atb_dt_size((int)a->kv_dt) * 2;
+    int64_t nk = ATB_ATTN_FUSE_BYTES / head_bytes;
+    nk = nk < 1 ? 1 : (nk > KV ? KV : nk);
+    for (int64_t kh = 0; kh < KV; kh += nk) run_group(job, b, kh, kh + nk <= KV ? nk : KV - kh);
 }
 
 /* Returns 0, ATB_ERR_ARGS for a bad call, ATB_ERR_CACHE_OVERFLOW when a row's end
@@ -179,9 +207,8 @@ static int64_t decode_attention(DecAttnArgs a) {
      * single decode row's kv heads already are (one head per thread) */
     int64_t bytes = a.B * a.KV * (a.n > a.lo ? a.n - a.lo : 1) * a.D * 2 * atb_dt_size((int)a.kv_dt);
     int nth = bytes < (32 << 10) ? 1 : (int)(a.threads > 0 ? a.threads : 1);
-    /* a chunk per batch row (its kv heads in turn: the heads of a position are
-     * adjacent, so its rows are read whole) when the rows alone keep the threads
-     * busy, else per (row, kv head) */
+    /* a chunk per batch row (its kv heads together: run_chunk) when the rows alone
+     * keep the threads busy, else per (row, kv head) */
     AttnJob job = {&a, 0, 0, a.B >= 4 * nth ? a.KV : 1, NULL};
     int64_t *order = NULL;
     if (a.ends && nth > 1 && (order = (int64_t *)malloc((size_t)a.B * sizeof(int64_t)))) {

@@ -51,13 +51,17 @@ static inline int64_t row_at(const DecAttnArgs *a, int sh, int64_t b, int64_t s,
     return ival(a->table, (int)a->table_i32, b * a->table_sb + q) * sb + r * ss;
 }
 
-/* pass 1: sc[j * L + s] = qf[j] . k(lo + s) for the G heads of kv head kh of row b
- * (masked keys too: the caller overwrites them); rows: scratch for 16 keys as fp32 */
-void atb_attn_scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int64_t L,
-                     const float *qf, int64_t G, float *sc, float *rows);
+/* pass 1: sc[j * L + s] = qf[j] . k(lo + s) for the G heads of each of the nk kv
+ * heads from kh of row b (head j of kv head kh + i at j = i * G + j; masked keys too:
+ * the caller overwrites them); rows: scratch for 16 keys as fp32. Each head's sums
+ * are the same whatever nk. */
+void atb_attn_scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t nk, int64_t lo,
+                     int64_t L, const float *qf, int64_t G, float *sc, float *rows);
 /* pass 2: acc[j] = sum_s sc[j * L + s] v(lo + s) over the unmasked keys, for the G
- * heads (sh: block_shift of a paged cache's block size); row: scratch for 16 keys */
-void atb_attn_values(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t lo, int64_t L,
-                     const uint8_t *mask, const float *sc, int64_t G, float *row, float *acc);
+ * heads of each of the nk kv heads from kh (sh: block_shift of a paged cache's block
+ * size); row: scratch for 16 keys */
+void atb_attn_values(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t nk, int64_t lo,
+                     int64_t L, const uint8_t *mask, const float *sc, int64_t G, float *row,
+                     float *acc);
 
 #endif

@@ -133,8 +133,8 @@ static void values_lanes(const void *const *vr, int dt, int64_t cnt, const float
 
 /* sc[j * L + s] = qf[j] . k(lo + s) for the G heads of kv head kh of row b (masked
  * keys too: the caller overwrites them); rows: scratch for 16 keys as fp32 */
-void atb_attn_scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int64_t L,
-                     const float *qf, int64_t G, float *sc, float *rows) {
+static void scores_head(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, int64_t L,
+                        const float *qf, int64_t G, float *sc, float *rows) {
     const int64_t D = a->D;
     const int sh = a->table ? block_shift(a->block_size) : -1;
 #ifdef ATB_AVX512
@@ -206,6 +206,46 @@ void atb_attn_scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t lo, in
     }
 }
 
+void atb_attn_scores(const DecAttnArgs *a, int64_t b, int64_t kh, int64_t nk, int64_t lo,
+                     int64_t L, const float *qf, int64_t G, float *sc, float *rows) {
+    const int64_t D = a->D;
+#if defined(ATB_AVX2)
+    if (D % 8 == 0 && nk > 1) {
+        /* the nk kv heads of each 8 keys in turn: a position's heads are adjacent in
+         * the cache, so its rows are read whole and each block streams once */
+        const int sh = a->table ? block_shift(a->block_size) : -1;
+        const int64_t es = atb_dt_size((int)a->kv_dt), rb = D * es;
+        const char *kb = (const char *)P(a->k) + kh * a->k_sh * es;
+        const char *vb = (const char *)P(a->v) + kh * a->v_sh * es;
+        for (int64_t s0 = 0; s0 < L; s0 += 8) {
+            const int cnt = L - s0 < 8 ? (int)(L - s0) : 8;
+            const char *k0[8];
+            for (int i = 0; i < cnt; ++i)
+                k0[i] = kb + row_at(a, sh, b, lo + s0 + i, a->k_sb, a->k_ss) * es;
+            /* as scores_head: the keys 16 ahead, and these keys' value rows */
+            for (int64_t s = s0 + 16; s < s0 + 24 && s < L; ++s) {
+                const char *pk = kb + row_at(a, sh, b, lo + s, a->k_sb, a->k_ss) * es;
+                for (int64_t k = 0; k < nk; ++k)
+                    for (int64_t o = 0; o < rb; o += 64) _mm_prefetch(pk + k * a->k_sh * es + o, _MM_HINT_T0);
+            }
+            for (int i = 0; i < cnt; ++i) {
+                const char *pv = vb + row_at(a, sh, b, lo + s0 + i, a->v_sb, a->v_ss) * es;
+                for (int64_t k = 0; k < nk; ++k)
+                    for (int64_t o = 0; o < rb; o += 64) _mm_prefetch(pv + k * a->v_sh * es + o, _MM_HINT_T1);
+            }
+            for (int64_t k = 0; k < nk; ++k) {
+                const void *kr[8];
+                for (int i = 0; i < cnt; ++i) kr[i] = k0[i] + k * a->k_sh * es;
+                scores8(kr, (int)a->kv_dt, cnt, qf + k * G * D, G, D, sc + k * G * L + s0, L);
+            }
+        }
+        return;
+    }
+#endif
+    for (int64_t k = 0; k < nk; ++k)
+        scores_head(a, b, kh + k, lo, L, qf + k * G * D, G, sc + k * G * L, rows);
+}
+
 #ifdef ATB_AVX512
 /* acc[j0 + jj] = sum_s p[j0 + jj][s] v(s) for NH heads, NV vectors of D each: the
  * NH * NV <= 16 accumulators stay in registers across the keys */
@@ -241,8 +281,9 @@ static inline __attribute__((always_inline)) void pv_tile(
 #endif
 
 /* acc[j] = sum_s sc[j * L + s] v(lo + s) over the unmasked keys, for the G heads */
-void atb_attn_values(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t lo, int64_t L,
-                     const uint8_t *mask, const float *sc, int64_t G, float *row, float *acc) {
+static void values_head(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t lo,
+                        int64_t L, const uint8_t *mask, const float *sc, int64_t G, float *row,
+                        float *acc) {
     const int64_t D = a->D;
 #ifdef ATB_AVX512
     const int64_t nv = D / 16;
@@ -302,4 +343,34 @@ void atb_attn_values(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_
             for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
         }
     }
+}
+
+void atb_attn_values(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t nk, int64_t lo,
+                     int64_t L, const uint8_t *mask, const float *sc, int64_t G, float *row,
+                     float *acc) {
+    const int64_t D = a->D;
+#if defined(ATB_AVX2)
+    if (D % 8 == 0 && nk > 1) { /* values_head's 64-key batches, the nk heads in turn */
+        const int64_t es = atb_dt_size((int)a->kv_dt);
+        const char *vb = (const char *)P(a->v) + kh * a->v_sh * es;
+        memset(acc, 0, (size_t)(nk * G * D) * sizeof(float));
+        for (int64_t s0 = 0; s0 < L; s0 += 64) {
+            const int64_t cnt = L - s0 < 64 ? L - s0 : 64;
+            const char *v0[64];
+            for (int64_t i = 0; i < cnt; ++i) {
+                const int64_t pos = lo + s0 + i;
+                v0[i] = mask && !mask[pos * a->mask_ss]
+                            ? NULL : vb + row_at(a, sh, b, pos, a->v_sb, a->v_ss) * es;
+            }
+            for (int64_t k = 0; k < nk; ++k) {
+                const void *vr[64];
+                for (int64_t i = 0; i < cnt; ++i) vr[i] = v0[i] ? v0[i] + k * a->v_sh * es : NULL;
+                values_lanes(vr, (int)a->kv_dt, cnt, sc + k * G * L + s0, L, G, D, acc + k * G * D);
+            }
+        }
+        return;
+    }
+#endif
+    for (int64_t k = 0; k < nk; ++k)
+        values_head(a, sh, b, kh + k, lo, L, mask, sc + k * G * L, G, row, acc + k * G * D);
 }
