@@ -164,13 +164,12 @@ static inline __attribute__((always_inline)) void pv_tile(int R, int NZ, const f
     }
 #endif
 
+#ifndef ATB_AVX2   /* (AVX2 builds walk a block in atb_flash_block_lanes) */
 /* St[j][0..Mp) = kr[j] . Qt for the block's nk keys */
 static void scores(const float *const *kr, const float *Qt, float *St, int64_t Mp, int64_t D,
                    int nk) {
 #ifdef ATB_AVX512
     FL_OVER_LANES(Mp, nk, score_tile, j, kr + j, Qt, St + j * Mp, c, Mp, D)
-#elif defined(ATB_AVX2)
-    atb_flash_scores_lanes(kr, Qt, St, Mp, D, nk);
 #else
     for (int j = 0; j < nk; ++j) {
         float *s = St + j * Mp;
@@ -189,8 +188,6 @@ static void accumulate(const float *const *vr, const float *St, float *Ot, int64
                        int nk) {
 #ifdef ATB_AVX512
     FL_OVER_LANES(Mp, D, pv_tile, d, vr, St, Ot, d, c, Mp, nk)
-#elif defined(ATB_AVX2)
-    atb_flash_accumulate_lanes(vr, St, Ot, Mp, D, nk);
 #else
     for (int64_t d = 0; d < D; ++d) {
         float *o = Ot + d * Mp;
@@ -252,6 +249,20 @@ static void softmax_block(float *St, float *Ot, float *mx, float *sum, const int
 #endif
 }
 
+#endif
+
+/* where lane m's element d of Qt / Ot lies: slice-major in AVX2 builds (flash_lanes.h),
+ * else [D][Mp] */
+static inline int64_t lane_at(int64_t d, int64_t m, int64_t Mp, int64_t D) {
+#ifdef ATB_AVX2
+    (void)Mp;
+    return atb_flash_slice_at(d, m, D);
+#else
+    (void)D;
+    return d * Mp + m;
+#endif
+}
+
 static void run_chunk(void *ctx, int64_t ci) {
     FlJob *job = (FlJob *)ctx;
     const FlashArgs *a = job->a;
@@ -277,7 +288,13 @@ static void run_chunk(void *ctx, int64_t ci) {
     float *Qt = buf, *Ot = Qt + D * Mp, *St = Ot + D * Mp, *mx = St + FL_BK * Mp, *sum = mx + Mp;
     int32_t *pos = (int32_t *)(sum + Mp);
     float *tmp = (float *)(pos + Mp), *Kb = tmp + D, *Vb = Kb + FL_BK * D;
+#ifdef ATB_AVX2
+    /* the block walk's softmax is in base 2: scores in log2 units cost exp no range
+     * reduction by ln 2 */
+    const float scale = (float)(a->scale * 1.4426950408889634);
+#else
     const float scale = (float)a->scale;
+#endif
     memset(Ot, 0, (size_t)(D * Mp) * sizeof(float));
 #ifdef ATB_AVX2
     /* the queries of whole groups of 8 lanes are transposed 8 x 8 in registers (the
@@ -290,7 +307,7 @@ static void run_chunk(void *ctx, int64_t ci) {
         sum[m] = 0.0f;
         if (m >= M) {
             pos[m] = FL_NONE;
-            for (int64_t d = 0; d < D; ++d) Qt[d * Mp + m] = 0.0f;  /* (zero pairs too) */
+            for (int64_t d = 0; d < D; ++d) Qt[lane_at(d, m, Mp, D)] = 0.0f;  /* (zero pairs too) */
             continue;
         }
         const int64_t r = m / G, h = ch->kvh * G + m % G, t = ch->r0 + r;
@@ -299,7 +316,7 @@ static void run_chunk(void *ctx, int64_t ci) {
 #ifdef ATB_AVX2
         if (m < m8) {
             q8[m % 8] = (const char *)P(a->q) + qo * qes;
-            if (m % 8 == 7) atb_flash_fill_q8(q8, (int)a->q_dt, Qt, m - 7, Mp, D, scale);
+            if (m % 8 == 7) atb_flash_fill_q8(q8, (int)a->q_dt, Qt, m - 7, D, scale);
             continue;
         }
 #endif
@@ -308,7 +325,7 @@ static void run_chunk(void *ctx, int64_t ci) {
             continue;
         }
         const float *src = atb_load(P(a->q), (int)a->q_dt, qo, D, tmp);
-        for (int64_t d = 0; d < D; ++d) Qt[d * Mp + m] = src[d] * scale;
+        for (int64_t d = 0; d < D; ++d) Qt[lane_at(d, m, Mp, D)] = src[d] * scale;
     }
     /* the keys any row of this block sees */
     int64_t hi = causal ? off + ch->r1 : skv, lo = 0;
@@ -330,17 +347,22 @@ static void run_chunk(void *ctx, int64_t ci) {
             vr[j] = atb_load(P(a->v), (int)a->kv_dt, sd[2] + t * a->v_st + ch->kvh * a->v_sh, D,
                              Vb + j * D);
         }
+#ifdef ATB_AVX2
+        atb_flash_block_lanes(kr, vr, Qt, St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, a->window);
+        (void)kh;
+#else
         if (pairs)
             atb_flash_bf16_scores(kh, (const uint32_t *)Qt, St, Mp, D, nk, scale);
         else
             scores(kr, Qt, St, Mp, D, nk);
         softmax_block(St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, a->window);
         accumulate(vr, St, Ot, Mp, D, nk);
+#endif
     }
     for (int64_t m = 0; m < M; ++m) {
         const int64_t r = m / G, h = ch->kvh * G + m % G, t = ch->r0 + r;
         const float inv = sum[m] > 0.0f ? 1.0f / sum[m] : 0.0f;
-        for (int64_t d = 0; d < D; ++d) tmp[d] = Ot[d * Mp + m] * inv;
+        for (int64_t d = 0; d < D; ++d) tmp[d] = Ot[lane_at(d, m, Mp, D)] * inv;
         atb_store((void *)P(a->y), (int)a->y_dt, sd[3] + t * a->y_st + h * a->y_sh, D, tmp);
     }
 }
