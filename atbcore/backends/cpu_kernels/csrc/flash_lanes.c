@@ -168,12 +168,22 @@ void atb_flash_block_lanes(const float *const *kr, const float *const *vr, const
                            int64_t Mp, int64_t D, int64_t j0, int nk, int causal,
                            int64_t window) {
     for (int64_t c = 0; c < Mp; c += 16) {
+        /* causal: the keys past the slice's last position are no lane's (the block
+         * on the diagonal: on average half of it for 16 lanes of 4 rows) */
+        int n = nk;
+        if (causal) {
+            int64_t last = -1;
+            for (int l = 0; l < 16; ++l)
+                if (pos[c + l] != FL_NONE && pos[c + l] > last) last = pos[c + l];
+            if (last - j0 + 1 < n) n = (int)(last - j0 + 1);
+            if (n <= 0) continue;   /* (a factor of 1: m2, sum and Os stay) */
+        }
         const float *Qs = Qt + c * D;
         float *Os = Ot + c * D;
         __m256 corr[2];
-        FL2_TILES(nk, FL2_SCORE, j, kr, Qs, Ss, D);
-        softmax_slice(Ss, m2 + c, sum + c, pos + c, j0, nk, causal, window, corr);
-        FL2_TILES(D, FL2_PV, d, vr, Ss, Os, corr, nk);
+        FL2_TILES(n, FL2_SCORE, j, kr, Qs, Ss, D);
+        softmax_slice(Ss, m2 + c, sum + c, pos + c, j0, n, causal, window, corr);
+        FL2_TILES(D, FL2_PV, d, vr, Ss, Os, corr, n);
     }
 }
 
