@@ -277,9 +277,9 @@ static void run_chunk(void *ctx, int64_t ci) {
     /* bf16 q and k: the scores by VDPBF16PS on pairs (Qt holds q's bf16 pairs, keys
      * are read in place) */
     const int pairs = a->q_dt == ATB_BF16 && a->kv_dt == ATB_BF16 && atb_flash_bf16_ready();
-    /* scratch: Qt, Ot [D][Mp], St [64][Mp], mx, sum, pos [Mp], a row, K/V blocks when
+    /* scratch: Qt, Ot [D][Mp], St [64][Mp], mx, sum, pos [Mp], 8 rows, K/V blocks when
      * widened [64][D] */
-    size_t n = (size_t)(2 * D * Mp + FL_BK * Mp + 3 * Mp + D + (half ? 2 * FL_BK * D : 0));
+    size_t n = (size_t)(2 * D * Mp + FL_BK * Mp + 3 * Mp + 8 * D + (half ? 2 * FL_BK * D : 0));
     float *buf = scratch(n);
     if (!buf) {
         __atomic_store_n(&job->nomem, 1, __ATOMIC_RELAXED);
@@ -287,7 +287,7 @@ static void run_chunk(void *ctx, int64_t ci) {
     }
     float *Qt = buf, *Ot = Qt + D * Mp, *St = Ot + D * Mp, *mx = St + FL_BK * Mp, *sum = mx + Mp;
     int32_t *pos = (int32_t *)(sum + Mp);
-    float *tmp = (float *)(pos + Mp), *Kb = tmp + D, *Vb = Kb + FL_BK * D;
+    float *tmp = (float *)(pos + Mp), *Kb = tmp + 8 * D, *Vb = Kb + FL_BK * D;
 #ifdef ATB_AVX2
     /* the block walk's softmax is in base 2: scores in log2 units cost exp no range
      * reduction by ln 2 */
@@ -359,7 +359,25 @@ static void run_chunk(void *ctx, int64_t ci) {
         accumulate(vr, St, Ot, Mp, D, nk);
 #endif
     }
-    for (int64_t m = 0; m < M; ++m) {
+    int64_t m = 0;
+#ifdef ATB_AVX2
+    /* whole groups of 8 lanes leave by 8 x 8 register transposes (lane by lane, the
+     * strided reads of Ot were a tenth of the time) */
+    for (; m + 8 <= M; m += 8) {
+        float inv[8], *dst[8];
+        int64_t yo[8];
+        for (int i = 0; i < 8; ++i) {
+            const int64_t r = (m + i) / G, h = ch->kvh * G + (m + i) % G, t = ch->r0 + r;
+            yo[i] = sd[3] + t * a->y_st + h * a->y_sh;
+            inv[i] = sum[m + i] > 0.0f ? 1.0f / sum[m + i] : 0.0f;
+            dst[i] = a->y_dt == ATB_F32 ? (float *)P(a->y) + yo[i] : tmp + i * D;
+        }
+        atb_flash_out8(Ot, m, D, inv, dst);
+        if (a->y_dt != ATB_F32)
+            for (int i = 0; i < 8; ++i) atb_store((void *)P(a->y), (int)a->y_dt, yo[i], D, dst[i]);
+    }
+#endif
+    for (; m < M; ++m) {
         const int64_t r = m / G, h = ch->kvh * G + m % G, t = ch->r0 + r;
         const float inv = sum[m] > 0.0f ? 1.0f / sum[m] : 0.0f;
         for (int64_t d = 0; d < D; ++d) tmp[d] = Ot[lane_at(d, m, Mp, D)] * inv;

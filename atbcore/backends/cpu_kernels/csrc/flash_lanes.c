@@ -195,6 +195,25 @@ static inline __m256 load8(const void *p, int dt) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+/* r[i][j] <- r[j][i] for an 8 x 8 block held as 8 rows */
+static inline __attribute__((always_inline)) void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; ++j) {
+        r[j] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x20);
+        r[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
+    }
+}
+
 void atb_flash_fill_q8(const void *const *src, int dt, float *Qt, int64_t m0, int64_t D,
                        float scale) {
     const __m256 sc = _mm256_set1_ps(scale);
@@ -202,24 +221,10 @@ void atb_flash_fill_q8(const void *const *src, int dt, float *Qt, int64_t m0, in
     float *Qs = Qt + (m0 & ~(int64_t)15) * D + (m0 & 15);   /* m0's slice, 8-lane half */
     int64_t d = 0;
     for (; d + 8 <= D; d += 8) {   /* an 8 x 8 transpose: lane i's d0..d0+8 -> column i */
-        __m256 r[8], t[8], u[8];
+        __m256 r[8];
         for (int i = 0; i < 8; ++i) r[i] = load8((const char *)src[i] + d * es, dt);
-        for (int i = 0; i < 8; i += 2) {
-            t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-            t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-        }
-        for (int i = 0; i < 8; i += 4) {
-            u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-            u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-            u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-            u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-        }
-        for (int j = 0; j < 4; ++j) {
-            _mm256_storeu_ps(Qs + 16 * (d + j),
-                             _mm256_mul_ps(_mm256_permute2f128_ps(u[j], u[j + 4], 0x20), sc));
-            _mm256_storeu_ps(Qs + 16 * (d + j + 4),
-                             _mm256_mul_ps(_mm256_permute2f128_ps(u[j], u[j + 4], 0x31), sc));
-        }
+        transpose8(r);
+        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(Qs + 16 * (d + j), _mm256_mul_ps(r[j], sc));
     }
     if (d < D) {                   /* the head dim's tail, lane by lane */
         float row[8];
@@ -230,6 +235,20 @@ void atb_flash_fill_q8(const void *const *src, int dt, float *Qt, int64_t m0, in
     }
 }
 
+
+void atb_flash_out8(const float *Ot, int64_t m0, int64_t D, const float *inv, float *const *dst) {
+    const float *Os = Ot + (m0 & ~(int64_t)15) * D + (m0 & 15);
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) {   /* column i of 8 d rows -> lane i's d0..d0+8 */
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(Os + 16 * (d + j));
+        transpose8(r);
+        for (int i = 0; i < 8; ++i)
+            _mm256_storeu_ps(dst[i] + d, _mm256_mul_ps(r[i], _mm256_set1_ps(inv[i])));
+    }
+    for (; d < D; ++d)
+        for (int i = 0; i < 8; ++i) dst[i][d] = Os[16 * d + i] * inv[i];
+}
 #endif
 
 void atb_flash_softmax_lanes(float *St, float *Ot, float *mx, float *sum, const int32_t *pos,

@@ -21,6 +21,9 @@ static inline int64_t atb_flash_slice_at(int64_t d, int64_t m, int64_t D) {
  * transposes; the same products as the plain loop, bit for bit) */
 void atb_flash_fill_q8(const void *const *src, int dt, float *Qt, int64_t m0, int64_t D,
                        float scale);
+/* dst[i][d] = Ot[d][m0 + i] * inv[i] for 8 lanes, Ot slice-major, m0 a multiple of 8
+ * (AVX2 builds: 8 x 8 register transposes; the plain loop's products) */
+void atb_flash_out8(const float *Ot, int64_t m0, int64_t D, const float *inv, float *const *dst);
 /* One key block [j0, j0 + nk) for all Mp lanes (AVX2 builds), slice by slice: the scores
  * Qt . kr[j] into Ss (one slice's [64][16]), the online softmax in base 2 (Qt holds the
  * queries times scale * log2(e); running max m2 in those units, sum), Ot = Ot * corr +
