@@ -11,10 +11,11 @@
 #ifdef ATB_AVX2
 #define FL2_UNROLL _Pragma("GCC unroll 8")
 
-/* Ss[r][0..16) = sum_d kr[r][d] Qs[d][0..16) for R keys (one slice's scores) */
+/* Ss[r][0..16) = sum_d kr[r][d] Qs[d][0..16) for R keys (one slice's scores), and bm
+ * their running max (a NaN score leaves it: maxps returns its second operand) */
 static inline __attribute__((always_inline)) void score_tile(int R, const float *const *kr,
                                                              const float *Qs, float *Ss,
-                                                             int64_t D) {
+                                                             int64_t D, __m256 bm[2]) {
     __m256 acc[6][2];
     FL2_UNROLL
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -31,6 +32,8 @@ static inline __attribute__((always_inline)) void score_tile(int R, const float 
     for (int r = 0; r < R; ++r) {
         _mm256_store_ps(Ss + 16 * r, acc[r][0]);
         _mm256_store_ps(Ss + 16 * r + 8, acc[r][1]);
+        bm[0] = _mm256_max_ps(acc[r][0], bm[0]);
+        bm[1] = _mm256_max_ps(acc[r][1], bm[1]);
     }
 }
 
@@ -104,11 +107,11 @@ static inline __attribute__((always_inline)) __m256 seen(__m256i kj, __m256i p, 
 }
 
 /* the online softmax of one slice's block of nk scores Ss (log2 units) in place: the
- * running max m2 and sum, corr = 2^(old max - new max) for Os. Blocks whole for every
- * lane skip the masks. */
+ * running max m2 and sum, corr = 2^(old max - new max) for Os. bm: the scores' max
+ * (the score tiles'); blocks whole for every lane skip the masks. */
 static inline __attribute__((always_inline)) void softmax_slice(
     float *Ss, float *m2, float *sum, const int32_t *pos, int64_t j0, int nk, int causal,
-    int64_t window, __m256 corr[2]) {
+    int64_t window, __m256 bm[2], __m256 corr[2]) {
     int whole = 1;
     if (causal)
         for (int l = 0; l < 16; ++l)
@@ -121,13 +124,8 @@ static inline __attribute__((always_inline)) void softmax_slice(
         pv[h] = _mm256_loadu_si256((const __m256i *)(pos + 8 * h));
         lowv[h] = _mm256_sub_epi32(pv[h], _mm256_set1_epi32(w32));
     }
-    __m256 bm[2] = {ninf, ninf};
-    /* a NaN score leaves the max alone (maxps returns its second operand) */
-    if (whole)
-        for (int j = 0; j < nk; ++j)
-            for (int h = 0; h < 2; ++h)
-                bm[h] = _mm256_max_ps(_mm256_load_ps(Ss + 16 * j + 8 * h), bm[h]);
-    else
+    if (!whole) {   /* the max over the keys each lane sees */
+        bm[0] = bm[1] = ninf;
         for (int j = 0; j < nk; ++j) {
             const __m256i kj = _mm256_set1_epi32((int32_t)(j0 + j));
             for (int h = 0; h < 2; ++h)
@@ -135,6 +133,7 @@ static inline __attribute__((always_inline)) void softmax_slice(
                                                        seen(kj, pv[h], lowv[h], window > 0)),
                                       bm[h]);
         }
+    }
     __m256 mnew[2], ps[2];
     for (int h = 0; h < 2; ++h) {
         const __m256 mold = _mm256_loadu_ps(m2 + 8 * h);
@@ -160,7 +159,7 @@ static inline __attribute__((always_inline)) void softmax_slice(
     }
 }
 
-#define FL2_SCORE(R, kr, Qs, Ss, D) score_tile(R, kr + j, Qs, Ss + 16 * j, D)
+#define FL2_SCORE(R, kr, Qs, Ss, D, bm) score_tile(R, kr + j, Qs, Ss + 16 * j, D, bm)
 #define FL2_PV(R, vr, Ss, Os, corr, nk) pv_tile(R, vr, Ss, Os, d, corr, nk)
 
 void atb_flash_block_lanes(const float *const *kr, const float *const *vr, const float *Qt,
@@ -180,9 +179,9 @@ void atb_flash_block_lanes(const float *const *kr, const float *const *vr, const
         }
         const float *Qs = Qt + c * D;
         float *Os = Ot + c * D;
-        __m256 corr[2];
-        FL2_TILES(n, FL2_SCORE, j, kr, Qs, Ss, D);
-        softmax_slice(Ss, m2 + c, sum + c, pos + c, j0, n, causal, window, corr);
+        __m256 corr[2], bm[2] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY)};
+        FL2_TILES(n, FL2_SCORE, j, kr, Qs, Ss, D, bm);
+        softmax_slice(Ss, m2 + c, sum + c, pos + c, j0, n, causal, window, bm, corr);
         FL2_TILES(D, FL2_PV, d, vr, Ss, Os, corr, n);
     }
 }
