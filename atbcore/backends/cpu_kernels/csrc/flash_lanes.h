@@ -9,6 +9,17 @@
 #include <stdint.h>
 
 #define FL_NONE (INT32_MIN / 2)   /* position of a padding lane: it sees no key */
+#define FL_BK 64                  /* keys per block */
+
+/* One key block's walk in AVX-512 and plain builds (flash_blocks.c), Qt, Ot [D][Mp]:
+ * St[j][0..Mp) = kr[j] . Qt for the block's nk keys; the online softmax over it (as
+ * atb_flash_softmax_lanes below, in base e); Ot[d][0..Mp) += sum_j vr[j][d] St[j][..] */
+void atb_flash_scores(const float *const *kr, const float *Qt, float *St, int64_t Mp, int64_t D,
+                      int nk);
+void atb_flash_softmax(float *St, float *Ot, float *mx, float *sum, const int32_t *pos,
+                       int64_t Mp, int64_t D, int64_t j0, int nk, int causal, int64_t window);
+void atb_flash_accumulate(const float *const *vr, const float *St, float *Ot, int64_t Mp,
+                          int64_t D, int nk);
 
 /* AVX2 builds hold Qt and Ot slice-major: lanes [16 s, 16 s + 16) as one [D][16] panel
  * at Qt + 16 s D (in a [D][Mp] layout a slice's rows lie Mp floats apart, at Mp = 128
