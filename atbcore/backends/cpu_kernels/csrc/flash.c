@@ -81,7 +81,6 @@ static float *scratch(size_t n) {
     return buf;
 }
 
-
 /* where lane m's element d of Qt / Ot lies: slice-major in AVX2 builds (flash_lanes.h),
  * else [D][Mp] */
 static inline int64_t lane_at(int64_t d, int64_t m, int64_t Mp, int64_t D) {
