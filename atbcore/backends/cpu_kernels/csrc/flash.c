@@ -191,8 +191,8 @@ static void run_chunk(void *ctx, int64_t ci) {
     }
     int64_t m = 0;
 #ifdef ATB_AVX2
-    /* whole groups of 8 lanes leave by 8 x 8 register transposes (lane by lane, the
-     * strided reads of Ot were a tenth of the time) */
+    /* whole groups of 8 lanes leave by 8 x 8 register transposes (lane by lane, each
+     * element was a scalar read 64 bytes from the last) */
     for (; m + 8 <= M; m += 8) {
         float inv[8], *dst[8];
         int64_t yo[8];

@@ -77,7 +77,7 @@ static inline __attribute__((always_inline)) void pv_tile(int R, const float *co
     } while (0)
 
 /* 2^x for x <= 0 (or NaN, kept): the 2^k split with k = round(x) by the 1.5 * 2^23
- * trick, a degree-6 polynomial for 2^r on [-1/2, 1/2] (under 0.7 ulp); x below
+ * trick, a degree-6 polynomial for 2^r on [-1/2, 1/2] (about 1 ulp); x below
  * -126.5 gives 0 (the scale's exponent field is k + 127 = 0) */
 static inline __attribute__((always_inline)) __m256 exp2_neg(__m256 x) {
     const __m256 magic = _mm256_set1_ps(12582912.0f);

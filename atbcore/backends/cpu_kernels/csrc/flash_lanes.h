@@ -23,7 +23,8 @@ void atb_flash_accumulate(const float *const *vr, const float *St, float *Ot, in
 
 /* AVX2 builds hold Qt and Ot slice-major: lanes [16 s, 16 s + 16) as one [D][16] panel
  * at Qt + 16 s D (in a [D][Mp] layout a slice's rows lie Mp floats apart, at Mp = 128
- * 512 bytes: Qt's, St's and Ot's slices met in 8 of L1's 64 sets and went to L2). */
+ * 512 bytes: the 192 lines of a slice's Qt, St and Ot rows fell in 8 of L1's 64 sets,
+ * 64 lines' room). */
 static inline int64_t atb_flash_slice_at(int64_t d, int64_t m, int64_t D) {
     return (m & ~(int64_t)15) * D + 16 * d + (m & 15);
 }
