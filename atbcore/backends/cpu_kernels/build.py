@@ -53,7 +53,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("norm.c", "rope.c", "act.c", "softmax.c", "linear.c", "panel.c", "panel_avx2.c", "attn.c",
            "attn_passes.c", "flash.c",
            "cache.c", "argmax.c", "mt19937.c", "sample.c", "pool.c", "linear_w4.c", "linear_w4_tile.c", "flash_lanes.c",
-           "panel_q8.c",
+           "flash_blocks.c", "panel_q8.c",
            "gemm_bf16.c", "gemm_i8.c", "flash_bf16.c", "program.c")
 HEADERS = ("common.h", "pool.h", "simd.h", "norm.h", "linear.h", "mt19937.h", "gemm.h",
            "flash_bf16.h", "linear_w4.h", "flash_lanes.h", "attn.h")

@@ -19,11 +19,12 @@
  * read. They are held transposed, one vector per SIMD lane (Q^T [D][M], O^T
  * [D][M]), so keys and values are read as rows in place (fp32; half types are
  * widened once per block) and the online softmax runs across lanes with no
- * horizontal reductions. Keys go in blocks of 64: scores S^T = K Q^T as 6-key x
- * 64-lane register tiles, the causal / window rules as per-lane position masks,
- * then O^T += V^T P^T as 6-row x 64-lane tiles. Blocks past a chunk's last
- * position are never touched. bf16 q and k on a CPU with AVX512_BF16 take the same
- * walk with VDPBF16PS score tiles on bf16 pairs (flash_bf16.c).
+ * horizontal reductions. Keys go in blocks of 64: scores S^T = K Q^T as register
+ * tiles, the causal / window rules as per-lane position masks, then O^T += V^T P^T
+ * (flash_blocks.c: 6 x 64-lane tiles over the whole chunk; AVX2 builds, flash_lanes.c:
+ * 16 lanes at a time through all three while they are in L1). Blocks past a chunk's
+ * last position are never touched. bf16 q and k on a CPU with AVX512_BF16 take the
+ * same walk with VDPBF16PS score tiles on bf16 pairs (flash_bf16.c).
  */
 #include "common.h"
 #include "flash_lanes.h"
@@ -31,8 +32,6 @@
 #include "pool.h"
 #include "simd.h"
 
-#define FL_BK 64     /* keys per block */
-#define FL_R 6       /* keys (scores) or value columns (sums) per register tile */
 #define FL_MAX_D 256
 
 typedef struct {
@@ -82,173 +81,15 @@ static float *scratch(size_t n) {
     return buf;
 }
 
-#ifdef ATB_AVX512
-/* the tiles' loops over keys/rows and vectors must unroll completely (their
- * accumulators then live in registers) */
-#define FL_UNROLL _Pragma("GCC unroll 8")
-
-/* St[j][c..c+16 NZ) = sum_d kr[j][d] Qt[d][c..] for the R keys kr[0..R) */
-static inline __attribute__((always_inline)) void score_tile(int R, int NZ, const float *const *kr,
-                                                             const float *Qt, float *St,
-                                                             int64_t c, int64_t Mp, int64_t D) {
-    __m512 acc[FL_R][4], qv[4];
-    FL_UNROLL
-    for (int r = 0; r < R; ++r) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_setzero_ps();
-    }
-    for (int64_t d = 0; d < D; ++d) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) qv[u] = _mm512_loadu_ps(Qt + d * Mp + c + 16 * u);
-        FL_UNROLL
-        for (int r = 0; r < R; ++r) {
-            __m512 kb = _mm512_set1_ps(kr[r][d]);
-            FL_UNROLL
-            for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_fmadd_ps(kb, qv[u], acc[r][u]);
-        }
-    }
-    FL_UNROLL
-    for (int r = 0; r < R; ++r) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) _mm512_storeu_ps(St + r * Mp + c + 16 * u, acc[r][u]);
-    }
-}
-
-/* Ot[d0 + r][c..c+16 NZ) += sum_j vr[j][d0 + r] St[j][c..] for R value columns */
-static inline __attribute__((always_inline)) void pv_tile(int R, int NZ, const float *const *vr,
-                                                          const float *St, float *Ot, int64_t d0,
-                                                          int64_t c, int64_t Mp, int nk) {
-    __m512 acc[FL_R][4], pv[4];
-    FL_UNROLL
-    for (int r = 0; r < R; ++r) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_loadu_ps(Ot + (d0 + r) * Mp + c + 16 * u);
-    }
-    for (int j = 0; j < nk; ++j) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) pv[u] = _mm512_loadu_ps(St + j * Mp + c + 16 * u);
-        FL_UNROLL
-        for (int r = 0; r < R; ++r) {
-            __m512 vb = _mm512_set1_ps(vr[j][d0 + r]);
-            FL_UNROLL
-            for (int u = 0; u < NZ; ++u) acc[r][u] = _mm512_fmadd_ps(vb, pv[u], acc[r][u]);
-        }
-    }
-    FL_UNROLL
-    for (int r = 0; r < R; ++r) {
-        FL_UNROLL
-        for (int u = 0; u < NZ; ++u) _mm512_storeu_ps(Ot + (d0 + r) * Mp + c + 16 * u, acc[r][u]);
-    }
-}
-
-/* TILE over rows [0, n) in tiles of 6, 3 and 1, NZ vectors wide */
-#define FL_ROW_TILES(n, NZ, TILE, i, ...)                                   \
-    do {                                                                    \
-        int64_t i = 0;                                                      \
-        for (; i + FL_R <= (n); i += FL_R) TILE(FL_R, NZ, __VA_ARGS__);     \
-        for (; i + 3 <= (n); i += 3) TILE(3, NZ, __VA_ARGS__);              \
-        for (; i < (n); ++i) TILE(1, NZ, __VA_ARGS__);                      \
-    } while (0)
-#define FL_BY_WIDTH(nz, n, TILE, i, ...)                                    \
-    switch (nz) {                                                           \
-    case 1: FL_ROW_TILES(n, 1, TILE, i, __VA_ARGS__); break;                \
-    case 2: FL_ROW_TILES(n, 2, TILE, i, __VA_ARGS__); break;                \
-    case 3: FL_ROW_TILES(n, 3, TILE, i, __VA_ARGS__); break;                \
-    default: FL_ROW_TILES(n, 4, TILE, i, __VA_ARGS__); break;               \
-    }
-/* TILE over rows [0, n) for every 64 lanes c of [0, Mp) (the last ones 16..64 wide) */
-#define FL_OVER_LANES(Mp, n, TILE, i, ...)                                  \
-    for (int64_t c = 0; c < (Mp); c += 64) {                                \
-        const int64_t w = (Mp) - c < 64 ? (Mp) - c : 64;                    \
-        FL_BY_WIDTH(w / 16, n, TILE, i, __VA_ARGS__)                        \
-    }
-#endif
-
-/* St[j][0..Mp) = kr[j] . Qt for the block's nk keys */
-static void scores(const float *const *kr, const float *Qt, float *St, int64_t Mp, int64_t D,
-                   int nk) {
-#ifdef ATB_AVX512
-    FL_OVER_LANES(Mp, nk, score_tile, j, kr + j, Qt, St + j * Mp, c, Mp, D)
-#elif defined(ATB_AVX2)
-    atb_flash_scores_lanes(kr, Qt, St, Mp, D, nk);
+/* where lane m's element d of Qt / Ot lies: slice-major in AVX2 builds (flash_lanes.h),
+ * else [D][Mp] */
+static inline int64_t lane_at(int64_t d, int64_t m, int64_t Mp, int64_t D) {
+#ifdef ATB_AVX2
+    (void)Mp;
+    return atb_flash_slice_at(d, m, D);
 #else
-    for (int j = 0; j < nk; ++j) {
-        float *s = St + j * Mp;
-        for (int64_t m = 0; m < Mp; ++m) s[m] = 0.0f;
-        for (int64_t d = 0; d < D; ++d) {
-            const float kv = kr[j][d], *qt = Qt + d * Mp;
-#pragma omp simd
-            for (int64_t m = 0; m < Mp; ++m) s[m] += kv * qt[m];
-        }
-    }
-#endif
-}
-
-/* Ot[d][0..Mp) += sum_j vr[j][d] St[j][0..Mp) */
-static void accumulate(const float *const *vr, const float *St, float *Ot, int64_t Mp, int64_t D,
-                       int nk) {
-#ifdef ATB_AVX512
-    FL_OVER_LANES(Mp, D, pv_tile, d, vr, St, Ot, d, c, Mp, nk)
-#elif defined(ATB_AVX2)
-    atb_flash_accumulate_lanes(vr, St, Ot, Mp, D, nk);
-#else
-    for (int64_t d = 0; d < D; ++d) {
-        float *o = Ot + d * Mp;
-        for (int j = 0; j < nk; ++j) {
-            const float vv = vr[j][d], *s = St + j * Mp;
-#pragma omp simd
-            for (int64_t m = 0; m < Mp; ++m) o[m] += vv * s[m];
-        }
-    }
-#endif
-}
-
-/* The online softmax over one key block [j0, j0 + nk) for every lane m: scores of
- * keys a lane does not see become 0, the others exp(s - max); the running max mx,
- * sum and Ot rescale by exp(old max - new max). pos[m]: lane m's position. */
-static void softmax_block(float *St, float *Ot, float *mx, float *sum, const int32_t *pos,
-                          int64_t Mp, int64_t D, int64_t j0, int nk, int causal, int64_t window) {
-#ifdef ATB_AVX512
-    for (int64_t c = 0; c < Mp; c += 16) {
-        const __m512i pv = _mm512_loadu_si512(pos + c);
-        /* positions are int32 lanes: a window past INT32_MAX sees every earlier key
-         * anyway, so saturate it rather than let the cast wrap it negative */
-        const int32_t w32 = window > INT32_MAX ? INT32_MAX : (int32_t)window;
-        const __m512i lowv = _mm512_sub_epi32(pv, _mm512_set1_epi32(w32));
-        __mmask16 vis[FL_BK];
-        __m512 bm = _mm512_set1_ps(-INFINITY);
-        for (int j = 0; j < nk; ++j) {
-            const __m512i kj = _mm512_set1_epi32((int32_t)(j0 + j));
-            __mmask16 v = causal ? _mm512_cmp_epi32_mask(kj, pv, _MM_CMPINT_LE)
-                                 : _mm512_cmp_epi32_mask(pv, _mm512_set1_epi32(FL_NONE),
-                                                         _MM_CMPINT_NE);
-            if (window > 0) v &= _mm512_cmp_epi32_mask(kj, lowv, _MM_CMPINT_GT);
-            vis[j] = v;
-            bm = _mm512_mask_max_ps(bm, v, bm, _mm512_loadu_ps(St + j * Mp + c));
-        }
-        const __m512 mold = _mm512_loadu_ps(mx + c);
-        const __m512 mnew = _mm512_max_ps(mold, bm);
-        /* lanes that have seen no key yet keep mx = -inf and a factor of 1 */
-        const __mmask16 live = _mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-        const __m512 corr = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f),
-                                                 atb_exp16(_mm512_sub_ps(mold, mnew)));
-        __m512 ps = _mm512_setzero_ps();
-        for (int j = 0; j < nk; ++j) {
-            float *s = St + j * Mp + c;
-            __m512 z = _mm512_sub_ps(_mm512_loadu_ps(s), mnew);
-            __m512 p = _mm512_maskz_mov_ps(vis[j], atb_exp16(z));
-            _mm512_storeu_ps(s, p);
-            ps = _mm512_add_ps(ps, p);
-        }
-        _mm512_storeu_ps(sum + c, _mm512_fmadd_ps(_mm512_loadu_ps(sum + c), corr, ps));
-        _mm512_storeu_ps(mx + c, mnew);
-        if (_mm512_cmp_ps_mask(corr, _mm512_set1_ps(1.0f), _CMP_NEQ_OQ))
-            for (int64_t d = 0; d < D; ++d)
-                _mm512_storeu_ps(Ot + d * Mp + c,
-                                 _mm512_mul_ps(_mm512_loadu_ps(Ot + d * Mp + c), corr));
-    }
-#else
-    atb_flash_softmax_lanes(St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, window);
+    (void)D;
+    return d * Mp + m;
 #endif
 }
 
@@ -266,9 +107,9 @@ static void run_chunk(void *ctx, int64_t ci) {
     /* bf16 q and k: the scores by VDPBF16PS on pairs (Qt holds q's bf16 pairs, keys
      * are read in place) */
     const int pairs = a->q_dt == ATB_BF16 && a->kv_dt == ATB_BF16 && atb_flash_bf16_ready();
-    /* scratch: Qt, Ot [D][Mp], St [64][Mp], mx, sum, pos [Mp], a row, K/V blocks when
+    /* scratch: Qt, Ot [D][Mp], St [64][Mp], mx, sum, pos [Mp], 8 rows, K/V blocks when
      * widened [64][D] */
-    size_t n = (size_t)(2 * D * Mp + FL_BK * Mp + 3 * Mp + D + (half ? 2 * FL_BK * D : 0));
+    size_t n = (size_t)(2 * D * Mp + FL_BK * Mp + 3 * Mp + 8 * D + (half ? 2 * FL_BK * D : 0));
     float *buf = scratch(n);
     if (!buf) {
         __atomic_store_n(&job->nomem, 1, __ATOMIC_RELAXED);
@@ -276,8 +117,14 @@ static void run_chunk(void *ctx, int64_t ci) {
     }
     float *Qt = buf, *Ot = Qt + D * Mp, *St = Ot + D * Mp, *mx = St + FL_BK * Mp, *sum = mx + Mp;
     int32_t *pos = (int32_t *)(sum + Mp);
-    float *tmp = (float *)(pos + Mp), *Kb = tmp + D, *Vb = Kb + FL_BK * D;
+    float *tmp = (float *)(pos + Mp), *Kb = tmp + 8 * D, *Vb = Kb + FL_BK * D;
+#ifdef ATB_AVX2
+    /* the block walk's softmax is in base 2: scores in log2 units cost exp no range
+     * reduction by ln 2 */
+    const float scale = (float)(a->scale * 1.4426950408889634);
+#else
     const float scale = (float)a->scale;
+#endif
     memset(Ot, 0, (size_t)(D * Mp) * sizeof(float));
 #ifdef ATB_AVX2
     /* the queries of whole groups of 8 lanes are transposed 8 x 8 in registers (the
@@ -290,7 +137,7 @@ static void run_chunk(void *ctx, int64_t ci) {
         sum[m] = 0.0f;
         if (m >= M) {
             pos[m] = FL_NONE;
-            for (int64_t d = 0; d < D; ++d) Qt[d * Mp + m] = 0.0f;  /* (zero pairs too) */
+            for (int64_t d = 0; d < D; ++d) Qt[lane_at(d, m, Mp, D)] = 0.0f;  /* (zero pairs too) */
             continue;
         }
         const int64_t r = m / G, h = ch->kvh * G + m % G, t = ch->r0 + r;
@@ -299,7 +146,7 @@ static void run_chunk(void *ctx, int64_t ci) {
 #ifdef ATB_AVX2
         if (m < m8) {
             q8[m % 8] = (const char *)P(a->q) + qo * qes;
-            if (m % 8 == 7) atb_flash_fill_q8(q8, (int)a->q_dt, Qt, m - 7, Mp, D, scale);
+            if (m % 8 == 7) atb_flash_fill_q8(q8, (int)a->q_dt, Qt, m - 7, D, scale);
             continue;
         }
 #endif
@@ -308,7 +155,7 @@ static void run_chunk(void *ctx, int64_t ci) {
             continue;
         }
         const float *src = atb_load(P(a->q), (int)a->q_dt, qo, D, tmp);
-        for (int64_t d = 0; d < D; ++d) Qt[d * Mp + m] = src[d] * scale;
+        for (int64_t d = 0; d < D; ++d) Qt[lane_at(d, m, Mp, D)] = src[d] * scale;
     }
     /* the keys any row of this block sees */
     int64_t hi = causal ? off + ch->r1 : skv, lo = 0;
@@ -330,17 +177,40 @@ static void run_chunk(void *ctx, int64_t ci) {
             vr[j] = atb_load(P(a->v), (int)a->kv_dt, sd[2] + t * a->v_st + ch->kvh * a->v_sh, D,
                              Vb + j * D);
         }
+#ifdef ATB_AVX2
+        atb_flash_block_lanes(kr, vr, Qt, St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, a->window);
+        (void)kh;
+#else
         if (pairs)
             atb_flash_bf16_scores(kh, (const uint32_t *)Qt, St, Mp, D, nk, scale);
         else
-            scores(kr, Qt, St, Mp, D, nk);
-        softmax_block(St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, a->window);
-        accumulate(vr, St, Ot, Mp, D, nk);
+            atb_flash_scores(kr, Qt, St, Mp, D, nk);
+        atb_flash_softmax(St, Ot, mx, sum, pos, Mp, D, j0, nk, causal, a->window);
+        atb_flash_accumulate(vr, St, Ot, Mp, D, nk);
+#endif
     }
-    for (int64_t m = 0; m < M; ++m) {
+    int64_t m = 0;
+#ifdef ATB_AVX2
+    /* whole groups of 8 lanes leave by 8 x 8 register transposes (lane by lane, each
+     * element was a scalar read 64 bytes from the last) */
+    for (; m + 8 <= M; m += 8) {
+        float inv[8], *dst[8];
+        int64_t yo[8];
+        for (int i = 0; i < 8; ++i) {
+            const int64_t r = (m + i) / G, h = ch->kvh * G + (m + i) % G, t = ch->r0 + r;
+            yo[i] = sd[3] + t * a->y_st + h * a->y_sh;
+            inv[i] = sum[m + i] > 0.0f ? 1.0f / sum[m + i] : 0.0f;
+            dst[i] = a->y_dt == ATB_F32 ? (float *)P(a->y) + yo[i] : tmp + i * D;
+        }
+        atb_flash_out8(Ot, m, D, inv, dst);
+        if (a->y_dt != ATB_F32)
+            for (int i = 0; i < 8; ++i) atb_store((void *)P(a->y), (int)a->y_dt, yo[i], D, dst[i]);
+    }
+#endif
+    for (; m < M; ++m) {
         const int64_t r = m / G, h = ch->kvh * G + m % G, t = ch->r0 + r;
         const float inv = sum[m] > 0.0f ? 1.0f / sum[m] : 0.0f;
-        for (int64_t d = 0; d < D; ++d) tmp[d] = Ot[d * Mp + m] * inv;
+        for (int64_t d = 0; d < D; ++d) tmp[d] = Ot[lane_at(d, m, Mp, D)] * inv;
         atb_store((void *)P(a->y), (int)a->y_dt, sd[3] + t * a->y_st + h * a->y_sh, D, tmp);
     }
 }
