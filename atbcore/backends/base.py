@@ -25,7 +25,9 @@ class Kernel:
     ``bind(params, ins, outs) -> call(env) | None`` binds the kernel once to its
     buffers for a plan (see :mod:`atbcore.runtime.binding`; a ``writes_out`` kernel
     without one is bound generically); ``workspace(params, shapes) -> bytes`` is the
-    scratch a bound call needs (placed in the plan's arena, given as ``ctx.workspace``).
+    scratch a bound call needs (placed in the plan's arena, given as ``ctx.workspace``);
+    ``launches_for(params, shapes) -> int``, where given, is ``launches`` for a call
+    with these input shapes (a fused op whose kernel count depends on them).
     """
 
     op: str
@@ -38,6 +40,7 @@ class Kernel:
     writes_out: bool = False
     bind: Callable[..., Any] | None = None
     workspace: Callable[[Params, Mapping[str, Any]], int] | None = None
+    launches_for: Callable[[Params, Mapping[str, Any]], int] | None = None
 
 
 @dataclass

@@ -56,6 +56,7 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
     order = flatten(levels)
     chosen: dict[str, tuple[Any, list]] = {}
     workspaces: dict[str, int] = {}
+    launches: dict[str, int] = {}  # node -> its kernel's launches_for, where it has one
     for n in order:
         opdef = get_op(n.op)
         bdescs = {k: _descs_of(v, descs) for k, v in bindings[n.name].items()}
@@ -64,10 +65,12 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
         except AtbError as e:
             raise node_error(graph, n, e) from None
         k = chosen[n.name][0].kernel(opdef.name)
+        shapes = {name: tuple(d.shape) for name, d in bdescs.items()
+                  if isinstance(d, TensorDesc)}
         if getattr(k, "workspace", None) is not None:
-            shapes = {name: tuple(d.shape) for name, d in bdescs.items()
-                      if isinstance(d, TensorDesc)}
             workspaces[n.name] = int(k.workspace(n.params, shapes))
+        if getattr(k, "launches_for", None) is not None:
+            launches[n.name] = int(k.launches_for(n.params, shapes))
     memory = plan_memory(graph, levels, descs, workspaces)
     device = next((input_descs[i].device for i in graph.inputs), "cpu")
     cuda = device.startswith("cuda")
@@ -106,7 +109,8 @@ def build_plan(graph: Graph, input_descs: Mapping[str, TensorDesc], *,
         atb_made = _trusted(n, input_descs, trusted)
         calls.append(BoundCall(
             node=n.name, op=n.op, opdef=opdef, params=n.params, fn=k.fn, backend=be.name,
-            native=be.native, impl=k.impl, launches=k.launches, fallbacks=skipped, ins=ins,
+            native=be.native, impl=k.impl, launches=launches.get(n.name, k.launches),
+            fallbacks=skipped, ins=ins,
             names=opdef.input_names, outs=n.outputs, frees=frees,
             check=type(opdef).check_values is not OpDef.check_values and not atb_made,
             trusted=atb_made,

@@ -22,15 +22,16 @@ TORCH_KERNELS: dict[str, Kernel] = {}
 
 def kernel(op: str, *, check: Check | None = None, impl: str = "", launches: int = 1,
            devices: tuple[str, ...] = ("cpu", "cuda"), writes_out: bool = False,
-           bind: Callable | None = None, workspace: Callable | None = None
-           ) -> Callable[[Callable], Callable]:
-    """Register ``fn(params, ins) -> list`` as the torch kernel of ``op`` (``bind`` and
-    ``workspace``: see :class:`~atbcore.backends.base.Kernel`)."""
+           bind: Callable | None = None, workspace: Callable | None = None,
+           launches_for: Callable | None = None) -> Callable[[Callable], Callable]:
+    """Register ``fn(params, ins) -> list`` as the torch kernel of ``op`` (``bind``,
+    ``workspace`` and ``launches_for``: see :class:`~atbcore.backends.base.Kernel`)."""
 
     def deco(fn: Callable) -> Callable:
         TORCH_KERNELS[op] = Kernel(op=op, fn=fn, check=check, impl=impl or fn.__qualname__,
                                    launches=launches, devices=devices, writes_out=writes_out,
-                                   bind=bind, workspace=workspace)
+                                   bind=bind, workspace=workspace,
+                                   launches_for=launches_for)
         return fn
 
     return deco

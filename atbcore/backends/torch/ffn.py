@@ -12,7 +12,8 @@ On the CPU the activation (gated or not) and the gate/up biases are one C kernel
 over the fp32 GEMM output (bias+GELU for BERT-style FFNs), and the residual rides
 in the down projection's GEMM (``addmm``): an fp32 merged SwiGLU FFN with a
 residual is three launches (GEMM, C activation, GEMM), where the torch
-composite makes five.
+composite makes five; two where the C gate|up matmul applies the activation in
+its epilogue (I a multiple of 32, :mod:`.ffn_cpu`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ...ops.ffn import ffn_layout
 from ..cpu_kernels import torch_ops as ck
 from . import kernel
 from .activation import c_activation
-from .ffn_cpu import CpuFfn, bind_cpu_ffn, ffn_workspace_bytes, why_not_cpu_ffn
+from .ffn_cpu import CpuFfn, bind_cpu_ffn, ffn_c_launches, ffn_workspace_bytes, why_not_cpu_ffn
 from .linear import mm_fp32
 from .linear_cpu import plain_ins
 
@@ -38,8 +39,9 @@ def _wt(ins, lay, w: str) -> torch.Tensor:
         "the gated activation in its epilogue (else + C bias+activation), residual "
         "accumulated in the down matmul (CPU); else mm + C activation + addmm, or the registry "
         "torch activation; fp32 compute",
-        launches=ck.c_launches(5, with_c=2), bind=bind_cpu_ffn,
-        workspace=lambda p, shapes: ffn_workspace_bytes(p, shapes))
+        launches=ck.c_launches(5, with_c=3), bind=bind_cpu_ffn,
+        workspace=lambda p, shapes: ffn_workspace_bytes(p, shapes),
+        launches_for=lambda p, shapes: ck.c_launches(5, with_c=ffn_c_launches(p, shapes)))
 def fused_feed_forward(p, ins):
     x = ins["x"]
     shapes = {n: tuple(t.shape) for n, t in ins.items() if t is not None}

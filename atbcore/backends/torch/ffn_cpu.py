@@ -32,7 +32,7 @@ from .activation import c_activation
 from .linear_cpu import is_packed
 from .weight_layout import packed_panels, panels, panels_enabled
 
-__all__ = ["CpuFfn", "why_not_cpu_ffn", "ffn_workspace_bytes"]
+__all__ = ["CpuFfn", "why_not_cpu_ffn", "ffn_workspace_bytes", "ffn_c_launches"]
 
 _F32 = 4
 
@@ -76,6 +76,16 @@ def _parts(p: Any, lay: Any) -> tuple[list[str], int]:
     if p.activation.gated:
         return ["gate_w", "up_w"], 2 * lay.inter  # g (then h, in place) + u
     return ["up_w"], lay.inter                    # u (then h, in place)
+
+
+def ffn_c_launches(p: Any, shapes: dict[str, Any]) -> int:
+    """C calls of one call with these input shapes: the first projections, the
+    activation unless the gate|up matmul applies it, and the down projection."""
+    try:
+        lay = ffn_layout("FusedFeedForward", p, shapes)
+    except Exception:  # the op's own checks report bad shapes
+        return 3
+    return len(_parts(p, lay)[0]) + (0 if _gated_epilogue(p, lay) else 1) + 1
 
 
 def ffn_workspace_bytes(p: Any, shapes: dict[str, Any]) -> int:

@@ -106,8 +106,8 @@ def test_arena_without_hugepages_is_plain_torch(monkeypatch):
 
 
 def test_a_graph_ops_panels_are_packed_into_its_own_weight_arena():
-    """The weight layouts a GraphOp's binders prepare (the C matmul's panels) go into
-    that GraphOp's arena, side by side (small weights on huge pages too, as the
+    """The weight layouts a GraphOp's layout pass prepares (the C matmul's panels) go
+    into that GraphOp's arena, side by side (small weights on huge pages too, as the
     compile() runner packs them); they equal pack_panels of the weight."""
     import numpy as np
     import torch
@@ -136,8 +136,9 @@ def test_a_graph_ops_panels_are_packed_into_its_own_weight_arena():
     if hugepages.available() is None and weight_layout.panels_enabled():
         assert arena._used > 0 and hugepages.placed(arena._chunk)
         t = op._weight("a.weight", "torch", "cpu")
-        packed, _ = weight_layout.panels(t)
+        assert type(t).__name__ == "PackedWeight"  # every fp32 Linear reads panels
+        packed, _ = weight_layout.packed_panels(t)
         assert packed.untyped_storage().data_ptr() == arena._chunk.untyped_storage().data_ptr()
-        assert torch.equal(packed, pack_panels(t.contiguous()))
+        assert torch.equal(packed, pack_panels(torch.from_numpy(np.asarray(t))))
     else:
         assert arena._used == 0
