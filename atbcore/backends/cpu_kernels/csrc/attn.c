@@ -64,6 +64,21 @@ static void row_keys(const DecAttnArgs *a, int64_t b, int64_t *lo, int64_t *end)
 
 /* the G query heads of each of the nk kv heads from kh of row b (query head
  * (kh + i) * G + j at index i * G + j of the buffers) */
+/* each score row of the G query heads of kv heads kh .. kh+nk-1 times its position's
+ * int8 scale (at addr, strides sb / ss / shh: the key or value scales); an inf/NaN
+ * scale is flagged */
+static void scale_scores(AttnJob *job, int sh, int64_t addr, int64_t sb, int64_t ss,
+                         int64_t shh, int64_t b, int64_t kh, int64_t nk, int64_t lo, int64_t L,
+                         int64_t G, float *sc) {
+    const DecAttnArgs *a = job->a;
+    for (int64_t i = 0; i < nk; ++i)
+        for (int64_t s = 0; s < L; ++s) {
+            const float f = scale_at(a, sh, addr, b, lo + s, kh + i, sb, ss, shh);
+            if (!isfinite(f)) job->nonfinite = 1;
+            for (int64_t j = i * G; j < (i + 1) * G; ++j) sc[j * L + s] *= f;
+        }
+}
+
 static void run_group(AttnJob *job, int64_t b, int64_t kh, int64_t nk) {
     const DecAttnArgs *a = job->a;
     int64_t lo, end;
@@ -94,13 +109,7 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh, int64_t nk) {
     for (int64_t j = 0; j < NH; ++j) mxp[j] = -INFINITY;
     atb_attn_scores(a, b, kh, nk, lo, L, qf, G, sc, row);
     if (a->ks)  /* int8 keys: q . (c * s) = s * (q . c) */
-        for (int64_t i = 0; i < nk; ++i)
-            for (int64_t s = 0; s < L; ++s) {
-                const float f = scale_at(a, sh, a->ks, b, lo + s, kh + i, a->ks_sb, a->ks_ss,
-                                         a->ks_sh);
-                if (!isfinite(f)) job->nonfinite = 1;
-                for (int64_t j = i * G; j < (i + 1) * G; ++j) sc[j * L + s] *= f;
-            }
+        scale_scores(job, sh, a->ks, a->ks_sb, a->ks_ss, a->ks_sh, b, kh, nk, lo, L, G, sc);
     if (mask)
         for (int64_t s = 0; s < L; ++s)
             if (!mask[(lo + s) * a->mask_ss])
@@ -127,13 +136,7 @@ static void run_group(AttnJob *job, int64_t b, int64_t kh, int64_t nk) {
         mxp[j] = 1.0f / sum;
     }
     if (a->vs)  /* int8 values: p (c * s) = (p s) c; the sums above normalise */
-        for (int64_t i = 0; i < nk; ++i)
-            for (int64_t s = 0; s < L; ++s) {
-                const float f = scale_at(a, sh, a->vs, b, lo + s, kh + i, a->vs_sb, a->vs_ss,
-                                         a->vs_sh);
-                if (!isfinite(f)) job->nonfinite = 1;
-                for (int64_t j = i * G; j < (i + 1) * G; ++j) sc[j * L + s] *= f;
-            }
+        scale_scores(job, sh, a->vs, a->vs_sb, a->vs_ss, a->vs_sh, b, kh, nk, lo, L, G, sc);
     /* pass 2: weighted sum of the value rows */
     atb_attn_values(a, sh, b, kh, nk, lo, L, mask, sc, G, row, acc);
     for (int64_t j = 0; j < NH; ++j) {
