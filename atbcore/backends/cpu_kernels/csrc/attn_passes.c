@@ -120,6 +120,19 @@ AL_INLINE void values_dt(int dt, const void *const *vr, int64_t cnt, const float
     }
 }
 
+/* the value rows of head kh at positions pos0 .. pos0 + cnt (NULL where masked): one
+ * 64-key batch of values_lanes */
+static inline void value_rows(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_t pos0,
+                              int64_t cnt, const uint8_t *mask, const char **vr) {
+    const int64_t es = atb_dt_size((int)a->kv_dt);
+    const char *vb = (const char *)P(a->v) + kh * a->v_sh * es;
+    for (int64_t i = 0; i < cnt; ++i) {
+        const int64_t pos = pos0 + i;
+        vr[i] = mask && !mask[pos * a->mask_ss] ? NULL
+                                                : vb + row_at(a, sh, b, pos, a->v_sb, a->v_ss) * es;
+    }
+}
+
 static void values_lanes(const void *const *vr, int dt, int64_t cnt, const float *p,
                            int64_t L, int64_t G, int64_t D, float *acc) {
     switch (dt) {
@@ -316,17 +329,11 @@ static void values_head(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int
     memset(acc, 0, (size_t)(G * D) * sizeof(float));
 #ifdef ATB_AVX2
     if (D % 8 == 0) { /* 64 keys' rows at a time (NULL: masked) */
-        const int64_t es = atb_dt_size((int)a->kv_dt);
         for (int64_t s0 = 0; s0 < L; s0 += 64) {
             const int64_t cnt = L - s0 < 64 ? L - s0 : 64;
-            const void *vr[64];
-            for (int64_t i = 0; i < cnt; ++i) {
-                const int64_t pos = lo + s0 + i;
-                vr[i] = mask && !mask[pos * a->mask_ss]
-                            ? NULL : (const char *)P(a->v) +
-                                         (row_at(a, sh, b, pos, a->v_sb, a->v_ss) + kh * a->v_sh) * es;
-            }
-            values_lanes(vr, (int)a->kv_dt, cnt, sc + s0, L, G, D, acc);
+            const char *vr[64];
+            value_rows(a, sh, b, kh, lo + s0, cnt, mask, vr);
+            values_lanes((const void *const *)vr, (int)a->kv_dt, cnt, sc + s0, L, G, D, acc);
         }
         return;
     }
@@ -352,16 +359,11 @@ void atb_attn_values(const DecAttnArgs *a, int sh, int64_t b, int64_t kh, int64_
 #if defined(ATB_AVX2)
     if (D % 8 == 0 && nk > 1) { /* values_head's 64-key batches, the nk heads in turn */
         const int64_t es = atb_dt_size((int)a->kv_dt);
-        const char *vb = (const char *)P(a->v) + kh * a->v_sh * es;
         memset(acc, 0, (size_t)(nk * G * D) * sizeof(float));
         for (int64_t s0 = 0; s0 < L; s0 += 64) {
             const int64_t cnt = L - s0 < 64 ? L - s0 : 64;
             const char *v0[64];
-            for (int64_t i = 0; i < cnt; ++i) {
-                const int64_t pos = lo + s0 + i;
-                v0[i] = mask && !mask[pos * a->mask_ss]
-                            ? NULL : vb + row_at(a, sh, b, pos, a->v_sb, a->v_ss) * es;
-            }
+            value_rows(a, sh, b, kh, lo + s0, cnt, mask, v0);
             for (int64_t k = 0; k < nk; ++k) {
                 const void *vr[64];
                 for (int64_t i = 0; i < cnt; ++i) vr[i] = v0[i] ? v0[i] + k * a->v_sh * es : NULL;
